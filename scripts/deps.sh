@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what fsdp-cpp needs to build and test on Debian 12, if missing:
+# LibTorch (CPU) with c10d, Gloo's headers, an optimized BLAS (Debian's
+# default reference BLAS makes LibTorch about 20x slower), GoogleTest, CMake.
+set -euo pipefail
+
+packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+# libopenblas0-pthread registers itself as libblas.so.3; make sure it is the one used.
+blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')
+case "$blas" in
+  *openblas*) ;;
+  *) echo "deps: warning: libblas.so.3 is '$blas', not OpenBLAS; LibTorch will be slow" >&2 ;;
+esac

@@ -1,0 +1,147 @@
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+#include "fsdp/error.h"
+#include "fsdp/launch/launcher.h"
+
+namespace fsdp::launch {
+
+std::string usage() {
+  return R"(usage: fsdp-run [options] [--] program [args...]
+
+Starts one worker process per local rank with torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
+
+options:
+  --nproc-per-node N   workers on this node (default 1)
+  --nnodes N           number of nodes (default 1)
+  --node-rank K        this node's index, 0 <= K < nnodes (default 0)
+  --master-addr HOST   address of the node running rank 0 (default 127.0.0.1;
+                       required when nnodes > 1)
+  --master-port P      TCP port of rank 0's store; 0 or absent: pick a free one
+                       (required when nnodes > 1)
+  --max-restarts K     restart the whole worker group up to K times after a
+                       failure (default 0; nnodes == 1 only)
+  --log-dir DIR        also write each worker's output to
+                       DIR/attempt_<k>/rank_<N>.log
+  --no-rank-prefix     print worker output as is, without "[rankN]: "
+  --stop-grace-s S     seconds between SIGTERM and SIGKILL when stopping
+                       workers (default 5)
+  --standalone         accepted for torchrun compatibility (single node)
+  -h, --help           this text
+
+OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to cores / nproc-per-node
+(at least 1) unless already set. Workers see TORCHELASTIC_RESTART_COUNT (the
+attempt number, from 0).
+)";
+}
+
+namespace {
+
+std::string canonical(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+int parse_int(const std::string& opt, const std::string& value, long lo, long hi, const std::string& expected) {
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno == ERANGE) {
+    throw ConfigError("fsdp-run: " + opt + "='" + value + "' is not a number: expected " + expected);
+  }
+  if (v < lo || v > hi) {
+    throw ConfigError("fsdp-run: " + opt + "=" + value + " is out of range: expected " + expected);
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  constexpr long kIntMax = std::numeric_limits<int>::max();
+  bool addr_given = false;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') break;  // the program
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+      return o;
+    }
+    std::string name = a, value;
+    bool has_value = false;
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_value = true;
+    }
+    name = canonical(name);
+    auto flag = [&](bool& field, bool v) {
+      if (has_value) throw ConfigError("fsdp-run: option " + name + " takes no value, got '" + value + "'");
+      field = v;
+    };
+    auto take = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= args.size()) throw ConfigError("fsdp-run: option " + name + " needs a value");
+      return args[++i];
+    };
+    if (name == "--nproc-per-node") {
+      o.nproc_per_node = parse_int(name, take(), 1, 4096, "an integer in 1..4096");
+    } else if (name == "--nnodes") {
+      o.nnodes = parse_int(name, take(), 1, 65536, "a fixed number of nodes, an integer >= 1 (no MIN:MAX)");
+    } else if (name == "--node-rank") {
+      o.node_rank = parse_int(name, take(), 0, kIntMax, "an integer >= 0");
+    } else if (name == "--master-addr") {
+      o.master_addr = take();
+      addr_given = true;
+      if (o.master_addr.empty()) throw ConfigError("fsdp-run: --master-addr is empty: expected a host name or address");
+    } else if (name == "--master-port") {
+      o.master_port = parse_int(name, take(), 0, 65535, "a TCP port in 0..65535 (0: pick a free one)");
+    } else if (name == "--max-restarts") {
+      o.max_restarts = parse_int(name, take(), 0, 1000, "an integer in 0..1000");
+    } else if (name == "--log-dir") {
+      o.log_dir = take();
+      if (o.log_dir.empty()) throw ConfigError("fsdp-run: --log-dir is empty: expected a directory");
+    } else if (name == "--stop-grace-s") {
+      o.stop_grace = std::chrono::seconds(parse_int(name, take(), 0, 3600, "whole seconds in 0..3600"));
+    } else if (name == "--no-rank-prefix") {
+      flag(o.rank_prefix, false);
+    } else if (name == "--standalone") {
+      bool ignored = false;
+      flag(ignored, true);
+    } else {
+      throw ConfigError("fsdp-run: unknown option '" + a + "' (see fsdp-run --help)");
+    }
+  }
+  o.command.assign(args.begin() + static_cast<long>(i), args.end());
+  if (o.command.empty()) {
+    throw ConfigError("fsdp-run: no program given: expected 'fsdp-run [options] -- program [args...]'");
+  }
+  if (o.node_rank >= o.nnodes) {
+    throw ConfigError("fsdp-run: --node-rank=" + std::to_string(o.node_rank) +
+                      " is out of range: expected 0 <= node-rank < nnodes=" + std::to_string(o.nnodes));
+  }
+  if (o.nnodes > 1 && o.master_port == 0) {
+    throw ConfigError("fsdp-run: --master-port is required with --nnodes=" + std::to_string(o.nnodes) +
+                      ": every node must use the same port");
+  }
+  if (o.nnodes > 1 && !addr_given) {
+    throw ConfigError("fsdp-run: --master-addr is required with --nnodes=" + std::to_string(o.nnodes) +
+                      ": expected the address of the node that runs rank 0");
+  }
+  if (o.nnodes > 1 && o.max_restarts > 0) {
+    throw ConfigError("fsdp-run: --max-restarts needs --nnodes 1: fsdp-run has no elastic rendezvous "
+                      "to restart the groups of several nodes together");
+  }
+  return o;
+}
+
+}  // namespace fsdp::launch

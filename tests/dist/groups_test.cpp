@@ -1,0 +1,216 @@
+// Timeouts (a rank that skips a collective), rendezvous over TCPStore,
+// sub-groups and the (replicate, shard) mesh.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <atomic>
+#include <future>
+
+#include "../support/thread_ranks.h"
+#include "fsdp/error.h"
+
+using fsdp::CollectiveError;
+using fsdp::dist::ProcessGroup;
+using fsdp::testing::run_ranks;
+using namespace std::chrono_literals;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Rank 1 skips one collective that rank 0 makes; rank 0 must get a
+// CollectiveError naming it within the timeout plus a few seconds.
+void expect_timeout_on_skip(const std::string& op, const std::function<void(ProcessGroup&)>& call) {
+  std::promise<void> rank0_done;
+  auto done = rank0_done.get_future().share();
+  run_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          done.wait_for(30s);  // alive, but never calls the collective
+          return;
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          call(pg);
+          ADD_FAILURE() << op << " returned although rank 1 never called it";
+        } catch (const CollectiveError& e) {
+          const double took = seconds_since(t0);
+          const std::string what = e.what();
+          EXPECT_EQ(e.collective(), op);
+          EXPECT_NE(what.find("collective " + op + " #1 on group 'world' (rank 0 of 2, backend gloo, timeout 2s)"),
+                    std::string::npos)
+              << what;
+          EXPECT_GE(took, 1.5) << what;
+          EXPECT_LE(took, 2.0 + 5.0) << what;
+        }
+        rank0_done.set_value();
+      },
+      2s);
+}
+
+TEST(Timeout, SkippedAllReduce) {
+  expect_timeout_on_skip("all_reduce", [](ProcessGroup& pg) { pg.all_reduce(at::ones({8})).wait(); });
+}
+
+TEST(Timeout, SkippedReduceScatter) {
+  expect_timeout_on_skip("reduce_scatter",
+                         [](ProcessGroup& pg) { pg.reduce_scatter(at::empty({4}), at::ones({8})).wait(); });
+}
+
+TEST(Timeout, SkippedAllGather) {
+  expect_timeout_on_skip("all_gather", [](ProcessGroup& pg) { pg.all_gather(at::empty({8}), at::ones({4})).wait(); });
+}
+
+TEST(Timeout, SkippedBroadcastAndBarrier) {
+  expect_timeout_on_skip("broadcast", [](ProcessGroup& pg) { pg.broadcast(at::ones({8}), 0).wait(); });
+  expect_timeout_on_skip("barrier", [](ProcessGroup& pg) { pg.barrier(); });
+}
+
+TEST(Timeout, FailedWorkRethrowsOnEveryWait) {
+  std::promise<void> rank0_done;
+  auto done = rank0_done.get_future().share();
+  run_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        if (pg.rank() == 1) {
+          done.wait_for(30s);
+          return;
+        }
+        auto work = pg.all_reduce(at::ones({4}));
+        EXPECT_THROW(work.wait(), CollectiveError);
+        EXPECT_THROW(work.wait(), CollectiveError);
+        EXPECT_TRUE(work.is_completed());
+        rank0_done.set_value();
+      },
+      1s);
+}
+
+TEST(Rendezvous, MissingRankTimesOutWithANamedError) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  fsdp::dist::InitOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.store = store;
+  o.timeout = 2s;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    fsdp::dist::init_process_group(o);
+    FAIL() << "rendezvous completed with a rank missing";
+  } catch (const CollectiveError& e) {
+    EXPECT_EQ(e.collective(), "rendezvous");
+    EXPECT_NE(std::string(e.what()).find("rendezvous of group 'world' (rank 0 of 2, timeout 2s) failed: 1 of 2 ranks joined; "
+                                      "missing rank(s): 1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LE(seconds_since(t0), 5.0);
+}
+
+TEST(Rendezvous, TcpStoreBetweenThreads) {
+  // The path real jobs take: rank 0 serves a TCPStore, the others connect.
+  const int port = 20000 + static_cast<int>(getpid() % 20000) + 7;
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      fsdp::dist::InitOptions o;
+      o.rank = r;
+      o.world_size = 3;
+      o.master_addr = "127.0.0.1";
+      o.master_port = port;
+      o.timeout = 30s;
+      auto pg = fsdp::dist::init_process_group(o);
+      at::Tensor t = at::full({5}, static_cast<float>(r));
+      pg->all_reduce(t).wait();
+      if (at::equal(t, at::full({5}, 3.0f))) ++ok;
+      pg->barrier();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 3);
+}
+
+TEST(Groups, NewGroupOfSomeRanks) {
+  run_ranks(4, [](ProcessGroup& pg) {
+    // Ranks 3 and 1, in that order: rank 3 is sub-rank 0.
+    auto sub = pg.new_group({3, 1});
+    if (pg.rank() == 0 || pg.rank() == 2) {
+      EXPECT_EQ(sub, nullptr);
+    } else {
+      ASSERT_NE(sub, nullptr);
+      EXPECT_EQ(sub->size(), 2);
+      EXPECT_EQ(sub->rank(), pg.rank() == 3 ? 0 : 1);
+      at::Tensor t = at::full({3}, static_cast<float>(pg.rank()));
+      sub->all_reduce(t).wait();
+      EXPECT_TRUE(at::equal(t, at::full({3}, 4.0f)));
+      at::Tensor b = at::full({2}, static_cast<float>(pg.rank()));
+      sub->broadcast(b, 0).wait();  // sub-rank 0 is world rank 3
+      EXPECT_TRUE(at::equal(b, at::full({2}, 3.0f)));
+    }
+    // The parent group still works, with the sub-group alive.
+    at::Tensor w = at::ones({2});
+    pg.all_reduce(w).wait();
+    EXPECT_TRUE(at::equal(w, at::full({2}, 4.0f)));
+  });
+}
+
+TEST(Groups, BadRankListsAreRejected) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    EXPECT_THROW(pg.new_group({}), fsdp::ConfigError);
+    EXPECT_THROW(pg.new_group({0, 0}), fsdp::ConfigError);
+    try {
+      pg.new_group({0, 2});
+      ADD_FAILURE();
+    } catch (const fsdp::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2 is out of range: expected 0 <= rank < 2"), std::string::npos);
+    }
+  });
+}
+
+TEST(Groups, HybridMeshTwoByTwo) {
+  run_ranks(4, [](ProcessGroup& pg) {
+    auto mesh = fsdp::dist::init_device_mesh(
+        std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), /*replicate=*/2, /*shard=*/2);
+    const int r = pg.rank();
+    EXPECT_EQ(mesh.replicate_index, r / 2);
+    EXPECT_EQ(mesh.shard_index, r % 2);
+    ASSERT_NE(mesh.shard_group, nullptr);
+    ASSERT_NE(mesh.replicate_group, nullptr);
+    EXPECT_EQ(mesh.shard_group->size(), 2);
+    EXPECT_EQ(mesh.shard_group->rank(), r % 2);
+    EXPECT_EQ(mesh.replicate_group->rank(), r / 2);
+    // Shard groups {0,1}, {2,3}; replicate groups {0,2}, {1,3}.
+    at::Tensor s = at::full({1}, static_cast<float>(r));
+    mesh.shard_group->all_reduce(s).wait();
+    EXPECT_EQ(s.item<float>(), r < 2 ? 1.0f : 5.0f);
+    at::Tensor p = at::full({1}, static_cast<float>(r));
+    mesh.replicate_group->all_reduce(p).wait();
+    EXPECT_EQ(p.item<float>(), r % 2 == 0 ? 2.0f : 4.0f);
+    // HYBRID_SHARD's gradient path: reduce-scatter in the shard group, then
+    // all-reduce the shard across replicas == the full sum's chunk.
+    at::Tensor grad = at::arange(6, at::kFloat) * (r + 1);
+    at::Tensor shard = at::empty({3});
+    mesh.shard_group->reduce_scatter(shard, grad).wait();
+    mesh.replicate_group->all_reduce(shard).wait();
+    at::Tensor want = (at::arange(6, at::kFloat) * 10).narrow(0, (r % 2) * 3, 3);
+    EXPECT_TRUE(at::equal(shard, want)) << shard;
+  });
+}
+
+TEST(Groups, MeshShapeMustMatchTheGroup) {
+  run_ranks(1, [](ProcessGroup& pg) {
+    try {
+      fsdp::dist::init_device_mesh(std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), 2, 2);
+      ADD_FAILURE();
+    } catch (const fsdp::ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "init_device_mesh: a (replicate=2, shard=2) mesh needs 4 ranks, but group 'world' has 1");
+    }
+  });
+}
+
+}  // namespace

@@ -1,0 +1,113 @@
+// Test helper: runs a program, captures its stdout and stderr (merged), and
+// kills it if it outlives a deadline. POSIX only; no LibTorch.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fsdp::testing {
+
+struct RunResult {
+  int status = 0;          // raw waitpid status
+  std::string output;      // stdout and stderr, interleaved
+  double seconds = 0;      // wall time until exit
+  bool timed_out = false;  // killed by the deadline
+  int exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+};
+
+// Starts `argv` with `extra_env` ("NAME=value" set, "NAME" unset) applied, returns its pid and
+// the read end of its output pipe.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env, int* out_fd) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(p[1], 1);
+    dup2(p[1], 2);
+    for (auto& kv : extra_env) {
+      if (kv.find('=') == std::string::npos) unsetenv(kv.c_str());  // "NAME": unset it
+      else putenv(const_cast<char*>(kv.c_str()));
+    }
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(p[1]);
+  *out_fd = p[0];
+  return pid;
+}
+
+// Runs to completion (or `deadline`, then SIGKILL). `while_running` is called
+// about every 50 ms with the pid and the output so far.
+inline RunResult run_program(const std::vector<std::string>& argv, std::chrono::milliseconds deadline,
+                             const std::vector<std::string>& extra_env = {},
+                             const std::function<void(pid_t, const std::string&)>& while_running = nullptr) {
+  RunResult r;
+  auto t0 = std::chrono::steady_clock::now();
+  int fd = -1;
+  pid_t pid = spawn(argv, extra_env, &fd);
+  bool eof = false;
+  while (!eof) {
+    pollfd pfd{fd, POLLIN, 0};
+    poll(&pfd, 1, 50);
+    if (pfd.revents) {
+      char buf[4096];
+      ssize_t n = read(fd, buf, sizeof(buf));
+      if (n > 0) r.output.append(buf, static_cast<size_t>(n));
+      else eof = true;
+    }
+    if (while_running) while_running(pid, r.output);
+    if (std::chrono::steady_clock::now() - t0 > deadline && !r.timed_out) {
+      r.timed_out = true;
+      kill(pid, SIGKILL);
+    }
+  }
+  close(fd);
+  waitpid(pid, &r.status, 0);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// A fresh directory under /tmp, removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/fsdp-test-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// True while a process with this pid exists and is not a zombie.
+inline bool process_alive(pid_t pid) {
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close_paren = stat.rfind(')');
+  if (stat.empty() || close_paren == std::string::npos || close_paren + 2 >= stat.size()) return false;
+  return stat[close_paren + 2] != 'Z';
+}
+
+}  // namespace fsdp::testing
