@@ -1,0 +1,87 @@
+// fsdp/detail/unit.h — the glue between the forward-interposing holders in
+// fsdp/fsdp.h and the sharding engine in src/fsdp/. Not a public API.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::detail {
+
+class UnitState;  // one FSDP unit: a flat parameter and its hooks (src/fsdp/unit.cpp)
+
+// Where a module's FSDP unit lives, shared by every holder of that module.
+// `unit` is null while the module is not (yet) an FSDP unit.
+struct Slot {
+  std::shared_ptr<UnitState> unit;
+};
+
+// The slot of `module`: the existing one if some holder or wrapper made it,
+// else a new one registered for it. Thread-safe.
+std::shared_ptr<Slot> slot_for(const torch::nn::Module* module);
+
+// The slot of `module` if one exists (nullptr otherwise). Thread-safe.
+std::shared_ptr<Slot> find_slot(const torch::nn::Module* module);
+
+// Pre-forward (unshard) on construction; post-forward (reshard, backward
+// hooks on `outputs`) in finish(); cleanup if the forward threw.
+class ForwardScope {
+ public:
+  explicit ForwardScope(UnitState& unit);
+  ~ForwardScope();
+  void finish(const std::vector<at::Tensor>& outputs);
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+
+ private:
+  UnitState& unit_;
+  bool finished_ = false;
+};
+
+template <class T> struct IsVector : std::false_type {};
+template <class T, class A> struct IsVector<std::vector<T, A>> : std::true_type {};
+template <class T> struct IsPair : std::false_type {};
+template <class A, class B> struct IsPair<std::pair<A, B>> : std::true_type {};
+template <class T> struct IsTuple : std::false_type {};
+template <class... Ts> struct IsTuple<std::tuple<Ts...>> : std::true_type {};
+
+// Tensors inside a forward's result, to hook the pre-backward unshard on.
+// Tensors, vectors, pairs and tuples of them are searched; anything else holds
+// no tensors we can see, and such a unit keeps its full parameters until
+// backward (see fsdp.h).
+template <class T>
+void collect_tensors(const T& x, std::vector<at::Tensor>& out) {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    out.push_back(x);
+  } else if constexpr (IsVector<T>::value) {
+    for (const auto& e : x) collect_tensors(e, out);
+  } else if constexpr (IsPair<T>::value) {
+    collect_tensors(x.first, out);
+    collect_tensors(x.second, out);
+  } else if constexpr (IsTuple<T>::value) {
+    std::apply([&](const auto&... es) { (collect_tensors(es, out), ...); }, x);
+  }
+}
+
+// Runs `forward` inside the unit's forward scope (or plainly, without a unit).
+template <class F>
+auto call(const std::shared_ptr<Slot>& slot, F&& forward) -> decltype(forward()) {
+  UnitState* unit = slot ? slot->unit.get() : nullptr;
+  if (unit == nullptr) return forward();
+  ForwardScope scope(*unit);
+  auto out = forward();
+  std::vector<at::Tensor> tensors;
+  collect_tensors(out, tensors);
+  scope.finish(tensors);
+  return out;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,193 @@
+// fsdp/fsdp.h — Fully Sharded Data Parallel for LibTorch modules.
+//
+// WRAPPING. `FullyShardedDataParallel<NetImpl> model(net, options)` turns a
+// module (and, by `auto_wrap_policy`, chosen submodules) into FSDP units. Each
+// unit flattens the parameters it owns (those of its subtree that no nested
+// unit owns) into one flat buffer, padded to a multiple of the shard-group
+// size, and keeps 1/N of it on each rank. The module tree is not changed:
+// named_parameters() names stay those of the unwrapped model (with
+// use_orig_params), and buffers stay whole on every rank.
+//
+// FORWARD INTERPOSITION. C++ modules have no forward hooks, so a unit's
+// forward must go through a holder that fsdp-cpp controls:
+//   - the root: call `model(x)` or `model.forward(x)` on the
+//     FullyShardedDataParallel holder — NOT `model->forward(x)`, which would
+//     run on sharded parameters and fail;
+//   - a submodule held in a `fsdp::Unit<BlockImpl>` member (a
+//     torch::nn::ModuleHolder that behaves exactly like the plain module until
+//     a policy or a manual wrap makes it a unit), called as `block(x)`;
+//   - an element of a torch::nn::Sequential whose forward is Tensor(Tensor):
+//     auto-wrapping needs no change to such models.
+// A policy that selects any other module is a ConfigError naming it.
+//
+// COLLECTIVES. Construction, every forward and backward of a unit, and
+// full_parameters() are collectives over the unit's process group(s): every
+// rank must run them in the same order (same model, same number of forwards).
+// A rank that diverges makes the others fail with fsdp::CollectiveError after
+// the group's timeout.
+//
+// MEMORY. Outside forward and backward each rank holds its shards only
+// (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD): parameters and gradients at
+// 1/N of the unit plus padding; a unit's full parameters exist from its
+// pre-forward to its post-forward (FULL_SHARD) or to its post-backward
+// (SHARD_GRAD_OP), and again from its pre-backward to its post-backward.
+//
+// OPTIMIZERS. Build any torch::optim optimizer on `model->parameters()`
+// after wrapping. use_orig_params=false exposes one flat parameter per unit
+// (named "flat_param" at the unit's module); use_orig_params=true exposes the
+// original parameters, each holding (outside forward) this rank's 1-D slice
+// of it (NO_SHARD: the whole parameter).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/detail/unit.h"
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp {
+
+enum class ShardingStrategy {
+  kFullShard,    // shard parameters, gradients, optimizer state; reshard after forward
+  kShardGradOp,  // as kFullShard, but keep full parameters from forward to backward
+  kNoShard,      // replicate everything, all-reduce gradients (DDP)
+  kHybridShard,  // kFullShard inside a shard group, replicate across groups
+};
+
+// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD".
+const char* to_string(ShardingStrategy strategy);
+// Parses those names (case-insensitive, '-' or '_'); ConfigError otherwise.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+// Decides whether `module`, at `name` (its path in the wrapped model), becomes
+// a unit. `unwrapped_numel` counts the parameters of its subtree that no unit
+// owns yet. Called bottom-up (children before parents); never for the root.
+using AutoWrapPolicy =
+    std::function<bool(const torch::nn::Module& module, const std::string& name, int64_t unwrapped_numel)>;
+
+// PyTorch's size_based_auto_wrap_policy: wrap when unwrapped_numel >= min_num_params.
+AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params = 100000000);
+
+// PyTorch's transformer_auto_wrap_policy: wrap every module whose type is (or
+// derives from) one of `ModuleImpls`.
+template <class... ModuleImpls>
+AutoWrapPolicy transformer_auto_wrap_policy() {
+  return [](const torch::nn::Module& m, const std::string&, int64_t) {
+    return ((dynamic_cast<const ModuleImpls*>(&m) != nullptr) || ...);
+  };
+}
+
+struct FSDPOptions {
+  // The ranks that share the model (all of them, usually). Required, except
+  // for kHybridShard with a device_mesh.
+  dist::ProcessGroupPtr process_group;
+  ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
+  // kHybridShard: shard inside mesh.shard_group, replicate across
+  // mesh.replicate_group. Alternatively give process_group and
+  // hybrid_shard_size: the mesh is made from it (a collective).
+  std::optional<dist::DeviceMesh> device_mesh;
+  int hybrid_shard_size = 0;
+  // Which submodules become units of their own (empty: none).
+  AutoWrapPolicy auto_wrap_policy;
+  // Modules whose parameters stay whole and unsharded on every rank, outside
+  // every unit (their gradients are not reduced either, as in PyTorch).
+  std::vector<std::shared_ptr<torch::nn::Module>> ignored_modules;
+  // false: expose one flat parameter per unit; true: the original parameters.
+  bool use_orig_params = false;
+  // Broadcast rank 0's parameters and buffers at construction.
+  bool sync_module_states = false;
+};
+
+// Holder for a submodule that may become an FSDP unit. Until a policy (or a
+// FullyShardedDataParallel built on it) activates it, forward() is the plain
+// module's forward. Register it like any holder:
+//   block = register_module("block", fsdp::Unit<BlockImpl>(args...));
+// and call it as block(x) or block.forward(x) (not block->forward(x)).
+template <class ModuleImpl>
+class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
+  using Base = torch::nn::ModuleHolder<ModuleImpl>;
+
+ public:
+  /* implicit */ Unit(std::nullptr_t) : Base(nullptr) {}
+  /* implicit */ Unit(std::shared_ptr<ModuleImpl> module) : Base(std::move(module)) { attach(); }
+  /* implicit */ Unit(const torch::nn::ModuleHolder<ModuleImpl>& holder) : Base(holder.ptr()) { attach(); }
+  // Constructs the module from its constructor arguments.
+  template <class Head, class... Tail,
+            class = std::enable_if_t<!std::is_convertible_v<Head, std::shared_ptr<ModuleImpl>> &&
+                                     !std::is_base_of_v<torch::nn::ModuleHolder<ModuleImpl>, std::decay_t<Head>>>>
+  explicit Unit(Head&& head, Tail&&... tail)
+      : Base(std::make_shared<ModuleImpl>(std::forward<Head>(head), std::forward<Tail>(tail)...)) {
+    attach();
+  }
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    return detail::call(slot_, [&] { return this->impl_->forward(std::forward<Args>(args)...); });
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  // True once this module is an FSDP unit.
+  bool is_fsdp_unit() const { return slot_ && slot_->unit != nullptr; }
+
+ protected:
+  void attach() {
+    if (this->impl_) slot_ = detail::slot_for(this->impl_.get());
+  }
+  std::shared_ptr<detail::Slot> slot_;
+};
+
+namespace detail {
+// Makes `module` (and, by policy, its submodules) FSDP units. Collective.
+void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options);
+}  // namespace detail
+
+// [collective] An FSDP-wrapped module: a Unit activated at construction.
+// Used for the root model and for manual nesting (a member, or an element of
+// a Sequential, wrapped before the outer model is wrapped):
+//   fsdp::FullyShardedDataParallel<NetImpl> model(std::make_shared<NetImpl>(), options);
+//   auto loss = model(x).sum(); loss.backward(); optimizer.step();
+// Throws ConfigError for bad options, a module wrapped twice, a policy that
+// selects a module whose forward cannot be interposed, or a parameter shared
+// by two units.
+template <class ModuleImpl>
+class FullyShardedDataParallel : public Unit<ModuleImpl> {
+ public:
+  FullyShardedDataParallel(std::shared_ptr<ModuleImpl> module, const FSDPOptions& options)
+      : Unit<ModuleImpl>(std::move(module)) {
+    detail::wrap(this->impl_, options);
+  }
+  FullyShardedDataParallel(const torch::nn::ModuleHolder<ModuleImpl>& module, const FSDPOptions& options)
+      : FullyShardedDataParallel(module.ptr(), options) {}
+};
+
+template <class ModuleImpl>
+using FSDP = FullyShardedDataParallel<ModuleImpl>;
+
+// The FSDP units in `module`'s tree, pre-order, as (path, module) pairs.
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> fsdp_modules(
+    const std::shared_ptr<torch::nn::Module>& module);
+
+// [collective] The full (unsharded) value of every parameter of the model,
+// keyed by its name in the unwrapped model (tied parameters under each name),
+// as copies on every rank. For tests, evaluation and export.
+std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::shared_ptr<torch::nn::Module>& module);
+
+// Bytes this rank holds right now for the model's FSDP units (padding included).
+struct MemoryStats {
+  int64_t sharded_param_bytes = 0;    // flat shards
+  int64_t unsharded_param_bytes = 0;  // full parameters currently materialised
+  int64_t grad_bytes = 0;             // sharded gradients and live full-gradient buffers
+  int64_t largest_unit_bytes = 0;     // largest unit's full (padded) size
+};
+MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module);
+
+}  // namespace fsdp

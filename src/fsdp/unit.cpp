@@ -1,0 +1,331 @@
+#include "unit.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <c10/util/strides.h>
+
+#include "fsdp/error.h"
+
+namespace fsdp::detail {
+
+namespace {
+
+// How many unit forwards are running on this thread (0: the next one is a root's).
+thread_local int tl_forward_depth = 0;
+
+// Runs after autograd accumulated a parameter's gradient.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradReadyHook(std::weak_ptr<UnitState> unit) : unit_(std::move(unit)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (auto u = unit_.lock()) u->on_grad_ready();
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<UnitState> unit_;
+};
+
+c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+// A tensor on `flat`'s storage at `offset` with `sizes`, contiguous, that
+// autograd does not consider a view (optimizers detach_() gradients, which
+// views refuse).
+at::Tensor storage_view(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  at::Tensor t = at::empty({0}, flat.options());
+  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
+  return t;
+}
+
+}  // namespace
+
+UnitState::UnitState(torch::nn::Module* module, std::vector<ParamInfo> params, UnitConfig config)
+    : module_(module), params_(std::move(params)), config_(std::move(config)) {
+  if (config_.shard_group) {
+    shard_size_ = config_.shard_group->size();
+    shard_rank_ = config_.shard_group->rank();
+  }
+  at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
+  if (!params_.empty()) options = params_[0].param.options().requires_grad(false);
+  for (auto& p : params_) {
+    if (p.param.scalar_type() != options.dtype().toScalarType() || p.param.device() != options.device()) {
+      throw ConfigError("FSDP: parameter '" + p.name + "' is " + std::string(c10::toString(p.param.scalar_type())) +
+                        " on " + p.param.device().str() + ", but '" + params_[0].name + "' of the same unit is " +
+                        std::string(c10::toString(options.dtype().toScalarType())) + " on " +
+                        options.device().str() + ": a unit's parameters must share dtype and device");
+    }
+    p.offset = numel_;
+    p.numel = p.param.numel();
+    p.shape = p.param.sizes().vec();
+    p.requires_grad = p.param.requires_grad();
+    numel_ += p.numel;
+    if (p.requires_grad) ++grads_expected_;
+  }
+  shard_numel_ = (numel_ + shard_size_ - 1) / shard_size_;
+  padded_numel_ = shard_numel_ * shard_size_;
+
+  at::NoGradGuard no_grad;
+  at::Tensor flat = at::zeros({padded_numel_}, options);
+  for (auto& p : params_) flat.narrow(0, p.offset, p.numel).copy_(p.param.detach().reshape({-1}));
+  full_ = flat;
+  if (shard_size_ == 1) {
+    flat_shard_ = flat;  // nothing to shard: the full parameter is the shard
+    for (auto& p : params_) p.param.set_data(sharded_view(full_, p));
+    unsharded_ = true;
+  } else {
+    flat_shard_ = flat.narrow(0, shard_begin(), shard_numel_).clone();
+    unsharded_ = true;
+    reshard();
+  }
+  accumulators_.resize(params_.size());
+}
+
+UnitState::~UnitState() = default;
+
+at::Tensor UnitState::sharded_view(const at::Tensor& flat, const ParamInfo& p) const {
+  if (shard_size_ == 1) return storage_view(flat, p.offset, p.shape);
+  const int64_t lo = std::max(p.offset, shard_begin());
+  const int64_t hi = std::min(p.offset + p.numel, shard_begin() + shard_numel_);
+  if (hi <= lo) return storage_view(flat, 0, {0});
+  return storage_view(flat, lo - shard_begin(), {hi - lo});
+}
+
+void UnitState::alloc_full() {
+  c10::StorageImpl* st = storage_of(full_);
+  const size_t bytes = static_cast<size_t>(padded_numel_) * full_.element_size();
+  if (st->nbytes() >= bytes) return;
+  st->set_data_ptr_noswap(st->allocator()->allocate(bytes));
+  st->set_nbytes(bytes);
+}
+
+void UnitState::free_full() {
+  c10::StorageImpl* st = storage_of(full_);
+  st->set_data_ptr_noswap(c10::DataPtr(nullptr, full_.device()));
+  st->set_nbytes(0);
+}
+
+void UnitState::unshard() {
+  if (unsharded_) return;
+  alloc_full();
+  config_.shard_group->all_gather(full_, flat_shard_).wait();
+  for (auto& p : params_) p.param.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
+  unsharded_ = true;
+}
+
+void UnitState::reshard() {
+  if (!unsharded_ || shard_size_ == 1) return;
+  for (auto& p : params_) {
+    if (config_.use_orig_params) {
+      p.param.set_data(sharded_view(flat_shard_, p));
+    } else {
+      p.param.set_data(at::empty({0}, flat_shard_.options()));
+    }
+  }
+  free_full();
+  unsharded_ = false;
+}
+
+void UnitState::lazy_init_root() {
+  is_root_ = true;
+  root_ = weak_from_this();
+  tree_.clear();
+  std::vector<const torch::nn::Module*> seen;
+  for (const auto& m : module_->modules(/*include_self=*/true)) {
+    if (std::find(seen.begin(), seen.end(), m.get()) != seen.end()) continue;
+    seen.push_back(m.get());
+    auto slot = find_slot(m.get());
+    if (!slot || !slot->unit) continue;
+    tree_.push_back(slot->unit);
+    if (slot->unit.get() != this) {
+      slot->unit->is_root_ = false;
+      slot->unit->root_ = weak_from_this();
+      slot->unit->tree_.clear();
+    }
+  }
+}
+
+void UnitState::pre_forward() {
+  if (tl_forward_depth == 0 && !is_root_) lazy_init_root();
+  unshard();
+}
+
+void UnitState::hook_accumulators() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i].param);
+    if (acc && acc != accumulators_[i]) {
+      acc->add_post_hook(std::make_unique<GradReadyHook>(weak_from_this()));
+      accumulators_[i] = acc;  // held, so that the hook stays on the node the next forwards use
+    }
+  }
+}
+
+void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
+  const bool grad_mode = at::GradMode::is_enabled() && grads_expected_ > 0;
+  bool hooked = false;
+  if (grad_mode) {
+    hook_accumulators();
+    std::weak_ptr<UnitState> weak = weak_from_this();
+    for (const auto& t : outputs) {
+      if (t.defined() && t.requires_grad()) {
+        t.register_hook([weak](const at::Tensor&) {
+          if (auto u = weak.lock()) u->pre_backward();
+        });
+        hooked = true;
+      }
+    }
+  }
+  if (!grad_mode) {
+    reshard();  // no backward follows
+    return;
+  }
+  if (!hooked) {
+    // Outputs we cannot see: no pre-backward hook, so keep the full
+    // parameters and prepare the gradient buffer now.
+    pre_backward();
+    return;
+  }
+  const auto s = config_.strategy;
+  if (s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard) reshard();
+}
+
+void UnitState::forward_failed() {
+  if (!in_backward_) reshard();
+}
+
+void UnitState::pre_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  auto root = root_.lock();
+  if (!root) root = shared_from_this();
+  if (!root->callback_queued_) {
+    root->callback_queued_ = true;
+    std::weak_ptr<UnitState> weak_root = root;
+    torch::autograd::Engine::get_default_engine().queue_callback([weak_root] {
+      if (auto r = weak_root.lock()) r->finish_backward();
+    });
+  }
+  unshard();
+  grads_ready_ = 0;
+  if (grads_expected_ == 0) return;
+  full_grad_ = at::zeros({padded_numel_}, flat_shard_.options());
+  for (auto& p : params_) {
+    if (!p.requires_grad) continue;
+    p.saved_grad = p.param.grad();
+    p.param.mutable_grad() = full_grad_.narrow(0, p.offset, p.numel).view(p.shape);
+  }
+}
+
+void UnitState::on_grad_ready() {
+  if (!in_backward_) return;
+  if (++grads_ready_ == grads_expected_) post_backward();
+}
+
+void UnitState::post_backward() {
+  if (!in_backward_) return;
+  in_backward_ = false;
+  if (grads_expected_ == 0) {
+    reshard();
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    if (!p.requires_grad) continue;
+    const at::Tensor& g = p.param.grad();
+    at::Tensor slot = full_grad_.narrow(0, p.offset, p.numel);
+    // Autograd accumulates into our view; if something replaced it, copy.
+    if (g.defined() && g.data_ptr() != slot.data_ptr()) slot.copy_(g.reshape({-1}));
+  }
+  at::Tensor shard_grad;
+  if (shard_size_ > 1) {
+    shard_grad = at::empty({shard_numel_}, full_grad_.options());
+    config_.shard_group->reduce_scatter(shard_grad, full_grad_, dist::ReduceOp::kAvg).wait();
+  } else {
+    shard_grad = full_grad_;
+  }
+  if (config_.replicate_group && config_.replicate_group->size() > 1) {
+    config_.replicate_group->all_reduce(shard_grad, dist::ReduceOp::kAvg).wait();
+  }
+  full_grad_ = at::Tensor();
+  if (config_.use_orig_params) {
+    for (auto& p : params_) {
+      if (!p.requires_grad) continue;
+      at::Tensor g = sharded_view(shard_grad, p);
+      if (p.saved_grad.defined() && p.saved_grad.numel() == g.numel()) g.add_(p.saved_grad.reshape(g.sizes()));
+      p.param.mutable_grad() = g;
+      p.saved_grad = at::Tensor();
+    }
+  } else {
+    for (auto& p : params_) {
+      p.param.mutable_grad() = at::Tensor();
+      p.saved_grad = at::Tensor();
+    }
+    at::Tensor& fg = flat_shard_.mutable_grad();
+    if (fg.defined()) {
+      fg.add_(shard_grad);
+    } else {
+      fg = shard_grad;
+    }
+  }
+  reshard();
+}
+
+void UnitState::finish_backward() {
+  callback_queued_ = false;
+  for (auto& weak : tree_) {
+    auto u = weak.lock();
+    if (!u) continue;
+    if (u->in_backward_) {
+      u->post_backward();
+    } else {
+      u->reshard();
+    }
+  }
+  if (tree_.empty()) {  // a root that never ran lazy init (cannot happen) or a lone unit
+    if (in_backward_) post_backward();
+  }
+}
+
+int64_t UnitState::live_full_param_bytes() const {
+  if (shard_size_ == 1) return 0;
+  return static_cast<int64_t>(storage_of(full_)->nbytes());
+}
+
+int64_t UnitState::live_grad_bytes() const {
+  int64_t bytes = full_grad_.defined() ? full_grad_.numel() * full_grad_.element_size() : 0;
+  if (config_.use_orig_params) {
+    for (const auto& p : params_) {
+      const auto& g = p.param.grad();
+      if (g.defined() && !full_grad_.defined()) bytes += g.numel() * g.element_size();
+    }
+  } else if (flat_shard_.grad().defined()) {
+    bytes += flat_shard_.grad().numel() * flat_shard_.grad().element_size();
+  }
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------
+
+ForwardScope::ForwardScope(UnitState& unit) : unit_(unit) {
+  unit_.pre_forward();
+  ++tl_forward_depth;
+}
+
+ForwardScope::~ForwardScope() {
+  if (!finished_) {
+    --tl_forward_depth;
+    unit_.forward_failed();
+  }
+}
+
+void ForwardScope::finish(const std::vector<at::Tensor>& outputs) {
+  finished_ = true;
+  --tl_forward_depth;
+  unit_.post_forward(outputs);
+}
+
+}  // namespace fsdp::detail

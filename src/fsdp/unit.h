@@ -1,0 +1,117 @@
+// src/fsdp/unit.h — one FSDP unit: the flat parameter of the parameters it
+// owns, its shard, its hooks. Private to the library.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/detail/unit.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp.h"
+
+namespace fsdp::detail {
+
+// One original parameter inside a unit's flat parameter.
+struct ParamInfo {
+  at::Tensor param;                // the original parameter; its TensorImpl never changes
+  std::string name;                // path relative to the unit's module
+  std::vector<std::string> aliases;  // further names of a tied parameter (relative)
+  std::vector<int64_t> shape;
+  int64_t offset = 0;              // in the unpadded flat parameter
+  int64_t numel = 0;
+  bool requires_grad = true;
+  at::Tensor saved_grad;           // sharded gradient from before this backward
+};
+
+// Per-unit configuration resolved by wrap().
+struct UnitConfig {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  bool use_orig_params = false;
+  dist::ProcessGroupPtr shard_group;      // null: shards of one (no sharding)
+  dist::ProcessGroupPtr replicate_group;  // null: no replication
+};
+
+class UnitState : public std::enable_shared_from_this<UnitState> {
+ public:
+  // Flattens `params` (already the unit's, in order) and keeps this rank's
+  // shard. Collective-free (sync_module_states is done by wrap()).
+  UnitState(torch::nn::Module* module, std::vector<ParamInfo> params, UnitConfig config);
+  ~UnitState();
+
+  // [collective over the shard group when sharded] Materialises the full
+  // parameters and points the original parameters at them.
+  void unshard();
+  // Frees the full parameters; the original parameters show their shards.
+  void reshard();
+
+  void pre_forward();
+  void post_forward(const std::vector<at::Tensor>& outputs);
+  void forward_failed();
+  void pre_backward();
+  void on_grad_ready();
+  // [collective] Reduces the full gradient into the shard, reshards.
+  void post_backward();
+  // End of backward for the root: finishes every unit of its tree.
+  void finish_backward();
+
+  // Root bookkeeping (set at the root's first forward).
+  void lazy_init_root();
+
+  torch::nn::Module* module() const { return module_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const UnitConfig& config() const { return config_; }
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  int shard_size() const { return shard_size_; }
+  int shard_rank() const { return shard_rank_; }
+  bool is_unsharded() const { return unsharded_; }
+  const at::Tensor& flat_shard() const { return flat_shard_; }
+  // Bytes of full parameters / full gradients alive right now.
+  int64_t live_full_param_bytes() const;
+  int64_t live_grad_bytes() const;
+
+  // This rank's part of parameter i, as its data outside forward: a 1-D
+  // slice of the shard (shard size 1: the whole parameter, in shape).
+  at::Tensor sharded_view(const at::Tensor& flat, const ParamInfo& p) const;
+  // The range of the unpadded flat parameter this rank holds.
+  int64_t shard_begin() const { return shard_rank_ * shard_numel_; }
+
+ private:
+  void alloc_full();
+  void free_full();
+  void hook_accumulators();
+
+  torch::nn::Module* module_;
+  std::vector<ParamInfo> params_;
+  UnitConfig config_;
+  int shard_size_ = 1;
+  int shard_rank_ = 0;
+  int64_t numel_ = 0;
+  int64_t padded_numel_ = 0;
+  int64_t shard_numel_ = 0;
+  at::Tensor flat_shard_;  // [shard_numel_]; for use_orig_params=false the registered flat_param
+  at::Tensor full_;        // [padded_numel_]; its storage is freed while resharded (shard size > 1)
+  at::Tensor full_grad_;   // [padded_numel_] during backward
+  bool unsharded_ = false;
+  bool keep_full_after_forward_ = false;
+
+  // Backward bookkeeping.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  int grads_expected_ = 0;
+  int grads_ready_ = 0;
+  bool in_backward_ = false;      // pre_backward ran, post_backward not yet
+  bool reduced_this_backward_ = false;
+
+  // Root only.
+  bool is_root_ = false;
+  bool callback_queued_ = false;
+  std::vector<std::weak_ptr<UnitState>> tree_;  // every unit of the root's tree, pre-order
+  std::weak_ptr<UnitState> root_;
+};
+
+}  // namespace fsdp::detail

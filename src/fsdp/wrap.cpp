@@ -1,0 +1,360 @@
+// Wrapping: the slot registry, auto-wrap policies, interposition on
+// Sequential elements, parameter ownership, and the tree-level utilities.
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fsdp/error.h"
+#include "fsdp/fsdp.h"
+#include "unit.h"
+
+namespace fsdp {
+
+const char* to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  std::string n;
+  for (char c : name) n += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
+                 ShardingStrategy::kHybridShard}) {
+    if (n == to_string(s)) return s;
+  }
+  throw ConfigError("sharding strategy '" + name +
+                    "' is unknown: expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+}
+
+AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
+  return [min_num_params](const torch::nn::Module&, const std::string&, int64_t unwrapped) {
+    return unwrapped >= min_num_params;
+  };
+}
+
+namespace detail {
+namespace {
+
+// Module -> slot, and parameter -> owning unit. Weak, so that nothing here
+// keeps a model alive; stale entries are replaced.
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<Slot>> slots;
+  std::unordered_map<const c10::TensorImpl*, std::weak_ptr<UnitState>> owners;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::shared_ptr<UnitState> owner_of(const at::Tensor& p) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.owners.find(p.unsafeGetTensorImpl());
+  return it == r.owners.end() ? nullptr : it->second.lock();
+}
+
+// torch::nn::Module keeps its parameters in a protected member; a pointer to
+// it, formed in a derived class, reads it on any module. Used to take the
+// original parameters out of the registry when a flat parameter replaces them.
+struct ParameterAccess : torch::nn::Module {
+  static torch::OrderedDict<std::string, at::Tensor>& of(torch::nn::Module& m) {
+    return m.*(&ParameterAccess::parameters_);
+  }
+};
+
+// Stands in for a Sequential element that became a unit: Sequential calls
+// it instead of the element. Not registered as a child, so names stay.
+class SequentialElementImpl : public torch::nn::Module {
+ public:
+  SequentialElementImpl(torch::nn::AnyModule original, std::shared_ptr<Slot> slot)
+      : original_(std::move(original)), slot_(std::move(slot)) {}
+  at::Tensor forward(at::Tensor x) {
+    return call(slot_, [&] { return original_.forward<at::Tensor>(std::move(x)); });
+  }
+
+ private:
+  torch::nn::AnyModule original_;
+  std::shared_ptr<Slot> slot_;
+};
+
+std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+bool is_unit(const torch::nn::Module* m) {
+  auto slot = find_slot(m);
+  return slot && slot->unit;
+}
+
+struct WrapContext {
+  const FSDPOptions& options;
+  UnitConfig config;
+  std::unordered_set<const torch::nn::Module*> ignored_modules;
+  std::unordered_set<const c10::TensorImpl*> ignored_params;
+};
+
+bool ignored(const WrapContext& ctx, const torch::nn::Module* m) { return ctx.ignored_modules.count(m) > 0; }
+
+// Collects the parameters a unit at `root` owns: those of its subtree outside
+// nested units and ignored modules, each once (tied ones with aliases).
+void collect_params(const WrapContext& ctx, torch::nn::Module& m, const std::string& prefix,
+                    std::vector<ParamInfo>& out,
+                    std::vector<std::pair<torch::nn::Module*, std::string>>& registrations) {
+  for (auto& item : m.named_parameters(/*recurse=*/false)) {
+    const at::Tensor& p = item.value();
+    const std::string name = join(prefix, item.key());
+    if (ctx.ignored_params.count(p.unsafeGetTensorImpl())) continue;
+    if (auto owner = owner_of(p)) {
+      throw ConfigError("FSDP: parameter '" + name + "' is also a parameter of another FSDP unit (at module '" +
+                        owner->module()->name() + "'): a tied parameter must belong to one unit; wrap the modules "
+                        "that share it in one unit (or leave them to a common outer unit)");
+    }
+    auto same = std::find_if(out.begin(), out.end(), [&](const ParamInfo& x) { return x.param.is_same(p); });
+    if (same != out.end()) {
+      same->aliases.push_back(name);
+    } else {
+      ParamInfo info;
+      info.param = p;
+      info.name = name;
+      out.push_back(std::move(info));
+    }
+    registrations.emplace_back(&m, item.key());
+  }
+  for (auto& child : m.named_children()) {
+    torch::nn::Module* c = child.value().get();
+    if (ignored(ctx, c) || is_unit(c)) continue;
+    collect_params(ctx, *c, join(prefix, child.key()), out, registrations);
+  }
+}
+
+// Makes `m` a unit owning what no nested unit owns.
+std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& m) {
+  std::vector<ParamInfo> params;
+  std::vector<std::pair<torch::nn::Module*, std::string>> registrations;
+  collect_params(ctx, m, "", params, registrations);
+  auto unit = std::make_shared<UnitState>(&m, std::move(params), ctx.config);
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (const auto& p : unit->params()) r.owners[p.param.unsafeGetTensorImpl()] = unit;
+  }
+  if (!ctx.config.use_orig_params) {
+    for (auto& [owner, name] : registrations) ParameterAccess::of(*owner).erase(name);
+    bool any_grad = false;
+    for (const auto& p : unit->params()) any_grad |= p.requires_grad;
+    m.register_parameter("flat_param", unit->flat_shard(), any_grad);
+  }
+  return unit;
+}
+
+// Makes the element `m` of `parent` interposable, or says why it can't be.
+std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m, const std::string& path) {
+  if (auto slot = find_slot(&m)) return slot;  // held by fsdp::Unit
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) {
+    for (auto it = seq->begin(); it != seq->end(); ++it) {
+      if (it->ptr().get() != &m) continue;
+      auto slot = slot_for(&m);
+      *it = torch::nn::AnyModule(std::make_shared<SequentialElementImpl>(*it, slot));
+      return slot;
+    }
+  }
+  throw ConfigError("FSDP: auto_wrap_policy selected module '" + path + "' (" + m.name() +
+                    "), but fsdp-cpp cannot run code around its forward: hold it in a fsdp::Unit<" + m.name() +
+                    "> member of its parent, or put it in a torch::nn::Sequential");
+}
+
+// PyTorch's _recursive_wrap: children first; returns the number of parameters
+// of m's subtree that no unit owns.
+int64_t recursive_wrap(WrapContext& ctx, torch::nn::Module* parent, torch::nn::Module& m, const std::string& path,
+                       bool is_root) {
+  int64_t unwrapped = 0;
+  for (auto& child : m.named_children()) {
+    torch::nn::Module* c = child.value().get();
+    if (ignored(ctx, c) || is_unit(c)) continue;
+    unwrapped += recursive_wrap(ctx, &m, *c, join(path, child.key()), false);
+  }
+  for (auto& p : m.named_parameters(/*recurse=*/false)) {
+    if (!ctx.ignored_params.count(p.value().unsafeGetTensorImpl())) unwrapped += p.value().numel();
+  }
+  if (!is_root && ctx.options.auto_wrap_policy(m, path, unwrapped)) {
+    auto slot = interpose(parent, m, path);
+    slot->unit = make_unit(ctx, m);
+    return 0;
+  }
+  return unwrapped;
+}
+
+void sync_module_states(const WrapContext& ctx, torch::nn::Module& m) {
+  std::vector<at::Tensor> tensors;
+  for (auto& p : m.parameters(/*recurse=*/true)) {
+    if (!owner_of(p)) tensors.push_back(p);
+  }
+  for (auto& b : m.buffers(/*recurse=*/true)) tensors.push_back(b);
+  at::NoGradGuard no_grad;
+  auto broadcast_all = [&](const dist::ProcessGroupPtr& g) {
+    if (!g || g->size() == 1) return;
+    for (auto& t : tensors) {
+      at::Tensor c = t.contiguous();
+      g->broadcast(c, 0).wait();
+      if (!c.is_same(t)) t.copy_(c);
+    }
+  };
+  if (ctx.options.process_group) {
+    broadcast_all(ctx.options.process_group);
+  } else {  // mesh only: shard group's rank 0, then across replicas
+    broadcast_all(ctx.config.shard_group);
+    broadcast_all(ctx.config.replicate_group);
+  }
+}
+
+UnitConfig resolve_groups(const FSDPOptions& o) {
+  UnitConfig c;
+  c.strategy = o.sharding_strategy;
+  c.use_orig_params = o.use_orig_params;
+  const std::string strategy = to_string(o.sharding_strategy);
+  if (o.process_group && o.device_mesh) {
+    throw ConfigError("FSDP: process_group and device_mesh are mutually exclusive: pass only one of them");
+  }
+  if (o.sharding_strategy == ShardingStrategy::kHybridShard) {
+    if (o.device_mesh) {
+      if (!o.device_mesh->shard_group || !o.device_mesh->replicate_group) {
+        throw ConfigError("FSDP: HYBRID_SHARD's device_mesh lacks this rank's shard or replicate group");
+      }
+      c.shard_group = o.device_mesh->shard_group;
+      c.replicate_group = o.device_mesh->replicate_group;
+    } else if (o.process_group && o.hybrid_shard_size > 0) {
+      if (o.process_group->size() % o.hybrid_shard_size != 0) {
+        throw ConfigError("FSDP: hybrid_shard_size=" + std::to_string(o.hybrid_shard_size) +
+                          " does not divide the world size " + std::to_string(o.process_group->size()));
+      }
+      auto mesh = dist::init_device_mesh(o.process_group, o.process_group->size() / o.hybrid_shard_size,
+                                         o.hybrid_shard_size);
+      c.shard_group = mesh.shard_group;
+      c.replicate_group = mesh.replicate_group;
+    } else {
+      throw ConfigError(
+          "FSDP: the hybrid sharding strategy (HYBRID_SHARD) needs a device_mesh (its shard and replicate groups), "
+          "or a process_group with hybrid_shard_size (the ranks of one shard group)");
+    }
+    return c;
+  }
+  if (!o.process_group) {
+    throw ConfigError("FSDP: options.process_group is null: expected the group of ranks that share the model (" +
+                      strategy + ")");
+  }
+  if (o.sharding_strategy == ShardingStrategy::kNoShard) {
+    c.replicate_group = o.process_group;
+  } else {
+    c.shard_group = o.process_group;
+  }
+  return c;
+}
+
+}  // namespace
+
+std::shared_ptr<Slot> slot_for(const torch::nn::Module* module) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto& weak = r.slots[module];
+  if (auto slot = weak.lock()) return slot;
+  auto slot = std::make_shared<Slot>();
+  weak = slot;
+  return slot;
+}
+
+std::shared_ptr<Slot> find_slot(const torch::nn::Module* module) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.slots.find(module);
+  return it == r.slots.end() ? nullptr : it->second.lock();
+}
+
+void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options) {
+  if (!module) throw ConfigError("FSDP: cannot wrap a null module");
+  auto slot = slot_for(module.get());
+  if (slot->unit) {
+    throw ConfigError("FSDP: module " + module->name() +
+                      " is already wrapped by FullyShardedDataParallel; wrap each module once");
+  }
+  WrapContext ctx{options, resolve_groups(options), {}, {}};
+  for (const auto& m : options.ignored_modules) {
+    if (!m) continue;
+    for (const auto& sub : m->modules(/*include_self=*/true)) ctx.ignored_modules.insert(sub.get());
+    for (const auto& p : m->parameters(/*recurse=*/true)) ctx.ignored_params.insert(p.unsafeGetTensorImpl());
+  }
+  if (options.sync_module_states) sync_module_states(ctx, *module);
+  if (options.auto_wrap_policy) recursive_wrap(ctx, nullptr, *module, "", /*is_root=*/true);
+  slot->unit = make_unit(ctx, *module);
+}
+
+namespace {
+
+// Every unit under `module` with its path, pre-order.
+void find_units(torch::nn::Module& m, const std::string& path,
+                std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& out,
+                const std::shared_ptr<torch::nn::Module>& self) {
+  if (is_unit(&m)) out.emplace_back(path, self);
+  for (auto& child : m.named_children()) find_units(*child.value(), join(path, child.key()), out, child.value());
+}
+
+}  // namespace
+}  // namespace detail
+
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> fsdp_modules(
+    const std::shared_ptr<torch::nn::Module>& module) {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
+  if (module) detail::find_units(*module, "", out, module);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::shared_ptr<torch::nn::Module>& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const c10::TensorImpl*> flat_params;
+  at::NoGradGuard no_grad;
+  for (auto& [path, m] : fsdp_modules(module)) {
+    auto unit = detail::find_slot(m.get())->unit;
+    flat_params.insert(unit->flat_shard().unsafeGetTensorImpl());
+    const bool was_unsharded = unit->is_unsharded();
+    unit->unshard();
+    for (const auto& p : unit->params()) {
+      at::Tensor full = p.param.detach().clone();
+      out.emplace_back(detail::join(path, p.name), full);
+      for (const auto& alias : p.aliases) out.emplace_back(detail::join(path, alias), full);
+    }
+    if (!was_unsharded) unit->reshard();
+  }
+  // Parameters outside every unit (ignored modules).
+  for (auto& item : module->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (flat_params.count(p.unsafeGetTensorImpl()) || detail::owner_of(p)) continue;
+    out.emplace_back(item.key(), p.detach().clone());
+  }
+  return out;
+}
+
+MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module) {
+  MemoryStats s;
+  for (auto& [path, m] : fsdp_modules(module)) {
+    auto unit = detail::find_slot(m.get())->unit;
+    const int64_t item = unit->flat_shard().element_size();
+    s.sharded_param_bytes += unit->flat_shard().numel() * item;
+    s.unsharded_param_bytes += unit->live_full_param_bytes();
+    s.grad_bytes += unit->live_grad_bytes();
+    s.largest_unit_bytes = std::max(s.largest_unit_bytes, unit->padded_numel() * item);
+  }
+  return s;
+}
+
+}  // namespace fsdp

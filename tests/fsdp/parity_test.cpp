@@ -1,0 +1,128 @@
+// FSDP training equals single-process training on the same global batch:
+// every sharding strategy, world sizes 1-4, SGD and AdamW, both
+// use_orig_params modes, auto-wrapped and manually nested units, a tied
+// parameter and buffers.
+#include <gtest/gtest.h>
+
+#include "../support/thread_ranks.h"
+#include "fsdp/error.h"
+#include "models.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int64_t kGlobalBatch = 12;  // divides by 1, 2, 3 and 4
+
+enum class Opt { kSgd, kAdamW };
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<torch::Tensor> params) {
+  if (opt == Opt::kSgd) {
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+}
+
+std::map<std::string, torch::Tensor> train_local(Opt opt, const std::vector<Batch>& batches) {
+  auto net = make_net(1234);
+  auto optimizer = make_optimizer(opt, net->parameters());
+  for (const auto& b : batches) {
+    optimizer->zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(net->forward(b.tokens), b.target);
+    loss.backward();
+    optimizer->step();
+  }
+  return named_params(*net);
+}
+
+enum class Nesting { kAutoWrap, kManual };
+
+struct Case {
+  ShardingStrategy strategy;
+  int world;
+};
+
+std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, const Case& c, Opt opt, bool use_orig,
+                                                Nesting nesting, const std::vector<Batch>& batches) {
+  auto world = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+  FSDPOptions o;
+  o.sharding_strategy = c.strategy;
+  o.use_orig_params = use_orig;
+  if (c.strategy == ShardingStrategy::kHybridShard) {
+    o.device_mesh = dist::init_device_mesh(world, 2, pg.size() / 2);
+  } else {
+    o.process_group = world;
+  }
+  std::shared_ptr<NetImpl> net;
+  if (nesting == Nesting::kAutoWrap) {
+    o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+    net = make_net(1234);
+  } else {
+    net = make_net(1234, &o);  // `extra` wrapped inside the model's constructor
+  }
+  FullyShardedDataParallel<NetImpl> model(net, o);
+  auto optimizer = make_optimizer(opt, model->parameters());
+  const int64_t local = kGlobalBatch / pg.size();
+  for (const auto& b : batches) {
+    optimizer->zero_grad();
+    auto tokens = b.tokens.narrow(0, pg.rank() * local, local);
+    auto target = b.target.narrow(0, pg.rank() * local, local);
+    auto loss = torch::nn::functional::cross_entropy(model(tokens), target);
+    loss.backward();
+    optimizer->step();
+  }
+  return to_map(full_parameters(model.ptr()));
+}
+
+void expect_close(const std::map<std::string, torch::Tensor>& got, const std::map<std::string, torch::Tensor>& want,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << what << ": missing " << name;
+    ASSERT_EQ(it->second.sizes(), w.sizes()) << what << ": " << name;
+    const double diff = (it->second - w).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-5) << what << ": " << name << " differs by " << diff;
+  }
+}
+
+class Parity : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Parity, TrainingMatchesSingleProcess) {
+  const Case c = GetParam();
+  const auto batches = make_batches(kSteps, kGlobalBatch, 99);
+  std::map<Opt, std::map<std::string, torch::Tensor>> reference;
+  for (Opt opt : {Opt::kSgd, Opt::kAdamW}) reference[opt] = train_local(opt, batches);
+  // The tied head weight is the embedding's and no parameter of its own.
+  EXPECT_EQ(reference[Opt::kSgd].count("head.weight"), 0u);
+  run_ranks(c.world, [&](dist::ProcessGroup& pg) {
+    for (Opt opt : {Opt::kSgd, Opt::kAdamW}) {
+      for (bool use_orig : {false, true}) {
+        for (Nesting nesting : {Nesting::kAutoWrap, Nesting::kManual}) {
+          const std::string what = std::string(to_string(c.strategy)) + " world " + std::to_string(c.world) +
+                                   (opt == Opt::kSgd ? " SGD" : " AdamW") + (use_orig ? " orig" : " flat") +
+                                   (nesting == Nesting::kAutoWrap ? " auto" : " manual");
+          expect_close(train_fsdp(pg, c, opt, use_orig, nesting, batches), reference[opt], what);
+        }
+      }
+    }
+  });
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
+    for (int w = 1; w <= 4; ++w) out.push_back({s, w});
+  }
+  out.push_back({ShardingStrategy::kHybridShard, 4});  // 2 x 2 mesh
+  out.push_back({ShardingStrategy::kHybridShard, 2});  // 2 replicas of 1
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(StrategyWorld, Parity, ::testing::ValuesIn(cases()), [](const auto& info) {
+  return std::string(to_string(info.param.strategy)) + "_world" + std::to_string(info.param.world);
+});
+
+}  // namespace
