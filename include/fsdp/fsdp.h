@@ -181,6 +181,53 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> fsdp_mod
 // as copies on every rank. For tests, evaluation and export.
 std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::shared_ptr<torch::nn::Module>& module);
 
+// [local] Gradient accumulation without communication, like PyTorch's
+// model.no_sync(): backward passes inside the scope keep each unit's full
+// (unreduced) gradient; the first backward after it reduces the sum. Do not
+// step the optimizer inside the scope. Costs one full gradient buffer per unit.
+class NoSync {
+ public:
+  explicit NoSync(const std::shared_ptr<torch::nn::Module>& model);
+  ~NoSync();
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<detail::UnitState>> units_;
+};
+
+struct SummonOptions {
+  bool recurse = true;          // every unit of the tree (false: the module's own unit only)
+  bool writeback = true;        // changes to the full parameters persist in the shards
+  bool rank0_only = false;      // other ranks keep their shards (needs writeback = false)
+  bool offload_to_cpu = false;  // full parameters on CPU (already the case on CPU)
+};
+
+// Scoped full parameters, like PyTorch's summon_full_params: inside the scope
+// every original parameter holds its full value (tensors of the original
+// shapes). Construction is a [collective] (an all-gather per unit);
+// destruction is local. Running forward or backward, or summoning again,
+// inside the scope is a ConfigError. Parameters that already live whole
+// (NO_SHARD, world 1) are used in place and never freed.
+class SummonFullParams {
+ public:
+  SummonFullParams(const std::shared_ptr<torch::nn::Module>& model, SummonOptions options = {});
+  ~SummonFullParams();
+  SummonFullParams(const SummonFullParams&) = delete;
+  SummonFullParams& operator=(const SummonFullParams&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<detail::UnitState>> units_;
+  SummonOptions options_;
+};
+
+// [collective] Clips the gradients of the whole model so that their global
+// norm (over all shards, of order `norm_type`: any p > 0, or INFINITY) is at
+// most max_norm, and returns that norm as computed before clipping, like
+// torch.nn.utils.clip_grad_norm_ on the unsharded model. Call after
+// backward, before the optimizer step.
+at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type = 2.0);
+
 // Bytes this rank holds right now for the model's FSDP units (padding included).
 struct MemoryStats {
   int64_t sharded_param_bytes = 0;    // flat shards

@@ -149,6 +149,10 @@ void UnitState::lazy_init_root() {
 }
 
 void UnitState::pre_forward() {
+  if (summoned_) {
+    throw ConfigError("FSDP: forward of the unit at module " + module_->name() +
+                      " inside summon_full_params: leave the SummonFullParams scope first");
+  }
   if (tl_forward_depth == 0 && !is_root_) lazy_init_root();
   unshard();
 }
@@ -212,6 +216,7 @@ void UnitState::pre_backward() {
   unshard();
   grads_ready_ = 0;
   if (grads_expected_ == 0) return;
+  if (full_grad_.defined()) return;  // accumulated under no_sync: keep adding to it
   full_grad_ = at::zeros({padded_numel_}, flat_shard_.options());
   for (auto& p : params_) {
     if (!p.requires_grad) continue;
@@ -239,6 +244,10 @@ void UnitState::post_backward() {
     at::Tensor slot = full_grad_.narrow(0, p.offset, p.numel);
     // Autograd accumulates into our view; if something replaced it, copy.
     if (g.defined() && g.data_ptr() != slot.data_ptr()) slot.copy_(g.reshape({-1}));
+  }
+  if (no_sync_) {  // keep the full gradient; the next synced backward reduces it
+    reshard();
+    return;
   }
   at::Tensor shard_grad;
   if (shard_size_ > 1) {
@@ -288,6 +297,44 @@ void UnitState::finish_backward() {
   if (tree_.empty()) {  // a root that never ran lazy init (cannot happen) or a lone unit
     if (in_backward_) post_backward();
   }
+}
+
+void UnitState::summon(const SummonOptions& o) {
+  if (summoned_) throw ConfigError("FSDP: summon_full_params inside summon_full_params of the same unit");
+  if (in_backward_) throw ConfigError("FSDP: summon_full_params during backward");
+  summon_was_unsharded_ = unsharded_;
+  unshard();
+  summoned_ = true;
+  if (shard_size_ == 1 && !o.writeback) summon_snapshot_ = flat_shard_.clone();
+  const int rank = config_.shard_group ? config_.shard_group->rank() : 0;
+  const int world_rank = config_.replicate_group ? config_.replicate_group->rank() * shard_size_ + rank : rank;
+  if (o.rank0_only && world_rank != 0 && !summon_was_unsharded_) reshard();
+  // offload_to_cpu: parameters of a CPU build already live on CPU, in place.
+}
+
+void UnitState::unsummon(const SummonOptions& o) {
+  if (!summoned_) return;
+  summoned_ = false;
+  at::NoGradGuard no_grad;
+  if (shard_size_ == 1) {
+    if (summon_snapshot_.defined()) flat_shard_.copy_(summon_snapshot_);
+    summon_snapshot_ = at::Tensor();
+    return;
+  }
+  if (unsharded_ && o.writeback) flat_shard_.copy_(full_.narrow(0, shard_begin(), shard_numel_));
+  if (!summon_was_unsharded_) reshard();
+}
+
+std::vector<at::Tensor> UnitState::sharded_grads() const {
+  std::vector<at::Tensor> out;
+  if (config_.use_orig_params) {
+    for (const auto& p : params_) {
+      if (p.param.grad().defined()) out.push_back(p.param.grad());
+    }
+  } else if (flat_shard_.grad().defined()) {
+    out.push_back(flat_shard_.grad());
+  }
+  return out;
 }
 
 int64_t UnitState::live_full_param_bytes() const {

@@ -58,6 +58,14 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // End of backward for the root: finishes every unit of its tree.
   void finish_backward();
 
+  // no_sync: keep full gradients, reduce at the next synced backward.
+  void set_no_sync(bool on) { no_sync_ = on; }
+  // summon_full_params.
+  void summon(const SummonOptions& options);
+  void unsummon(const SummonOptions& options);
+  // This rank's gradient tensors (sharded; the flat gradient or one per parameter).
+  std::vector<at::Tensor> sharded_grads() const;
+
   // Root bookkeeping (set at the root's first forward).
   void lazy_init_root();
 
@@ -98,7 +106,10 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   at::Tensor full_;        // [padded_numel_]; its storage is freed while resharded (shard size > 1)
   at::Tensor full_grad_;   // [padded_numel_] during backward
   bool unsharded_ = false;
-  bool keep_full_after_forward_ = false;
+  bool no_sync_ = false;
+  bool summoned_ = false;
+  bool summon_was_unsharded_ = false;
+  at::Tensor summon_snapshot_;
 
   // Backward bookkeeping.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
@@ -113,5 +124,11 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<std::weak_ptr<UnitState>> tree_;  // every unit of the root's tree, pre-order
   std::weak_ptr<UnitState> root_;
 };
+
+// The units of `model`'s tree, pre-order (wrap.cpp).
+std::vector<std::shared_ptr<UnitState>> units_of(const std::shared_ptr<torch::nn::Module>& model);
+
+// Parameters of `model` that no unit owns (ignored modules), each once.
+std::vector<at::Tensor> unowned_params(const std::shared_ptr<torch::nn::Module>& model);
 
 }  // namespace fsdp::detail

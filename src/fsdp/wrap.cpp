@@ -310,6 +310,25 @@ void find_units(torch::nn::Module& m, const std::string& path,
 }
 
 }  // namespace
+
+std::vector<std::shared_ptr<UnitState>> units_of(const std::shared_ptr<torch::nn::Module>& model) {
+  std::vector<std::shared_ptr<UnitState>> out;
+  for (auto& entry : fsdp_modules(model)) out.push_back(find_slot(entry.second.get())->unit);
+  return out;
+}
+
+std::vector<at::Tensor> unowned_params(const std::shared_ptr<torch::nn::Module>& model) {
+  std::unordered_set<const c10::TensorImpl*> flat, seen;
+  for (auto& u : units_of(model)) flat.insert(u->flat_shard().unsafeGetTensorImpl());
+  std::vector<at::Tensor> out;
+  for (auto& p : model->parameters(/*recurse=*/true)) {
+    const auto* impl = p.unsafeGetTensorImpl();
+    if (flat.count(impl) || owner_of(p) || !seen.insert(impl).second) continue;
+    out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace detail
 
 std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> fsdp_modules(

@@ -1,0 +1,86 @@
+// no_sync, summon_full_params and clip_grad_norm_ over a wrapped model.
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "fsdp/error.h"
+#include "fsdp/fsdp.h"
+#include "unit.h"
+
+namespace fsdp {
+
+NoSync::NoSync(const std::shared_ptr<torch::nn::Module>& model) : units_(detail::units_of(model)) {
+  for (auto& u : units_) u->set_no_sync(true);
+}
+
+NoSync::~NoSync() {
+  for (auto& u : units_) u->set_no_sync(false);
+}
+
+SummonFullParams::SummonFullParams(const std::shared_ptr<torch::nn::Module>& model, SummonOptions options)
+    : options_(options) {
+  if (options.rank0_only && options.writeback) {
+    throw ConfigError("summon_full_params: writeback=true with rank0_only=true is not supported: the other ranks "
+                      "hold no full parameters to write back (set writeback=false)");
+  }
+  auto units = detail::units_of(model);
+  if (units.empty()) throw ConfigError("summon_full_params: the model has no FSDP unit");
+  if (!options.recurse) units.resize(1);
+  for (auto& u : units) {
+    u->summon(options);
+    units_.push_back(u);
+  }
+}
+
+SummonFullParams::~SummonFullParams() {
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->unsummon(options_);
+}
+
+at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type) {
+  if (!(norm_type > 0)) {
+    throw ConfigError("clip_grad_norm_: norm_type=" + std::to_string(norm_type) + " is invalid: expected p > 0 or INFINITY");
+  }
+  const bool inf = std::isinf(norm_type);
+  auto units = detail::units_of(model);
+  dist::ProcessGroupPtr group;
+  for (auto& u : units) {
+    const auto& g = u->config().shard_group;
+    if (group && g && g != group) {
+      throw ConfigError("clip_grad_norm_: the model's units shard over different process groups; "
+                        "expected one shard group for the whole model");
+    }
+    if (g) group = g;
+  }
+  at::NoGradGuard no_grad;
+  // Each shard counted once: sum over the shard group only (replicas hold copies).
+  auto accumulate = [&](const std::vector<at::Tensor>& grads) {
+    double acc = 0;
+    for (const auto& g : grads) {
+      if (g.numel() == 0) continue;
+      at::Tensor a = g.detach().to(at::kDouble).abs();
+      acc = inf ? std::max(acc, a.max().item<double>()) : acc + a.pow(norm_type).sum().item<double>();
+    }
+    return acc;
+  };
+  std::vector<at::Tensor> sharded;
+  for (auto& u : units) {
+    for (auto& g : u->sharded_grads()) sharded.push_back(g);
+  }
+  at::Tensor total = at::full({1}, accumulate(sharded), at::TensorOptions().dtype(at::kDouble));
+  if (group && group->size() > 1) group->all_reduce(total, inf ? dist::ReduceOp::kMax : dist::ReduceOp::kSum).wait();
+  std::vector<at::Tensor> local;
+  for (auto& p : detail::unowned_params(model)) {
+    if (p.grad().defined()) local.push_back(p.grad());
+  }
+  double t = total.item<double>();
+  const double l = accumulate(local);
+  t = inf ? std::max(t, l) : std::pow(t + l, 1.0 / norm_type);
+  const double coef = max_norm / (t + 1e-6);
+  if (coef < 1.0) {
+    for (auto& g : sharded) g.mul_(coef);
+    for (auto& g : local) g.mul_(coef);
+  }
+  return at::scalar_tensor(t, at::TensorOptions().dtype(at::kFloat));
+}
+
+}  // namespace fsdp
