@@ -83,6 +83,28 @@ AutoWrapPolicy transformer_auto_wrap_policy() {
   };
 }
 
+// PyTorch's MixedPrecision. Shards stay in the parameters' dtype (the
+// "master" copy the optimizer steps, e.g. float32); forward and backward run
+// on full parameters cast to param_dtype; gradients are reduced in
+// reduce_dtype (default: param_dtype) and handed to the optimizer in the
+// master dtype. Floating-point tensor arguments of every unit's forward are
+// cast to param_dtype. Buffers are cast to buffer_dtype at the first forward
+// and stay so (unset: left alone). LibTorch 1.13 has no float16 kernels on
+// CPU (matmul, tanh, ...), so float16 param_dtype needs a CUDA build there;
+// float16 reduce_dtype works everywhere.
+struct MixedPrecision {
+  std::optional<at::ScalarType> param_dtype;
+  std::optional<at::ScalarType> reduce_dtype;
+  std::optional<at::ScalarType> buffer_dtype;
+};
+
+// PyTorch's CPUOffload. offload_params: shards and their gradients live in
+// CPU memory and the optimizer steps there. On a CPU-only build everything
+// already lives on CPU, so the flag is accepted and changes nothing.
+struct CPUOffload {
+  bool offload_params = false;
+};
+
 struct FSDPOptions {
   // The ranks that share the model (all of them, usually). Required, except
   // for kHybridShard with a device_mesh.
@@ -102,6 +124,8 @@ struct FSDPOptions {
   bool use_orig_params = false;
   // Broadcast rank 0's parameters and buffers at construction.
   bool sync_module_states = false;
+  MixedPrecision mixed_precision;
+  CPUOffload cpu_offload;
 };
 
 // Holder for a submodule that may become an FSDP unit. Until a policy (or a
@@ -128,7 +152,9 @@ class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
 
   template <class... Args>
   auto forward(Args&&... args) {
-    return detail::call(slot_, [&] { return this->impl_->forward(std::forward<Args>(args)...); });
+    return detail::call(
+        slot_, [this](auto&&... a) { return this->impl_->forward(std::forward<decltype(a)>(a)...); },
+        std::forward<Args>(args)...);
   }
   template <class... Args>
   auto operator()(Args&&... args) {

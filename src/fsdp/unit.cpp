@@ -68,16 +68,21 @@ UnitState::UnitState(torch::nn::Module* module, std::vector<ParamInfo> params, U
   shard_numel_ = (numel_ + shard_size_ - 1) / shard_size_;
   padded_numel_ = shard_numel_ * shard_size_;
 
+  compute_dtype_ = config_.param_dtype.value_or(options.dtype().toScalarType());
+  aliased_ = shard_size_ == 1 && compute_dtype_ == options.dtype().toScalarType();
+
   at::NoGradGuard no_grad;
   at::Tensor flat = at::zeros({padded_numel_}, options);
   for (auto& p : params_) flat.narrow(0, p.offset, p.numel).copy_(p.param.detach().reshape({-1}));
-  full_ = flat;
-  if (shard_size_ == 1) {
-    flat_shard_ = flat;  // nothing to shard: the full parameter is the shard
+  if (aliased_) {
+    // Nothing to gather or cast: the full parameter is the shard, always materialised.
+    flat_shard_ = flat;
+    full_ = flat;
     for (auto& p : params_) p.param.set_data(sharded_view(full_, p));
     unsharded_ = true;
   } else {
-    flat_shard_ = flat.narrow(0, shard_begin(), shard_numel_).clone();
+    flat_shard_ = shard_size_ == 1 ? flat : flat.narrow(0, shard_begin(), shard_numel_).clone();
+    full_ = at::empty({padded_numel_}, options.dtype(compute_dtype_));
     unsharded_ = true;
     reshard();
   }
@@ -111,25 +116,51 @@ void UnitState::free_full() {
 void UnitState::unshard() {
   if (unsharded_) return;
   alloc_full();
-  config_.shard_group->all_gather(full_, flat_shard_).wait();
+  at::NoGradGuard no_grad;
+  if (shard_size_ == 1) {
+    full_.copy_(flat_shard_);  // cast only
+  } else {
+    at::Tensor shard = flat_shard_.scalar_type() == compute_dtype_ ? flat_shard_ : flat_shard_.to(compute_dtype_);
+    config_.shard_group->all_gather(full_, shard).wait();
+  }
   for (auto& p : params_) p.param.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
   unsharded_ = true;
 }
 
-void UnitState::reshard() {
-  if (!unsharded_ || shard_size_ == 1) return;
+void UnitState::set_sharded_data() {
   for (auto& p : params_) {
-    if (config_.use_orig_params) {
+    if (config_.use_orig_params || aliased_) {
       p.param.set_data(sharded_view(flat_shard_, p));
     } else {
       p.param.set_data(at::empty({0}, flat_shard_.options()));
     }
   }
+}
+
+void UnitState::reshard() {
+  if (!unsharded_ || aliased_) return;
+  set_sharded_data();
   free_full();
   unsharded_ = false;
 }
 
+at::Tensor UnitState::gather_master() const {
+  at::NoGradGuard no_grad;
+  if (shard_size_ == 1) return flat_shard_.clone();
+  at::Tensor full = at::empty({padded_numel_}, flat_shard_.options());
+  config_.shard_group->all_gather(full, flat_shard_).wait();
+  return full;
+}
+
 void UnitState::lazy_init_root() {
+  if (config_.buffer_dtype) {
+    at::NoGradGuard no_grad;
+    for (auto& b : module_->buffers(/*recurse=*/true)) {
+      if (at::isFloatingType(b.scalar_type()) && b.scalar_type() != *config_.buffer_dtype) {
+        b.set_data(b.to(*config_.buffer_dtype));
+      }
+    }
+  }
   is_root_ = true;
   root_ = weak_from_this();
   tree_.clear();
@@ -217,7 +248,7 @@ void UnitState::pre_backward() {
   grads_ready_ = 0;
   if (grads_expected_ == 0) return;
   if (full_grad_.defined()) return;  // accumulated under no_sync: keep adding to it
-  full_grad_ = at::zeros({padded_numel_}, flat_shard_.options());
+  full_grad_ = at::zeros({padded_numel_}, full_.options());
   for (auto& p : params_) {
     if (!p.requires_grad) continue;
     p.saved_grad = p.param.grad();
@@ -249,17 +280,21 @@ void UnitState::post_backward() {
     reshard();
     return;
   }
+  const at::ScalarType reduce_dtype = config_.reduce_dtype.value_or(compute_dtype_);
+  at::Tensor to_reduce = full_grad_.scalar_type() == reduce_dtype ? full_grad_ : full_grad_.to(reduce_dtype);
   at::Tensor shard_grad;
   if (shard_size_ > 1) {
-    shard_grad = at::empty({shard_numel_}, full_grad_.options());
-    config_.shard_group->reduce_scatter(shard_grad, full_grad_, dist::ReduceOp::kAvg).wait();
+    shard_grad = at::empty({shard_numel_}, to_reduce.options());
+    config_.shard_group->reduce_scatter(shard_grad, to_reduce, dist::ReduceOp::kAvg).wait();
   } else {
-    shard_grad = full_grad_;
+    shard_grad = to_reduce;
   }
   if (config_.replicate_group && config_.replicate_group->size() > 1) {
     config_.replicate_group->all_reduce(shard_grad, dist::ReduceOp::kAvg).wait();
   }
   full_grad_ = at::Tensor();
+  // The optimizer steps the master shard, in its own dtype.
+  if (shard_grad.scalar_type() != flat_shard_.scalar_type()) shard_grad = shard_grad.to(flat_shard_.scalar_type());
   if (config_.use_orig_params) {
     for (auto& p : params_) {
       if (!p.requires_grad) continue;
@@ -303,26 +338,41 @@ void UnitState::summon(const SummonOptions& o) {
   if (summoned_) throw ConfigError("FSDP: summon_full_params inside summon_full_params of the same unit");
   if (in_backward_) throw ConfigError("FSDP: summon_full_params during backward");
   summon_was_unsharded_ = unsharded_;
-  unshard();
   summoned_ = true;
-  if (shard_size_ == 1 && !o.writeback) summon_snapshot_ = flat_shard_.clone();
   const int rank = config_.shard_group ? config_.shard_group->rank() : 0;
   const int world_rank = config_.replicate_group ? config_.replicate_group->rank() * shard_size_ + rank : rank;
-  if (o.rank0_only && world_rank != 0 && !summon_was_unsharded_) reshard();
-  // offload_to_cpu: parameters of a CPU build already live on CPU, in place.
+  const bool keep = !o.rank0_only || world_rank == 0;
+  if (aliased_) {  // whole parameters, used in place (offload_to_cpu too: they are on CPU)
+    if (!o.writeback) summon_snapshot_ = flat_shard_.clone();
+    return;
+  }
+  // Full parameters in the master dtype (so that writeback loses nothing
+  // under mixed precision), in a buffer of their own.
+  at::Tensor full = gather_master();
+  if (!keep) return;
+  summon_full_ = full;
+  for (auto& p : params_) p.param.set_data(full.narrow(0, p.offset, p.numel).view(p.shape));
 }
 
 void UnitState::unsummon(const SummonOptions& o) {
   if (!summoned_) return;
   summoned_ = false;
   at::NoGradGuard no_grad;
-  if (shard_size_ == 1) {
+  if (aliased_) {
     if (summon_snapshot_.defined()) flat_shard_.copy_(summon_snapshot_);
     summon_snapshot_ = at::Tensor();
     return;
   }
-  if (unsharded_ && o.writeback) flat_shard_.copy_(full_.narrow(0, shard_begin(), shard_numel_));
-  if (!summon_was_unsharded_) reshard();
+  if (summon_full_.defined() && o.writeback) flat_shard_.copy_(summon_full_.narrow(0, shard_begin(), shard_numel_));
+  summon_full_ = at::Tensor();
+  if (summon_was_unsharded_) {
+    // Back to the compute-dtype full parameters the forward was using; refresh
+    // them if the shard changed.
+    unsharded_ = false;
+    unshard();
+  } else {
+    set_sharded_data();
+  }
 }
 
 std::vector<at::Tensor> UnitState::sharded_grads() const {
@@ -338,7 +388,7 @@ std::vector<at::Tensor> UnitState::sharded_grads() const {
 }
 
 int64_t UnitState::live_full_param_bytes() const {
-  if (shard_size_ == 1) return 0;
+  if (aliased_) return 0;
   return static_cast<int64_t>(storage_of(full_)->nbytes());
 }
 
@@ -367,6 +417,14 @@ ForwardScope::~ForwardScope() {
     --tl_forward_depth;
     unit_.forward_failed();
   }
+}
+
+at::Tensor ForwardScope::cast_tensor(const at::Tensor& t) const {
+  if (!unit_.config().param_dtype || !t.defined() || !at::isFloatingType(t.scalar_type()) ||
+      t.scalar_type() == unit_.compute_dtype()) {
+    return t;
+  }
+  return t.to(unit_.compute_dtype());
 }
 
 void ForwardScope::finish(const std::vector<at::Tensor>& outputs) {

@@ -33,6 +33,9 @@ struct UnitConfig {
   bool use_orig_params = false;
   dist::ProcessGroupPtr shard_group;      // null: shards of one (no sharding)
   dist::ProcessGroupPtr replicate_group;  // null: no replication
+  std::optional<at::ScalarType> param_dtype;   // compute dtype (unset: the parameters')
+  std::optional<at::ScalarType> reduce_dtype;  // gradient reduction dtype (unset: compute dtype)
+  std::optional<at::ScalarType> buffer_dtype;
 };
 
 class UnitState : public std::enable_shared_from_this<UnitState> {
@@ -63,6 +66,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // summon_full_params.
   void summon(const SummonOptions& options);
   void unsummon(const SummonOptions& options);
+  // [collective over the shard group when sharded] The full flat parameter
+  // in the master dtype (not the compute dtype), as a new tensor.
+  at::Tensor gather_master() const;
   // This rank's gradient tensors (sharded; the flat gradient or one per parameter).
   std::vector<at::Tensor> sharded_grads() const;
 
@@ -78,6 +84,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   int shard_size() const { return shard_size_; }
   int shard_rank() const { return shard_rank_; }
   bool is_unsharded() const { return unsharded_; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
   const at::Tensor& flat_shard() const { return flat_shard_; }
   // Bytes of full parameters / full gradients alive right now.
   int64_t live_full_param_bytes() const;
@@ -91,6 +98,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
 
  private:
   void alloc_full();
+  void set_sharded_data();
   void free_full();
   void hook_accumulators();
 
@@ -99,6 +107,8 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   UnitConfig config_;
   int shard_size_ = 1;
   int shard_rank_ = 0;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  bool aliased_ = false;  // shard size 1 and no cast: full_ is flat_shard_, never freed
   int64_t numel_ = 0;
   int64_t padded_numel_ = 0;
   int64_t shard_numel_ = 0;
@@ -110,6 +120,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   bool summoned_ = false;
   bool summon_was_unsharded_ = false;
   at::Tensor summon_snapshot_;
+  at::Tensor summon_full_;  // master-dtype full parameters while summoned with mixed precision
 
   // Backward bookkeeping.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;

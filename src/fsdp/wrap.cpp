@@ -81,7 +81,7 @@ class SequentialElementImpl : public torch::nn::Module {
   SequentialElementImpl(torch::nn::AnyModule original, std::shared_ptr<Slot> slot)
       : original_(std::move(original)), slot_(std::move(slot)) {}
   at::Tensor forward(at::Tensor x) {
-    return call(slot_, [&] { return original_.forward<at::Tensor>(std::move(x)); });
+    return call(slot_, [&](at::Tensor in) { return original_.forward<at::Tensor>(std::move(in)); }, std::move(x));
   }
 
  private:
@@ -223,6 +223,18 @@ UnitConfig resolve_groups(const FSDPOptions& o) {
   UnitConfig c;
   c.strategy = o.sharding_strategy;
   c.use_orig_params = o.use_orig_params;
+  auto check_float = [](const std::optional<at::ScalarType>& t, const char* what) {
+    if (t && !at::isFloatingType(*t)) {
+      throw ConfigError(std::string("FSDP: mixed_precision.") + what + "=" + c10::toString(*t) +
+                        " is not a floating-point dtype: expected e.g. BFloat16, Half or Float");
+    }
+  };
+  check_float(o.mixed_precision.param_dtype, "param_dtype");
+  check_float(o.mixed_precision.reduce_dtype, "reduce_dtype");
+  check_float(o.mixed_precision.buffer_dtype, "buffer_dtype");
+  c.param_dtype = o.mixed_precision.param_dtype;
+  c.reduce_dtype = o.mixed_precision.reduce_dtype ? o.mixed_precision.reduce_dtype : o.mixed_precision.param_dtype;
+  c.buffer_dtype = o.mixed_precision.buffer_dtype;
   const std::string strategy = to_string(o.sharding_strategy);
   if (o.process_group && o.device_mesh) {
     throw ConfigError("FSDP: process_group and device_mesh are mutually exclusive: pass only one of them");
@@ -345,14 +357,12 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::share
   for (auto& [path, m] : fsdp_modules(module)) {
     auto unit = detail::find_slot(m.get())->unit;
     flat_params.insert(unit->flat_shard().unsafeGetTensorImpl());
-    const bool was_unsharded = unit->is_unsharded();
-    unit->unshard();
+    at::Tensor flat = unit->gather_master();
     for (const auto& p : unit->params()) {
-      at::Tensor full = p.param.detach().clone();
+      at::Tensor full = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
       out.emplace_back(detail::join(path, p.name), full);
       for (const auto& alias : p.aliases) out.emplace_back(detail::join(path, alias), full);
     }
-    if (!was_unsharded) unit->reshard();
   }
   // Parameters outside every unit (ignored modules).
   for (auto& item : module->named_parameters(/*recurse=*/true)) {

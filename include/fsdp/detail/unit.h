@@ -38,6 +38,17 @@ class ForwardScope {
   explicit ForwardScope(UnitState& unit);
   ~ForwardScope();
   void finish(const std::vector<at::Tensor>& outputs);
+  // A forward argument as the unit's forward receives it: floating-point
+  // tensors cast to the unit's compute dtype, anything else as is.
+  template <class X>
+  decltype(auto) cast(X&& x) {
+    if constexpr (std::is_same_v<std::decay_t<X>, at::Tensor>) {
+      return cast_tensor(x);
+    } else {
+      return std::forward<X>(x);
+    }
+  }
+  at::Tensor cast_tensor(const at::Tensor& t) const;
   ForwardScope(const ForwardScope&) = delete;
   ForwardScope& operator=(const ForwardScope&) = delete;
 
@@ -71,13 +82,14 @@ void collect_tensors(const T& x, std::vector<at::Tensor>& out) {
   }
 }
 
-// Runs `forward` inside the unit's forward scope (or plainly, without a unit).
-template <class F>
-auto call(const std::shared_ptr<Slot>& slot, F&& forward) -> decltype(forward()) {
+// Runs forward(args...) inside the unit's forward scope (or plainly, without a unit).
+template <class F, class... Args>
+auto call(const std::shared_ptr<Slot>& slot, F&& forward, Args&&... args)
+    -> decltype(forward(std::forward<Args>(args)...)) {
   UnitState* unit = slot ? slot->unit.get() : nullptr;
-  if (unit == nullptr) return forward();
+  if (unit == nullptr) return forward(std::forward<Args>(args)...);
   ForwardScope scope(*unit);
-  auto out = forward();
+  auto out = forward(scope.cast(std::forward<Args>(args))...);
   std::vector<at::Tensor> tensors;
   collect_tensors(out, tensors);
   scope.finish(tensors);
