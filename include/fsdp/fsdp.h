@@ -105,6 +105,13 @@ struct CPUOffload {
   bool offload_params = false;
 };
 
+// When to prefetch (all-gather) the next unit's parameters in backward.
+enum class BackwardPrefetch {
+  kNone,
+  kBackwardPre,   // when the current unit's backward starts (most overlap, more memory)
+  kBackwardPost,  // when the current unit's gradients are ready, before its reduce-scatter
+};
+
 struct FSDPOptions {
   // The ranks that share the model (all of them, usually). Required, except
   // for kHybridShard with a device_mesh.
@@ -126,6 +133,13 @@ struct FSDPOptions {
   bool sync_module_states = false;
   MixedPrecision mixed_precision;
   CPUOffload cpu_offload;
+  // Start the next unit's all-gather (in the order of the previous
+  // iteration) when a unit's forward starts, so it overlaps this compute.
+  bool forward_prefetch = false;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  // Prefetch only while fewer than two units (besides the root) hold full
+  // parameters, bounding memory.
+  bool limit_all_gathers = true;
 };
 
 // Holder for a submodule that may become an FSDP unit. Until a policy (or a

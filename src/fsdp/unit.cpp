@@ -113,18 +113,63 @@ void UnitState::free_full() {
   st->set_nbytes(0);
 }
 
-void UnitState::unshard() {
-  if (unsharded_) return;
+void UnitState::start_unshard() {
+  if (unsharded_ || gathering_) return;
   alloc_full();
   at::NoGradGuard no_grad;
   if (shard_size_ == 1) {
     full_.copy_(flat_shard_);  // cast only
-  } else {
-    at::Tensor shard = flat_shard_.scalar_type() == compute_dtype_ ? flat_shard_ : flat_shard_.to(compute_dtype_);
-    config_.shard_group->all_gather(full_, shard).wait();
+    return;
   }
+  pending_input_ = flat_shard_.scalar_type() == compute_dtype_ ? flat_shard_ : flat_shard_.to(compute_dtype_);
+  pending_gather_ = config_.shard_group->all_gather(full_, pending_input_);
+  gathering_ = true;
+}
+
+void UnitState::finish_unshard() {
+  if (gathering_) {
+    gathering_ = false;
+    dist::Work work = std::move(pending_gather_);
+    pending_input_ = at::Tensor();
+    work.wait();
+  }
+  if (unsharded_) return;
   for (auto& p : params_) p.param.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
   unsharded_ = true;
+}
+
+void UnitState::unshard() {
+  if (unsharded_) return;
+  start_unshard();
+  finish_unshard();
+}
+
+std::shared_ptr<UnitState> UnitState::neighbour(int step) const {
+  auto root = root_.lock();
+  if (!root) return nullptr;
+  const auto& order = root->last_order_;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i].lock().get() != this) continue;
+    const long j = static_cast<long>(i) + step;
+    if (j < 0 || j >= static_cast<long>(order.size())) return nullptr;
+    return order[static_cast<size_t>(j)].lock();
+  }
+  return nullptr;
+}
+
+void UnitState::prefetch(int step) {
+  auto next = neighbour(step);
+  if (!next || next.get() == this || next->unsharded_ || next->gathering_) return;
+  if (config_.limit_all_gathers) {
+    auto root = root_.lock();
+    int live = 0;
+    for (auto& weak : root->tree_) {
+      auto u = weak.lock();
+      if (u && u != root && !u->aliased_ && (u->unsharded_ || u->gathering_)) ++live;
+    }
+    if (live >= 2) return;
+  }
+  next->start_unshard();
 }
 
 void UnitState::set_sharded_data() {
@@ -138,6 +183,7 @@ void UnitState::set_sharded_data() {
 }
 
 void UnitState::reshard() {
+  if (gathering_) finish_unshard();  // the backend is still writing into full_
   if (!unsharded_ || aliased_) return;
   set_sharded_data();
   free_full();
@@ -185,7 +231,15 @@ void UnitState::pre_forward() {
                       " inside summon_full_params: leave the SummonFullParams scope first");
   }
   if (tl_forward_depth == 0 && !is_root_) lazy_init_root();
+  if (auto root = root_.lock()) {
+    if (tl_forward_depth == 0) {  // a new iteration: keep the last order for prefetching
+      if (!root->order_.empty()) root->last_order_ = std::move(root->order_);
+      root->order_.clear();
+    }
+    root->order_.push_back(weak_from_this());
+  }
   unshard();
+  if (config_.forward_prefetch) prefetch(+1);
 }
 
 void UnitState::hook_accumulators() {
@@ -216,6 +270,11 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
   }
   if (!grad_mode) {
     reshard();  // no backward follows
+    if (is_root_) {  // nor does any unit's: drop what was prefetched
+      for (auto& weak : tree_) {
+        if (auto u = weak.lock()) u->reshard();
+      }
+    }
     return;
   }
   if (!hooked) {
@@ -245,6 +304,7 @@ void UnitState::pre_backward() {
     });
   }
   unshard();
+  if (config_.backward_prefetch == BackwardPrefetch::kBackwardPre) prefetch(-1);
   grads_ready_ = 0;
   if (grads_expected_ == 0) return;
   if (full_grad_.defined()) return;  // accumulated under no_sync: keep adding to it
@@ -264,6 +324,7 @@ void UnitState::on_grad_ready() {
 void UnitState::post_backward() {
   if (!in_backward_) return;
   in_backward_ = false;
+  if (config_.backward_prefetch == BackwardPrefetch::kBackwardPost) prefetch(-1);
   if (grads_expected_ == 0) {
     reshard();
     return;

@@ -36,6 +36,9 @@ struct UnitConfig {
   std::optional<at::ScalarType> param_dtype;   // compute dtype (unset: the parameters')
   std::optional<at::ScalarType> reduce_dtype;  // gradient reduction dtype (unset: compute dtype)
   std::optional<at::ScalarType> buffer_dtype;
+  bool forward_prefetch = false;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  bool limit_all_gathers = true;
 };
 
 class UnitState : public std::enable_shared_from_this<UnitState> {
@@ -99,6 +102,13 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
  private:
   void alloc_full();
   void set_sharded_data();
+  // Asynchronous unshard: start issues the all-gather, finish waits for it.
+  void start_unshard();
+  void finish_unshard();
+  // The unit that ran `step` places after this one in the last recorded
+  // forward order (+1: next forward, -1: next backward).
+  std::shared_ptr<UnitState> neighbour(int step) const;
+  void prefetch(int step);
   void free_full();
   void hook_accumulators();
 
@@ -120,7 +130,10 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   bool summoned_ = false;
   bool summon_was_unsharded_ = false;
   at::Tensor summon_snapshot_;
-  at::Tensor summon_full_;  // master-dtype full parameters while summoned with mixed precision
+  at::Tensor summon_full_;
+  bool gathering_ = false;       // an all-gather into full_ is in flight
+  dist::Work pending_gather_;
+  at::Tensor pending_input_;  // master-dtype full parameters while summoned with mixed precision
 
   // Backward bookkeeping.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
@@ -133,6 +146,8 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   bool is_root_ = false;
   bool callback_queued_ = false;
   std::vector<std::weak_ptr<UnitState>> tree_;  // every unit of the root's tree, pre-order
+  std::vector<std::weak_ptr<UnitState>> order_;       // forward order of this iteration
+  std::vector<std::weak_ptr<UnitState>> last_order_;  // ... and of the previous one (for prefetching)
   std::weak_ptr<UnitState> root_;
 };
 

@@ -235,6 +235,9 @@ UnitConfig resolve_groups(const FSDPOptions& o) {
   c.param_dtype = o.mixed_precision.param_dtype;
   c.reduce_dtype = o.mixed_precision.reduce_dtype ? o.mixed_precision.reduce_dtype : o.mixed_precision.param_dtype;
   c.buffer_dtype = o.mixed_precision.buffer_dtype;
+  c.forward_prefetch = o.forward_prefetch;
+  c.backward_prefetch = o.backward_prefetch;
+  c.limit_all_gathers = o.limit_all_gathers;
   const std::string strategy = to_string(o.sharding_strategy);
   if (o.process_group && o.device_mesh) {
     throw ConfigError("FSDP: process_group and device_mesh are mutually exclusive: pass only one of them");

@@ -64,10 +64,16 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+// LibTorch's default generator is global: ranks that are threads take turns
+// seeding and drawing from it, so that each draw sequence is reproducible.
+inline std::mutex& rng_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 // Models built in several threads must draw the same initial weights.
 inline std::shared_ptr<NetImpl> make_net(uint64_t seed, const FSDPOptions* inner = nullptr) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(rng_mutex());
   torch::manual_seed(seed);
   return std::make_shared<NetImpl>(inner);
 }
@@ -78,8 +84,7 @@ struct Batch {
 };
 
 inline std::vector<Batch> make_batches(int steps, int64_t batch, uint64_t seed) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(rng_mutex());
   torch::manual_seed(seed);
   std::vector<Batch> out;
   for (int i = 0; i < steps; ++i) {
