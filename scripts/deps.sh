@@ -4,7 +4,7 @@
 # default reference BLAS makes LibTorch about 20x slower), GoogleTest, CMake.
 set -euo pipefail
 
-packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev)
+packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev libcli11-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -51,6 +51,10 @@
 #include "fsdp/detail/unit.h"
 #include "fsdp/dist/process_group.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace fsdp {
 
 enum class ShardingStrategy {
@@ -267,6 +271,13 @@ class SummonFullParams {
 // torch.nn.utils.clip_grad_norm_ on the unsharded model. Call after
 // backward, before the optimizer step.
 at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type = 2.0);
+
+// [local] Checks that `optimizer` steps the wrapped model's parameters. An
+// optimizer built before wrapping (with use_orig_params=false) references the
+// original parameters, which FSDP no longer trains: throws ConfigError
+// "The optimizer does not seem to reference any FSDP parameters. HINT: Make
+// sure to create the optimizer after setting up the model." (Lightning's words).
+void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer);
 
 // Bytes this rank holds right now for the model's FSDP units (padding included).
 struct MemoryStats {

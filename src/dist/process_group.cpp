@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -217,6 +218,7 @@ struct ProcessGroup::Impl {
   at::Device device{at::kCPU};
   uint64_t seq = 0;
   uint64_t groups_created = 0;
+  std::atomic<uint64_t> bytes_sent{0};
 
   std::string where(uint64_t n) const {
     return "#" + std::to_string(n) + " on group '" + name + "' (rank " + std::to_string(rank) +
@@ -422,6 +424,7 @@ Backend ProcessGroup::backend() const { return impl_->backend; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 at::Device ProcessGroup::device() const { return impl_->device; }
 uint64_t ProcessGroup::sequence_number() const { return impl_->seq; }
+uint64_t ProcessGroup::bytes_sent() const { return impl_->bytes_sent.load(); }
 
 Work ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input) {
   const char* op = "all_gather";
@@ -444,6 +447,7 @@ Work ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input)
     return impl_->issue(op, nullptr, [out, in] { out.copy_(in); });
   }
   const Backend b = impl_->backend;
+  impl_->bytes_sent += static_cast<uint64_t>((n - 1) * c * output.element_size());
   if (b == Backend::kNccl && total == c * n) {
     return impl_->issue(op, [&] {
       at::Tensor o = out, i = in;
@@ -495,6 +499,7 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& in
     return impl_->issue(op, nullptr, [out, in] { out.copy_(in); });
   }
   const Backend b = impl_->backend;
+  impl_->bytes_sent += static_cast<uint64_t>((total - mine.numel) * input.element_size());
   // Received rows: one chunk from each rank, reduced locally (in float32 for
   // 16-bit floats, so the result does not depend on the order of arrival).
   const int64_t k = mine.numel;
@@ -525,6 +530,7 @@ Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp rop) {
   if (n == 1 || tensor.numel() == 0) return impl_->issue(op, nullptr);
   // 16-bit floats travel as float32 so that the sum is accumulated in float32.
   at::Tensor buf = is_low_precision(tensor.scalar_type()) ? tensor.to(at::kFloat) : tensor;
+  impl_->bytes_sent += static_cast<uint64_t>(2 * (n - 1) * buf.numel() * buf.element_size() / n);
   std::function<void()> finish;
   if (rop == ReduceOp::kAvg || !buf.is_same(tensor)) {
     finish = [tensor, buf, n, rop] {
@@ -549,6 +555,7 @@ Work ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
   check(root >= 0 && root < impl_->size, std::string(op) + ": root=" + std::to_string(root) +
                                              " is out of range: expected 0 <= root < " + std::to_string(impl_->size));
   if (impl_->size == 1 || tensor.numel() == 0) return impl_->issue(op, nullptr);
+  impl_->bytes_sent += static_cast<uint64_t>(tensor.numel() * tensor.element_size());
   return impl_->issue(op, [&] {
     std::vector<at::Tensor> ts{wire(tensor, impl_->backend)};
     c10d::BroadcastOptions opts;

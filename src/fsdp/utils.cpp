@@ -1,7 +1,10 @@
 // no_sync, summon_full_params and clip_grad_norm_ over a wrapped model.
 #include <ATen/ATen.h>
 
+#include <torch/optim/optimizer.h>
+
 #include <cmath>
+#include <unordered_set>
 
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
@@ -81,6 +84,25 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
     for (auto& g : local) g.mul_(coef);
   }
   return at::scalar_tensor(t, at::TensorOptions().dtype(at::kFloat));
+}
+
+void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer) {
+  std::unordered_set<const c10::TensorImpl*> fsdp_params;
+  for (auto& u : detail::units_of(model)) {
+    if (u->config().use_orig_params) {
+      for (const auto& p : u->params()) fsdp_params.insert(p.param.unsafeGetTensorImpl());
+    } else {
+      fsdp_params.insert(u->flat_shard().unsafeGetTensorImpl());
+    }
+  }
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (fsdp_params.count(p.unsafeGetTensorImpl())) return;
+    }
+  }
+  throw ConfigError(
+      "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer after "
+      "setting up the model.");
 }
 
 }  // namespace fsdp

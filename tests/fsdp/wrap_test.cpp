@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "../support/thread_ranks.h"
+#include <atomic>
+#include <thread>
+
 #include "fsdp/error.h"
 #include "models.h"
 
@@ -191,6 +194,42 @@ TEST(WrapErrors, ParameterSharedByTwoUnits) {
         [&] { FullyShardedDataParallel<SharedAcrossUnitsImpl> m(std::make_shared<SharedAcrossUnitsImpl>(), o); });
     EXPECT_NE(e.find("parameter 'b.weight_tied' is also a parameter of another FSDP unit"), std::string::npos) << e;
   });
+}
+
+TEST(WrapErrors, OptimizerBuiltBeforeWrapping) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    auto net = make_net(1);
+    torch::optim::SGD early(net->parameters(), torch::optim::SGDOptions(0.1));
+    FullyShardedDataParallel<NetImpl> model(net, options_for(pg, /*use_orig=*/false));
+    EXPECT_EQ(config_error([&] { check_optimizer(model.ptr(), early); }),
+              "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer "
+              "after setting up the model.");
+    torch::optim::SGD late(model->parameters(), torch::optim::SGDOptions(0.1));
+    EXPECT_NO_THROW(check_optimizer(model.ptr(), late));
+  });
+}
+
+TEST(WrapErrors, RanksRunningDifferentForwardsGetTheTimeoutError) {
+  std::atomic<bool> rank0_done{false};
+  run_ranks(
+      2,
+      [&](dist::ProcessGroup& pg) {
+        FullyShardedDataParallel<NetImpl> model(make_net(1), options_for(pg, true));
+        if (pg.rank() == 1) {  // skips the forward, stays alive
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        auto b = make_batches(1, 2, 1)[0];
+        try {
+          model(b.tokens);
+          ADD_FAILURE() << "a forward completed without rank 1";
+        } catch (const CollectiveError& e) {
+          EXPECT_EQ(e.collective(), "all_gather");
+          EXPECT_NE(std::string(e.what()).find("timeout 2s"), std::string::npos) << e.what();
+        }
+        rank0_done = true;
+      },
+      std::chrono::seconds(2));
 }
 
 TEST(WrapErrors, BadOptions) {

@@ -162,6 +162,12 @@ class ProcessGroup {
   // Number of collectives issued on this group so far.
   uint64_t sequence_number() const;
 
+  // Bytes this rank has sent through this group's collectives so far, as
+  // the algorithms move them: all_gather (ring) (N-1)/N of the output,
+  // reduce_scatter the other ranks' chunks of the input, all_reduce (ring)
+  // 2(N-1)/N of the tensor (float32 for 16-bit floats), broadcast the tensor.
+  uint64_t bytes_sent() const;
+
   struct Impl;  // implementation detail
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
 

@@ -1,0 +1,86 @@
+#include "fsdp/models/gpt.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/dropout.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+#include "fsdp/error.h"
+
+namespace fsdp::models {
+
+namespace F = torch::nn::functional;
+
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& c) : config_(c) {
+  if (c.heads <= 0 || c.dim % c.heads != 0) {
+    throw ConfigError("GPT: heads=" + std::to_string(c.heads) + " must divide dim=" + std::to_string(c.dim));
+  }
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
+  qkv_ = register_module("qkv", torch::nn::Linear(c.dim, 3 * c.dim));
+  proj_ = register_module("proj", torch::nn::Linear(c.dim, c.dim));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
+  fc_ = register_module("fc", torch::nn::Linear(c.dim, 4 * c.dim));
+  fc_proj_ = register_module("fc_proj", torch::nn::Linear(4 * c.dim, c.dim));
+  // GPT-2's initialisation: N(0, 0.02), residual projections scaled down.
+  torch::NoGradGuard no_grad;
+  for (auto* l : {&qkv_, &proj_, &fc_, &fc_proj_}) {
+    torch::nn::init::normal_((*l)->weight, 0.0, 0.02);
+    torch::nn::init::zeros_((*l)->bias);
+  }
+  const double scaled = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  torch::nn::init::normal_(proj_->weight, 0.0, scaled);
+  torch::nn::init::normal_(fc_proj_->weight, 0.0, scaled);
+}
+
+at::Tensor GPTBlockImpl::forward(at::Tensor x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = config_.heads;
+  auto qkv = qkv_(ln1_(x)).view({B, T, 3, H, C / H}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, C/H]
+  auto q = qkv[0], k = qkv[1], v = qkv[2];
+  auto att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(C / H));
+  auto causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
+  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity()).softmax(-1);
+  if (config_.dropout > 0) att = F::dropout(att, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
+  auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+  y = proj_(y);
+  if (config_.dropout > 0) y = F::dropout(y, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
+  x = x + y;
+  auto m = fc_proj_(F::gelu(fc_(ln2_(x))));
+  if (config_.dropout > 0) m = F::dropout(m, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
+  return x + m;
+}
+
+GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
+  if (c.vocab_size <= 0 || c.context <= 0 || c.dim <= 0 || c.layers < 0) {
+    throw ConfigError("GPT: vocab_size, context and dim must be positive and layers >= 0");
+  }
+  tok_ = register_module("tok", torch::nn::Embedding(c.vocab_size, c.dim));
+  pos_ = register_module("pos", torch::nn::Embedding(c.context, c.dim));
+  blocks_ = register_module("blocks", torch::nn::Sequential());
+  for (int64_t i = 0; i < c.layers; ++i) blocks_->push_back(GPTBlock(c));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(tok_->weight, 0.0, 0.02);
+  torch::nn::init::normal_(pos_->weight, 0.0, 0.02);
+}
+
+at::Tensor GPTImpl::forward(at::Tensor tokens) {
+  const int64_t T = tokens.size(1);
+  if (T > config_.context) {
+    throw ConfigError("GPT: sequence of " + std::to_string(T) + " tokens is longer than the context " +
+                      std::to_string(config_.context));
+  }
+  auto pos = at::arange(T, at::TensorOptions().dtype(at::kLong).device(tokens.device()));
+  auto x = tok_(tokens) + pos_(pos);
+  x = blocks_->forward(x);
+  // The output projection is the token embedding (tied).
+  return F::linear(ln_f_(x), tok_->weight);
+}
+
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
+}
+
+}  // namespace fsdp::models
