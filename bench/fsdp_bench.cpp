@@ -2,6 +2,9 @@
 // strategy (or unwrapped: --strategy local) and prints one JSON line from
 // rank 0. Run it under fsdp-run; see docs/performance.md.
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,6 +27,16 @@ double peak_rss_mb() {
   return static_cast<double>(r.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
 }
 
+// Resident memory now, in MiB (from /proc/self/statm).
+double rss_now_mb() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long pages = 0, resident = 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,7 +45,7 @@ int main(int argc, char** argv) {
   fsdp::models::GPTConfig cfg;
   int64_t batch = 8;
   int steps = 5, warmup = 2;
-  bool use_orig = false, forward_prefetch = false, bf16 = false;
+  bool use_orig = false, forward_prefetch = false, bf16 = false, trace_memory = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
   app.add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
@@ -44,10 +57,15 @@ int main(int argc, char** argv) {
   app.add_flag("--use-orig-params", use_orig, "expose original parameters to the optimizer");
   app.add_flag("--forward-prefetch", forward_prefetch, "prefetch the next unit in forward");
   app.add_flag("--bf16", bf16, "mixed precision: bfloat16 compute and reduction");
+  app.add_flag("--trace-memory", trace_memory, "print each rank's resident memory after each phase to stderr");
   CLI11_PARSE(app, argc, argv);
 
   try {
     const bool local = strategy == "local";
+    auto trace = [&](const std::string& phase) {
+      if (trace_memory) std::cerr << "memory: " << phase << ": " << rss_now_mb() << " MiB" << std::endl;
+    };
+    trace("start");
     auto pg = fsdp::dist::init_process_group_from_env();
     if (local && pg->size() != 1) throw fsdp::ConfigError("--strategy local runs one process: use --nproc-per-node 1");
     torch::manual_seed(0);
@@ -81,6 +99,7 @@ int main(int argc, char** argv) {
       forward = [model](const at::Tensor& x) { return (*model)(x); };
       trainable = (*model)->parameters();
     }
+    trace("model ready");
     torch::optim::AdamW opt(trainable, torch::optim::AdamWOptions(3e-4));
     // Random bytes: the step time does not depend on the data.
     auto gen_batch = [&](int step) {
@@ -108,6 +127,7 @@ int main(int argc, char** argv) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       last_loss = loss.item<double>();
       if (step >= warmup) times.push_back(dt);
+      trace("after step " + std::to_string(step));
     }
     const uint64_t bytes_per_step = steps > 0 ? (comm_bytes() - bytes_before) / static_cast<uint64_t>(steps) : 0;
     std::sort(times.begin(), times.end());

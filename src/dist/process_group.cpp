@@ -256,6 +256,25 @@ struct ProcessGroup::Impl {
           prefix + " has unsupported dtype " + std::string(c10::toString(t.scalar_type())));
   }
 
+  // The output and input of a two-tensor collective: valid, and one dtype.
+  void check_pair(const char* op, const at::Tensor& output, const at::Tensor& input) const {
+    check_tensor(op, "output", output);
+    check_tensor(op, "input", input);
+    check(output.scalar_type() == input.scalar_type(),
+          std::string(op) + ": output dtype " + c10::toString(output.scalar_type()) + " differs from input dtype " +
+              c10::toString(input.scalar_type()));
+  }
+
+  // `chunk` must hold this rank's chunk of a buffer of `whole` elements.
+  void check_chunk(const char* op, const char* chunk_role, const at::Tensor& chunk, const char* whole_role,
+                   int64_t whole) const {
+    const int64_t expected = chunk_range(whole, size, rank).numel;
+    check(chunk.numel() == expected,
+          std::string(op) + ": " + chunk_role + " has " + std::to_string(chunk.numel()) + " elements, expected " +
+              std::to_string(expected) + " (rank " + std::to_string(rank) + "'s chunk of an " + whole_role + " of " +
+              std::to_string(whole) + " over " + std::to_string(size) + " ranks)");
+  }
+
   void check_reduce(const char* op, const at::Tensor& t, ReduceOp rop) const {
     check(t.scalar_type() != at::kBool, std::string(op) + ": cannot reduce bool tensors");
     check(rop != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()),
@@ -428,18 +447,10 @@ uint64_t ProcessGroup::bytes_sent() const { return impl_->bytes_sent.load(); }
 
 Work ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input) {
   const char* op = "all_gather";
-  impl_->check_tensor(op, "output", output);
-  impl_->check_tensor(op, "input", input);
-  check(output.scalar_type() == input.scalar_type(),
-        std::string(op) + ": output dtype " + c10::toString(output.scalar_type()) + " differs from input dtype " +
-            c10::toString(input.scalar_type()));
+  impl_->check_pair(op, output, input);
   const int n = impl_->size;
   const int64_t total = output.numel();
-  const ChunkRange mine = chunk_range(total, n, impl_->rank);
-  check(input.numel() == mine.numel,
-        std::string(op) + ": input has " + std::to_string(input.numel()) + " elements, expected " +
-            std::to_string(mine.numel) + " (rank " + std::to_string(impl_->rank) + "'s chunk of an output of " +
-            std::to_string(total) + " over " + std::to_string(n) + " ranks)");
+  impl_->check_chunk(op, "input", input, "output", total);
   at::Tensor out = output.view({-1});
   at::Tensor in = input.view({-1});
   const int64_t c = (total + n - 1) / n;
@@ -480,19 +491,12 @@ Work ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input)
 
 Work ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp rop) {
   const char* op = "reduce_scatter";
-  impl_->check_tensor(op, "output", output);
-  impl_->check_tensor(op, "input", input);
-  check(output.scalar_type() == input.scalar_type(),
-        std::string(op) + ": output dtype " + c10::toString(output.scalar_type()) + " differs from input dtype " +
-            c10::toString(input.scalar_type()));
+  impl_->check_pair(op, output, input);
   impl_->check_reduce(op, input, rop);
   const int n = impl_->size;
   const int64_t total = input.numel();
+  impl_->check_chunk(op, "output", output, "input", total);
   const ChunkRange mine = chunk_range(total, n, impl_->rank);
-  check(output.numel() == mine.numel,
-        std::string(op) + ": output has " + std::to_string(output.numel()) + " elements, expected " +
-            std::to_string(mine.numel) + " (rank " + std::to_string(impl_->rank) + "'s chunk of an input of " +
-            std::to_string(total) + " over " + std::to_string(n) + " ranks)");
   at::Tensor out = output.view({-1});
   at::Tensor in = input.view({-1});
   if (n == 1 || total == 0) {
