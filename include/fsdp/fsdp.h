@@ -216,7 +216,7 @@ class FullyShardedDataParallel : public Unit<ModuleImpl> {
 template <class ModuleImpl>
 using FSDP = FullyShardedDataParallel<ModuleImpl>;
 
-// The FSDP units in `module`'s tree, pre-order, as (path, module) pairs.
+// [local] The FSDP units in `module`'s tree, pre-order, as (path, module) pairs.
 std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> fsdp_modules(
     const std::shared_ptr<torch::nn::Module>& module);
 
@@ -279,7 +279,7 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
 // sure to create the optimizer after setting up the model." (Lightning's words).
 void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer);
 
-// Bytes this rank holds right now for the model's FSDP units (padding included).
+// [local] Bytes this rank holds right now for the model's FSDP units (padding included).
 struct MemoryStats {
   int64_t sharded_param_bytes = 0;    // flat shards
   int64_t unsharded_param_bytes = 0;  // full parameters currently materialised
