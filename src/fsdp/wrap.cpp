@@ -144,6 +144,15 @@ std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& 
   std::vector<ParamInfo> params;
   std::vector<std::pair<torch::nn::Module*, std::string>> registrations;
   collect_params(ctx, m, "", params, registrations);
+  if (!ctx.config.use_orig_params && !params.empty()) {
+    for (const auto& p : params) {
+      if (p.param.requires_grad() != params[0].param.requires_grad()) {
+        throw ConfigError("FSDP: the unit at module " + m.name() + " mixes parameters that require gradients and "
+                          "frozen ones ('" + params[0].name + "' and '" + p.name + "'), but its flat parameter has "
+                          "one requires_grad: use use_orig_params=true, or put frozen modules in units of their own");
+      }
+    }
+  }
   auto unit = std::make_shared<UnitState>(&m, std::move(params), ctx.config);
   {
     auto& r = registry();
