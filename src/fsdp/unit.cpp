@@ -230,9 +230,11 @@ void UnitState::pre_forward() {
     throw ConfigError("FSDP: forward of the unit at module " + module_->name() +
                       " inside summon_full_params: leave the SummonFullParams scope first");
   }
-  if (tl_forward_depth == 0 && !is_root_) lazy_init_root();
+  // The first unit whose forward runs with no unit around it is the root. A
+  // unit re-run in backward (activation checkpointing) already has one.
+  if (!is_root_ && root_.expired()) lazy_init_root();
   if (auto root = root_.lock()) {
-    if (tl_forward_depth == 0) {  // a new iteration: keep the last order for prefetching
+    if (is_root_ && tl_forward_depth == 0) {  // a new iteration: keep the last order for prefetching
       if (!root->order_.empty()) root->last_order_ = std::move(root->order_);
       root->order_.clear();
     }
@@ -283,6 +285,7 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
     pre_backward();
     return;
   }
+  if (in_backward_) return;  // a re-run inside this unit's own backward
   const auto s = config_.strategy;
   if (s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard) reshard();
 }
@@ -307,6 +310,9 @@ void UnitState::pre_backward() {
   if (config_.backward_prefetch == BackwardPrefetch::kBackwardPre) prefetch(-1);
   grads_ready_ = 0;
   if (grads_expected_ == 0) return;
+  // A forward re-run in backward (activation checkpointing) builds its graph
+  // on the parameters' current accumulators: make sure they are hooked.
+  hook_accumulators();
   if (full_grad_.defined()) return;  // accumulated under no_sync: keep adding to it
   full_grad_ = at::zeros({padded_numel_}, full_.options());
   for (auto& p : params_) {

@@ -154,6 +154,16 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
 // The units of `model`'s tree, pre-order (wrap.cpp).
 std::vector<std::shared_ptr<UnitState>> units_of(const std::shared_ptr<torch::nn::Module>& model);
 
+// Makes `m` (at `path`, a child of `parent`) interposable: its fsdp::Unit
+// slot, or a stand-in in its parent Sequential; ConfigError naming `why`
+// (the feature that wants it) otherwise (wrap.cpp).
+std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m, const std::string& path,
+                                const std::string& why);
+
+// Gives every Sequential element under `root` that is a unit or checkpointed
+// (wrapped before it was placed there) the stand-in that runs it.
+void interpose_sequential_elements(torch::nn::Module& root);
+
 // Parameters of `model` that no unit owns (ignored modules), each once.
 std::vector<at::Tensor> unowned_params(const std::shared_ptr<torch::nn::Module>& model);
 

@@ -46,11 +46,17 @@ AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
 namespace detail {
 namespace {
 
-// Module -> slot, and parameter -> owning unit. Weak, so that nothing here
-// keeps a model alive; stale entries are replaced.
+// Module -> slot, and parameter -> owning unit. A slot lives as long as its
+// module (holders may be temporaries, e.g. an FSDP-wrapped module handed to a
+// Sequential); entries of dead modules are swept on the next look-up. Nothing
+// here keeps a module alive.
+struct SlotEntry {
+  std::weak_ptr<const torch::nn::Module> module;
+  std::shared_ptr<Slot> slot;
+};
 struct Registry {
   std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, std::weak_ptr<Slot>> slots;
+  std::unordered_map<const torch::nn::Module*, SlotEntry> slots;
   std::unordered_map<const c10::TensorImpl*, std::weak_ptr<UnitState>> owners;
 };
 Registry& registry() {
@@ -168,9 +174,11 @@ std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& 
   return unit;
 }
 
-// Makes the element `m` of `parent` interposable, or says why it can't be.
-std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m, const std::string& path) {
-  if (auto slot = find_slot(&m)) return slot;  // held by fsdp::Unit
+}  // namespace
+
+std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m, const std::string& path,
+                                const std::string& why) {
+  // A Sequential calls its elements itself: give it a stand-in (once).
   if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) {
     for (auto it = seq->begin(); it != seq->end(); ++it) {
       if (it->ptr().get() != &m) continue;
@@ -179,10 +187,13 @@ std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m,
       return slot;
     }
   }
-  throw ConfigError("FSDP: auto_wrap_policy selected module '" + path + "' (" + m.name() +
+  if (auto slot = find_slot(&m)) return slot;  // held by fsdp::Unit (or already a Sequential stand-in)
+  throw ConfigError(why + " selected module '" + path + "' (" + m.name() +
                     "), but fsdp-cpp cannot run code around its forward: hold it in a fsdp::Unit<" + m.name() +
                     "> member of its parent, or put it in a torch::nn::Sequential");
 }
+
+namespace {
 
 // PyTorch's _recursive_wrap: children first; returns the number of parameters
 // of m's subtree that no unit owns.
@@ -198,7 +209,7 @@ int64_t recursive_wrap(WrapContext& ctx, torch::nn::Module* parent, torch::nn::M
     if (!ctx.ignored_params.count(p.value().unsafeGetTensorImpl())) unwrapped += p.value().numel();
   }
   if (!is_root && ctx.options.auto_wrap_policy(m, path, unwrapped)) {
-    auto slot = interpose(parent, m, path);
+    auto slot = interpose(parent, m, path, "FSDP: auto_wrap_policy");
     slot->unit = make_unit(ctx, m);
     return 0;
   }
@@ -288,13 +299,25 @@ UnitConfig resolve_groups(const FSDPOptions& o) {
 
 }  // namespace
 
+namespace {
+
+// Drops the entries of modules that died. Caller holds the registry lock.
+void sweep(Registry& r) {
+  for (auto it = r.slots.begin(); it != r.slots.end();) {
+    it = it->second.module.expired() ? r.slots.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<Slot> slot_for(const torch::nn::Module* module) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto& weak = r.slots[module];
-  if (auto slot = weak.lock()) return slot;
+  sweep(r);
+  auto it = r.slots.find(module);
+  if (it != r.slots.end()) return it->second.slot;
   auto slot = std::make_shared<Slot>();
-  weak = slot;
+  r.slots[module] = SlotEntry{module->shared_from_this(), slot};
   return slot;
 }
 
@@ -302,7 +325,19 @@ std::shared_ptr<Slot> find_slot(const torch::nn::Module* module) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.slots.find(module);
-  return it == r.slots.end() ? nullptr : it->second.lock();
+  if (it == r.slots.end() || it->second.module.expired()) return nullptr;
+  return it->second.slot;
+}
+
+void interpose_sequential_elements(torch::nn::Module& root) {
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(m.get());
+    if (seq == nullptr) continue;
+    for (const auto& child : seq->named_children()) {
+      auto slot = find_slot(child.value().get());
+      if (slot && (slot->unit || slot->checkpoint)) interpose(seq, *child.value(), child.key(), "FSDP");
+    }
+  }
 }
 
 void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options) {
@@ -318,6 +353,9 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
     for (const auto& sub : m->modules(/*include_self=*/true)) ctx.ignored_modules.insert(sub.get());
     for (const auto& p : m->parameters(/*recurse=*/true)) ctx.ignored_params.insert(p.unsafeGetTensorImpl());
   }
+  // Units and checkpointed modules placed in a Sequential before this wrap
+  // (the `Sequential(FSDP(lin1), lin2)` pattern) get their stand-ins now.
+  interpose_sequential_elements(*module);
   if (options.sync_module_states) sync_module_states(ctx, *module);
   if (options.auto_wrap_policy) recursive_wrap(ctx, nullptr, *module, "", /*is_root=*/true);
   slot->unit = make_unit(ctx, *module);

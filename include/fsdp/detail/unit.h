@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include <memory>
 #include <tuple>
 #include <type_traits>
@@ -22,6 +24,7 @@ class UnitState;  // one FSDP unit: a flat parameter and its hooks (src/fsdp/uni
 // `unit` is null while the module is not (yet) an FSDP unit.
 struct Slot {
   std::shared_ptr<UnitState> unit;
+  bool checkpoint = false;  // run the forward under activation checkpointing
 };
 
 // The slot of `module`: the existing one if some holder or wrapper made it,
@@ -30,6 +33,9 @@ std::shared_ptr<Slot> slot_for(const torch::nn::Module* module);
 
 // The slot of `module` if one exists (nullptr otherwise). Thread-safe.
 std::shared_ptr<Slot> find_slot(const torch::nn::Module* module);
+
+// Marks `module`'s slot as checkpointed; ConfigError if it already is.
+void mark_checkpointed(const std::shared_ptr<Slot>& slot, const torch::nn::Module& module);
 
 // Pre-forward (unshard) on construction; post-forward (reshard, backward
 // hooks on `outputs`) in finish(); cleanup if the forward threw.
@@ -82,14 +88,58 @@ void collect_tensors(const T& x, std::vector<at::Tensor>& out) {
   }
 }
 
-// Runs forward(args...) inside the unit's forward scope (or plainly, without a unit).
+// Activation checkpointing (src/fsdp/checkpoint.cpp): runs fn(inputs)
+// without keeping its activations; backward re-runs it (same RNG state) and
+// back-propagates through the re-run. Outside grad mode: just fn(inputs).
+at::Tensor run_checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
+                            std::vector<at::Tensor> inputs);
+[[noreturn]] void checkpoint_needs_tensor_output();
+
+template <class T>
+void collect_arg(const T& x, std::vector<at::Tensor>& out) {
+  if constexpr (std::is_same_v<T, at::Tensor>) out.push_back(x);
+}
+template <class T>
+void replace_arg(T& x, const std::vector<at::Tensor>& xs, size_t& i) {
+  if constexpr (std::is_same_v<T, at::Tensor>) x = xs[i++];
+}
+
+// forward(args...) under activation checkpointing: tensor arguments are the
+// inputs that backward differentiates; other arguments are kept as copies.
+template <class F, class... Args>
+auto checkpoint_call(F& forward, Args&&... args) -> decltype(forward(std::forward<Args>(args)...)) {
+  using R = decltype(forward(std::forward<Args>(args)...));
+  if constexpr (!std::is_same_v<std::decay_t<R>, at::Tensor>) {
+    checkpoint_needs_tensor_output();
+  } else {
+    std::vector<at::Tensor> inputs;
+    (collect_arg(args, inputs), ...);
+    auto stored = std::make_shared<std::tuple<std::decay_t<Args>...>>(std::forward<Args>(args)...);
+    auto fn = [forward, stored](const std::vector<at::Tensor>& xs) -> at::Tensor {
+      auto call_args = *stored;
+      size_t i = 0;
+      std::apply([&](auto&... a) { (replace_arg(a, xs, i), ...); }, call_args);
+      return std::apply(forward, call_args);
+    };
+    return run_checkpointed(std::move(fn), std::move(inputs));
+  }
+}
+
+// Runs forward(args...) inside the unit's forward scope (or plainly, without
+// a unit), checkpointed when the slot says so (inside the unit's scope: the
+// re-run in backward finds the parameters already gathered).
 template <class F, class... Args>
 auto call(const std::shared_ptr<Slot>& slot, F&& forward, Args&&... args)
     -> decltype(forward(std::forward<Args>(args)...)) {
   UnitState* unit = slot ? slot->unit.get() : nullptr;
-  if (unit == nullptr) return forward(std::forward<Args>(args)...);
+  const bool checkpoint = slot && slot->checkpoint;
+  if (unit == nullptr) {
+    if (checkpoint) return checkpoint_call(forward, std::forward<Args>(args)...);
+    return forward(std::forward<Args>(args)...);
+  }
   ForwardScope scope(*unit);
-  auto out = forward(scope.cast(std::forward<Args>(args))...);
+  auto out = checkpoint ? checkpoint_call(forward, scope.cast(std::forward<Args>(args))...)
+                        : forward(scope.cast(std::forward<Args>(args))...);
   std::vector<at::Tensor> tensors;
   collect_tensors(out, tensors);
   scope.finish(tensors);
