@@ -305,3 +305,109 @@ TEST(ActivationCheckpointing, ManualNestingAndSequentialOfWrappedUnits) {
 }
 
 }  // namespace
+
+namespace {
+
+// The seed's manual FSDP(CheckpointWrapper(layer)) on transformer encoder and
+// decoder layers (LibTorch's own, several tensor arguments each).
+using EncImpl = torch::nn::TransformerEncoderLayerImpl;
+using DecImpl = torch::nn::TransformerDecoderLayerImpl;
+
+struct TransformerNetImpl : torch::nn::Module {
+  TransformerNetImpl(double dropout, const FSDPOptions* o, bool checkpoint) {
+    emb = register_module("emb", torch::nn::Embedding(kVocab, 8));
+    for (int i = 0; i < 2; ++i) {
+      auto e = std::make_shared<EncImpl>(torch::nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).dropout(dropout));
+      auto d = std::make_shared<DecImpl>(torch::nn::TransformerDecoderLayerOptions(8, 2).dim_feedforward(16).dropout(dropout));
+      enc.push_back(register_module("enc" + std::to_string(i), layer(e, o, checkpoint)));
+      dec.push_back(register_module("dec" + std::to_string(i), layer(d, o, checkpoint)));
+    }
+    out = register_module("out", torch::nn::Linear(8, kVocab));
+  }
+  template <class M>
+  static Unit<M> layer(std::shared_ptr<M> m, const FSDPOptions* o, bool checkpoint) {
+    if (o && checkpoint) return FullyShardedDataParallel<M>(CheckpointWrapper<M>(m), *o);
+    if (o) return FullyShardedDataParallel<M>(m, *o);
+    if (checkpoint) return CheckpointWrapper<M>(m);
+    return Unit<M>(m);
+  }
+  // src, tgt: [time, batch] tokens -> [tgt time, batch, vocab].
+  torch::Tensor forward(torch::Tensor src, torch::Tensor tgt) {
+    auto memory = enc[1](enc[0](emb(src)));
+    auto y = dec[1](dec[0](emb(tgt), memory), memory);
+    return out(y);
+  }
+  torch::nn::Embedding emb{nullptr};
+  std::vector<Unit<EncImpl>> enc;
+  std::vector<Unit<DecImpl>> dec;
+  torch::nn::Linear out{nullptr};
+};
+
+std::map<std::string, torch::Tensor> train_transformer(dist::ProcessGroup* pg, double dropout, bool checkpoint,
+                                                       const torch::Tensor& data) {
+  FSDPOptions o;
+  if (pg) o.process_group = std::shared_ptr<dist::ProcessGroup>(pg, [](dist::ProcessGroup*) {});
+  std::shared_ptr<TransformerNetImpl> net;
+  {
+    std::lock_guard<std::mutex> lock(rng_mutex());
+    torch::manual_seed(21);
+    net = std::make_shared<TransformerNetImpl>(dropout, pg ? &o : nullptr, checkpoint);
+  }
+  const int world = pg ? pg->size() : 1, rank = pg ? pg->rank() : 0;
+  const int64_t local = data.size(2) / world;
+  auto run = [&](auto&& model, std::vector<torch::Tensor> params) {
+    // SGD, not Adam: the key part of attention's in_proj_bias has an exactly
+    // zero gradient up to rounding noise, which Adam would blow up to full steps.
+    torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int64_t s = 0; s < data.size(0); ++s) {
+      if (dropout > 0) {  // tests with dropout run one rank: the only thread drawing
+        std::lock_guard<std::mutex> lock(rng_mutex());
+        torch::manual_seed(900 + s);
+      }
+      auto d = data[s].narrow(1, rank * local, local);  // [time, batch]
+      opt.zero_grad();
+      auto logits = model(d.narrow(0, 0, 5), d.narrow(0, 5, 4));
+      torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}), d.narrow(0, 6, 4).reshape({-1})).backward();
+      opt.step();
+    }
+  };
+  if (!pg) {
+    run([&](torch::Tensor a, torch::Tensor b) { return net->forward(a, b); }, net->parameters());
+    return named_params(*net);
+  }
+  FullyShardedDataParallel<TransformerNetImpl> model(net, o);
+  EXPECT_EQ(fsdp_modules(model.ptr()).size(), 5u);
+  EXPECT_EQ(is_checkpointed(*net->dec[1]), checkpoint);
+  run([&](torch::Tensor a, torch::Tensor b) { return model(a, b); }, model->parameters());
+  return to_map(full_parameters(model.ptr()));
+}
+
+TEST(ActivationCheckpointing, TransformerLayersFSDPOfCheckpointWrapper) {
+  torch::Tensor data;
+  {
+    std::lock_guard<std::mutex> lock(rng_mutex());
+    torch::manual_seed(22);
+    data = torch::randint(0, kVocab, {3, 10, 4});  // 3 steps, 10 tokens, batch 4
+  }
+  // Single process, with dropout: checkpointed == plain, bit for bit.
+  auto plain = train_transformer(nullptr, 0.1, false, data);
+  auto ckpt = train_transformer(nullptr, 0.1, true, data);
+  for (auto& [name, t] : plain) EXPECT_TRUE(torch::equal(ckpt.at(name), t)) << name;
+  // FSDP world 1 with dropout (one thread draws), world 2 without.
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    auto a = train_transformer(&pg, 0.1, false, data);
+    auto b = train_transformer(&pg, 0.1, true, data);
+    for (auto& [name, t] : a) EXPECT_TRUE(torch::equal(b.at(name), t)) << name;
+  });
+  auto reference = train_transformer(nullptr, 0.0, false, data);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto a = train_transformer(&pg, 0.0, false, data);
+    auto b = train_transformer(&pg, 0.0, true, data);
+    for (auto& [name, t] : a) {
+      EXPECT_TRUE(torch::equal(b.at(name), t)) << name;
+      EXPECT_LE((t - reference.at(name)).abs().max().item<double>(), 1e-5) << name;
+    }
+  });
+}
+
+}  // namespace
