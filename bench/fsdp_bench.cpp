@@ -14,6 +14,7 @@
 #include <sstream>
 #include <torch/torch.h>
 
+#include "fsdp/checkpoint.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
   fsdp::models::GPTConfig cfg;
   int64_t batch = 8;
   int steps = 5, warmup = 2;
-  bool use_orig = false, forward_prefetch = false, bf16 = false, trace_memory = false;
+  bool use_orig = false, forward_prefetch = false, bf16 = false, trace_memory = false, checkpointing = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
   app.add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   app.add_flag("--use-orig-params", use_orig, "expose original parameters to the optimizer");
   app.add_flag("--forward-prefetch", forward_prefetch, "prefetch the next unit in forward");
   app.add_flag("--bf16", bf16, "mixed precision: bfloat16 compute and reduction");
+  app.add_flag("--activation-checkpointing", checkpointing, "checkpoint every transformer block");
   app.add_flag("--trace-memory", trace_memory, "print each rank's resident memory after each phase to stderr");
   CLI11_PARSE(app, argc, argv);
 
@@ -98,6 +100,10 @@ int main(int argc, char** argv) {
       model = std::make_shared<fsdp::FullyShardedDataParallel<fsdp::models::GPTImpl>>(gpt, o);
       forward = [model](const at::Tensor& x) { return (*model)(x); };
       trainable = (*model)->parameters();
+    }
+    if (checkpointing) {
+      fsdp::apply_activation_checkpointing(local ? std::static_pointer_cast<torch::nn::Module>(gpt) : model->ptr(),
+                                           fsdp::checkpoint_module_types<fsdp::models::GPTBlockImpl>());
     }
     trace("model ready");
     torch::optim::AdamW opt(trainable, torch::optim::AdamWOptions(3e-4));
@@ -142,6 +148,7 @@ int main(int argc, char** argv) {
          << "\",\"world\":" << pg->size() << ",\"params\":" << params << ",\"dim\":" << cfg.dim
          << ",\"layers\":" << cfg.layers << ",\"heads\":" << cfg.heads << ",\"ctx\":" << cfg.context
          << ",\"batch_per_rank\":" << batch << ",\"bf16\":" << (bf16 ? "true" : "false")
+         << ",\"activation_checkpointing\":" << (checkpointing ? "true" : "false")
          << ",\"step_s\":" << median << ",\"tokens_per_s\":"
          << (median > 0 ? static_cast<double>(batch * cfg.context * pg->size()) / median : 0)
          << ",\"peak_rss_mb\":[";

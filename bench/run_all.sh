@@ -19,3 +19,7 @@ echo "# ~100M parameters (14 layers, width 768, 12 heads, context 128, batch 4 p
 for s in FULL_SHARD NO_SHARD; do
   $run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy $s --dim 768 --layers 14 --heads 12 --batch 4 --steps 2 --warmup 1
 done
+echo "# activation checkpointing (issue 4): 8 layers, width 512, 8 heads, context 256, batch 8 per rank, FULL_SHARD, world 2"
+for ck in "" "--activation-checkpointing"; do
+  $run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy FULL_SHARD --dim 512 --layers 8 --heads 8 --ctx 256 --batch 8 --steps 2 --warmup 1 $ck
+done
