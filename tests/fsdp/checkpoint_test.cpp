@@ -152,14 +152,7 @@ enum class Placement { kNone, kBeforeWrap, kAfterWrap };
 
 std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, Placement placement, ShardingStrategy s,
                                                 bool bf16, double dropout, const std::vector<Batch>& batches) {
-  auto world = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
-  FSDPOptions o;
-  o.sharding_strategy = s;
-  if (s == ShardingStrategy::kHybridShard) {
-    o.device_mesh = dist::init_device_mesh(world, 2, pg.size() / 2);
-  } else {
-    o.process_group = world;
-  }
+  FSDPOptions o = options_for_strategy(pg, s);
   o.auto_wrap_policy = transformer_auto_wrap_policy<DropBlockImpl>();
   if (bf16) {
     o.mixed_precision.param_dtype = torch::kBFloat16;
@@ -261,7 +254,7 @@ TEST(ActivationCheckpointing, ManualNestingAndSequentialOfWrappedUnits) {
   }
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     FSDPOptions o;
-    o.process_group = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+    o.process_group = borrow(pg);
     std::map<std::string, torch::Tensor> results[2];
     for (int ck = 0; ck < 2; ++ck) {
       std::shared_ptr<ManualImpl> net;

@@ -46,14 +46,7 @@ std::map<std::string, torch::Tensor> train_local(const std::vector<Batch>& batch
 
 std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, ShardingStrategy s, MixedPrecision mp,
                                                 bool use_orig, const std::vector<Batch>& batches) {
-  auto world = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
-  FSDPOptions o;
-  o.sharding_strategy = s;
-  if (s == ShardingStrategy::kHybridShard) {
-    o.device_mesh = dist::init_device_mesh(world, 2, pg.size() / 2);
-  } else {
-    o.process_group = world;
-  }
+  FSDPOptions o = options_for_strategy(pg, s);
   o.use_orig_params = use_orig;
   o.mixed_precision = mp;
   o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
@@ -137,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, MixedPrecisionParity,
 TEST(MixedPrecisionOptions, NonFloatingDtypeIsRejected) {
   fsdp::testing::run_ranks(1, [](dist::ProcessGroup& pg) {
     FSDPOptions o;
-    o.process_group = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+    o.process_group = borrow(pg);
     o.mixed_precision.param_dtype = torch::kLong;
     try {
       FullyShardedDataParallel<NetImpl> m(make_net(1), o);
@@ -156,7 +149,7 @@ TEST(CpuOffload, AcceptedOnCpuAndTrainsTheSame) {
   for (int offload = 0; offload < 2; ++offload) {
     fsdp::testing::run_ranks(2, [&](dist::ProcessGroup& pg) {
       FSDPOptions o;
-      o.process_group = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+      o.process_group = borrow(pg);
       o.cpu_offload.offload_params = offload == 1;
       o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
       FullyShardedDataParallel<NetImpl> model(make_net(3), o);

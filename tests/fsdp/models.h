@@ -9,6 +9,8 @@
 #include <map>
 #include <mutex>
 
+#include <gtest/gtest.h>
+
 #include "fsdp/fsdp.h"
 
 namespace fsdp::testing {
@@ -101,6 +103,36 @@ inline std::map<std::string, torch::Tensor> named_params(torch::nn::Module& m) {
   std::map<std::string, torch::Tensor> out;
   for (auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
   return out;
+}
+
+// A non-owning pointer to a group owned by the test harness.
+inline dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
+  return std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+}
+
+// Options for `strategy` over `pg`; HYBRID_SHARD gets a (2, size/2) mesh.
+inline FSDPOptions options_for_strategy(dist::ProcessGroup& pg, ShardingStrategy strategy) {
+  FSDPOptions o;
+  o.sharding_strategy = strategy;
+  if (strategy == ShardingStrategy::kHybridShard) {
+    o.device_mesh = dist::init_device_mesh(borrow(pg), 2, pg.size() / 2);
+  } else {
+    o.process_group = borrow(pg);
+  }
+  return o;
+}
+
+// Every tensor of `want` is in `got`, of the same shape, within `tol`.
+inline void expect_close(const std::map<std::string, torch::Tensor>& got,
+                         const std::map<std::string, torch::Tensor>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << what << ": missing " << name;
+    ASSERT_EQ(it->second.sizes(), w.sizes()) << what << ": " << name;
+    const double diff = (it->second - w).abs().max().item<double>();
+    EXPECT_LE(diff, tol) << what << ": " << name << " differs by " << diff;
+  }
 }
 
 }  // namespace fsdp::testing

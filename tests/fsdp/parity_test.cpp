@@ -46,15 +46,8 @@ struct Case {
 
 std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, const Case& c, Opt opt, bool use_orig,
                                                 Nesting nesting, const std::vector<Batch>& batches) {
-  auto world = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
-  FSDPOptions o;
-  o.sharding_strategy = c.strategy;
+  FSDPOptions o = options_for_strategy(pg, c.strategy);
   o.use_orig_params = use_orig;
-  if (c.strategy == ShardingStrategy::kHybridShard) {
-    o.device_mesh = dist::init_device_mesh(world, 2, pg.size() / 2);
-  } else {
-    o.process_group = world;
-  }
   std::shared_ptr<NetImpl> net;
   if (nesting == Nesting::kAutoWrap) {
     o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
@@ -76,18 +69,6 @@ std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, const Ca
   return to_map(full_parameters(model.ptr()));
 }
 
-void expect_close(const std::map<std::string, torch::Tensor>& got, const std::map<std::string, torch::Tensor>& want,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (const auto& [name, w] : want) {
-    auto it = got.find(name);
-    ASSERT_NE(it, got.end()) << what << ": missing " << name;
-    ASSERT_EQ(it->second.sizes(), w.sizes()) << what << ": " << name;
-    const double diff = (it->second - w).abs().max().item<double>();
-    EXPECT_LE(diff, 1e-5) << what << ": " << name << " differs by " << diff;
-  }
-}
-
 class Parity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Parity, TrainingMatchesSingleProcess) {
@@ -104,7 +85,7 @@ TEST_P(Parity, TrainingMatchesSingleProcess) {
           const std::string what = std::string(to_string(c.strategy)) + " world " + std::to_string(c.world) +
                                    (opt == Opt::kSgd ? " SGD" : " AdamW") + (use_orig ? " orig" : " flat") +
                                    (nesting == Nesting::kAutoWrap ? " auto" : " manual");
-          expect_close(train_fsdp(pg, c, opt, use_orig, nesting, batches), reference[opt], what);
+          expect_close(train_fsdp(pg, c, opt, use_orig, nesting, batches), reference[opt], 1e-5, what);
         }
       }
     }

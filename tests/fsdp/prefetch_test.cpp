@@ -35,7 +35,7 @@ std::vector<int64_t> full_units_seen(dist::ProcessGroup& pg, bool forward_prefet
     }
   }
   FSDPOptions o;
-  o.process_group = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+  o.process_group = borrow(pg);
   o.use_orig_params = true;
   o.auto_wrap_policy = transformer_auto_wrap_policy<ProbeImpl>();
   o.forward_prefetch = forward_prefetch;
@@ -83,7 +83,7 @@ TEST(Prefetch, LimitAllGathersBoundsFullUnits) {
         net = std::make_shared<PairImpl>();
       }
       FSDPOptions o;
-      o.process_group = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+      o.process_group = borrow(pg);
       o.use_orig_params = true;
       o.auto_wrap_policy = transformer_auto_wrap_policy<ProbeImpl>();
       o.forward_prefetch = true;
@@ -116,7 +116,7 @@ TEST(Prefetch, TrainingResultsDoNotChange) {
     for (bool fwd : {false, true}) {
       for (auto bwd : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
         FSDPOptions o;
-        o.process_group = std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+        o.process_group = borrow(pg);
         o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
         o.forward_prefetch = fwd;
         o.backward_prefetch = bwd;

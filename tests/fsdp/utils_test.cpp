@@ -12,10 +12,6 @@ using namespace fsdp::testing;
 
 namespace {
 
-dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
-  return std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
-}
-
 FSDPOptions options_for(dist::ProcessGroup& pg, bool use_orig, ShardingStrategy s = ShardingStrategy::kFullShard) {
   FSDPOptions o;
   o.process_group = borrow(pg);
@@ -27,15 +23,6 @@ FSDPOptions options_for(dist::ProcessGroup& pg, bool use_orig, ShardingStrategy 
 
 torch::Tensor loss_of(torch::Tensor logits, torch::Tensor target) {
   return torch::nn::functional::cross_entropy(logits, target);
-}
-
-void expect_close(const std::map<std::string, torch::Tensor>& got, const std::map<std::string, torch::Tensor>& want,
-                  double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name)) << what << ": missing " << name;
-    EXPECT_LE((got.at(name) - w).abs().max().item<double>(), tol) << what << ": " << name;
-  }
 }
 
 // Two micro-batches, the first under no_sync, then one step == one step on

@@ -14,10 +14,6 @@ using namespace fsdp::testing;
 
 namespace {
 
-dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
-  return std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
-}
-
 FSDPOptions options_for(dist::ProcessGroup& pg, bool use_orig, bool auto_wrap = true) {
   FSDPOptions o;
   o.process_group = borrow(pg);
