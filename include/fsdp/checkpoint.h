@@ -9,7 +9,10 @@
 // torch::nn::Sequential. Names of parameters and buffers never change.
 // Composes with FSDP in either order (checkpoint before or after wrapping);
 // the re-run happens inside the unit's backward, where its parameters are
-// already gathered. The checkpointed forward must return one at::Tensor.
+// already gathered. Any forward signature: tensor arguments are what backward
+// differentiates (others are kept as copies); the tensors of the result (a
+// tensor, or std::vector / std::pair / std::tuple of them) come back
+// differentiable, other parts of the result as the first run made them.
 // Local calls (no collectives); the re-run repeats a unit's collectives in
 // backward on every rank alike.
 #pragma once

@@ -39,9 +39,11 @@ class RngReplay {
   at::Tensor saved_;
 };
 
+using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
 class CheckpointNode : public torch::autograd::Node {
  public:
-  CheckpointNode(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn, const std::vector<at::Tensor>& inputs)
+  CheckpointNode(CheckpointFn fn, const std::vector<at::Tensor>& inputs)
       : fn_(std::move(fn)), rng_state_(cpu_rng_state()) {
     for (const auto& x : inputs) {
       saved_.push_back(x.defined() ? x.detach() : x);
@@ -51,6 +53,9 @@ class CheckpointNode : public torch::autograd::Node {
 
   std::string name() const override { return "fsdp::CheckpointBackward"; }
 
+  // Which outputs of the forward are this node's inputs (differentiable ones).
+  void set_differentiable_outputs(std::vector<bool> d) { differentiable_ = std::move(d); }
+
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     std::vector<at::Tensor> xs;
     for (size_t i = 0; i < saved_.size(); ++i) {
@@ -58,16 +63,24 @@ class CheckpointNode : public torch::autograd::Node {
       if (needs_grad_[i]) x.requires_grad_(true);
       xs.push_back(x);
     }
-    at::Tensor out;
+    std::vector<at::Tensor> outs;
     {
       RngReplay replay(rng_state_);
       at::AutoGradMode enable(true);
-      out = fn_(xs);
+      outs = fn_(xs);
     }
-    if (out.requires_grad()) {
-      at::Tensor g = grads.at(0).defined() ? grads[0] : at::zeros_like(out);
-      torch::autograd::backward({out}, {g});
+    // Back-propagate each differentiable output that received a gradient.
+    std::vector<at::Tensor> roots, root_grads;
+    size_t g = 0;
+    for (size_t i = 0; i < outs.size() && i < differentiable_.size(); ++i) {
+      if (!differentiable_[i]) continue;
+      const at::Tensor& grad = grads.at(g++);
+      if (grad.defined() && outs[i].requires_grad()) {
+        roots.push_back(outs[i]);
+        root_grads.push_back(grad);
+      }
     }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
     torch::autograd::variable_list result;
     for (size_t i = 0; i < xs.size(); ++i) result.push_back(needs_grad_[i] ? xs[i].grad() : at::Tensor());
     fn_ = nullptr;  // one backward per forward, like any graph without retain_graph
@@ -76,38 +89,41 @@ class CheckpointNode : public torch::autograd::Node {
   }
 
  private:
-  std::function<at::Tensor(const std::vector<at::Tensor>&)> fn_;
+  CheckpointFn fn_;
   std::vector<at::Tensor> saved_;
   std::vector<bool> needs_grad_;
+  std::vector<bool> differentiable_;
   at::Tensor rng_state_;
 };
 
 }  // namespace
 
-at::Tensor run_checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
-                            std::vector<at::Tensor> inputs) {
+std::vector<at::Tensor> run_checkpointed(CheckpointFn fn, std::vector<at::Tensor> inputs) {
   if (!at::GradMode::is_enabled()) return fn(inputs);
   auto node = std::make_shared<CheckpointNode>(fn, inputs);  // takes the RNG state before the run
-  at::Tensor out;
+  std::vector<at::Tensor> outs;
   {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> detached;
     for (const auto& x : inputs) detached.push_back(x.defined() ? x.detach() : x);
-    out = fn(detached);
+    outs = fn(detached);
   }
-  if (!out.defined()) throw ConfigError("activation checkpointing: the checkpointed forward returned an undefined tensor");
-  if (!at::isFloatingType(out.scalar_type())) return out;  // nothing to differentiate
-  for (const auto& x : inputs) {
-    if (x.defined() && out.is_alias_of(x)) out = out.clone();  // never re-point an input's history
+  std::vector<bool> differentiable;
+  for (auto& out : outs) {
+    const bool d = out.defined() && at::isFloatingType(out.scalar_type());
+    differentiable.push_back(d);
+    if (!d) continue;
+    for (const auto& x : inputs) {
+      if (x.defined() && out.is_alias_of(x)) out = out.clone();  // never re-point an input's history
+    }
+    out = out.detach();
   }
-  out = out.detach();
+  node->set_differentiable_outputs(differentiable);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-  torch::autograd::create_gradient_edge(out, node);
-  return out;
-}
-
-void checkpoint_needs_tensor_output() {
-  throw ConfigError("activation checkpointing: the checkpointed module's forward must return one at::Tensor");
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (differentiable[i]) torch::autograd::create_gradient_edge(outs[i], node);
+  }
+  return outs;
 }
 
 void mark_checkpointed(const std::shared_ptr<Slot>& slot, const torch::nn::Module& module) {

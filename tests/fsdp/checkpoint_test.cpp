@@ -121,6 +121,50 @@ TEST(ActivationCheckpointing, NamesAndSavedStateAreThoseOfThePlainModel) {
   for (auto& p : plain->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), both->named_parameters()[p.key()]));
 }
 
+// Several tensor arguments (one without gradient, one non-tensor) and a
+// tuple result with a vector inside.
+struct MultiImpl : torch::nn::Module {
+  MultiImpl() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", torch::nn::Linear(4, 4));
+  }
+  std::tuple<torch::Tensor, std::vector<torch::Tensor>, int64_t> forward(torch::Tensor x, torch::Tensor mask,
+                                                                          double scale) {
+    auto h = torch::relu(a(x)) * mask;
+    return {b(h) * scale, {h.sum(1), torch::sigmoid(h)}, h.size(0)};
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+
+struct MultiNetImpl : torch::nn::Module {
+  explicit MultiNetImpl(bool checkpoint) {
+    auto m = std::make_shared<MultiImpl>();
+    multi = checkpoint ? register_module("multi", CheckpointWrapper<MultiImpl>(m))
+                       : register_module("multi", Unit<MultiImpl>(m));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto [y, parts, n] = multi(x, (x > 0).to(torch::kFloat), 0.5);
+    return y.sum() + parts[0].pow(2).sum() + parts[1].sum() * static_cast<double>(n);
+  }
+  Unit<MultiImpl> multi{nullptr};
+};
+
+TEST(ActivationCheckpointing, AnySignatureAndTupleResults) {
+  std::map<std::string, torch::Tensor> grads[2];
+  torch::Tensor x_grad[2];
+  for (int ck = 0; ck < 2; ++ck) {
+    torch::manual_seed(3);
+    auto net = std::make_shared<MultiNetImpl>(ck == 1);
+    auto x = torch::randn({5, 4}).requires_grad_(true);
+    g_forwards = 0;
+    net->forward(x).backward();
+    for (auto& p : net->named_parameters()) grads[ck][p.key()] = p.value().grad().clone();
+    x_grad[ck] = x.grad().clone();
+  }
+  EXPECT_TRUE(torch::equal(x_grad[0], x_grad[1]));
+  for (auto& [name, g] : grads[0]) EXPECT_TRUE(torch::equal(g, grads[1].at(name))) << name;
+}
+
 TEST(ActivationCheckpointing, Misuse) {
   auto net = make_drop_net(1, 0.0);
   apply_activation_checkpointing(net, checkpoint_module_types<DropBlockImpl>());

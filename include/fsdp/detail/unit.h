@@ -7,6 +7,7 @@
 #include <functional>
 
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -89,40 +90,54 @@ void collect_tensors(const T& x, std::vector<at::Tensor>& out) {
 }
 
 // Activation checkpointing (src/fsdp/checkpoint.cpp): runs fn(inputs)
-// without keeping its activations; backward re-runs it (same RNG state) and
-// back-propagates through the re-run. Outside grad mode: just fn(inputs).
-at::Tensor run_checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
-                            std::vector<at::Tensor> inputs);
-[[noreturn]] void checkpoint_needs_tensor_output();
+// without keeping its activations and returns its output tensors, made
+// differentiable; backward re-runs fn (same RNG state) and back-propagates
+// through the re-run. Outside grad mode: just fn(inputs).
+std::vector<at::Tensor> run_checkpointed(
+    std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> fn, std::vector<at::Tensor> inputs);
 
-template <class T>
-void collect_arg(const T& x, std::vector<at::Tensor>& out) {
-  if constexpr (std::is_same_v<T, at::Tensor>) out.push_back(x);
-}
-template <class T>
-void replace_arg(T& x, const std::vector<at::Tensor>& xs, size_t& i) {
-  if constexpr (std::is_same_v<T, at::Tensor>) x = xs[i++];
+// Calls f(t) on every tensor inside x (tensors, vectors, pairs, tuples of
+// them), in order; f may replace the tensor.
+template <class T, class F>
+void for_each_tensor(T& x, F&& f) {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    f(x);
+  } else if constexpr (IsVector<T>::value) {
+    for (auto& e : x) for_each_tensor(e, f);
+  } else if constexpr (IsPair<T>::value) {
+    for_each_tensor(x.first, f);
+    for_each_tensor(x.second, f);
+  } else if constexpr (IsTuple<T>::value) {
+    std::apply([&](auto&... es) { (for_each_tensor(es, f), ...); }, x);
+  }
 }
 
 // forward(args...) under activation checkpointing: tensor arguments are the
-// inputs that backward differentiates; other arguments are kept as copies.
+// inputs that backward differentiates, other arguments are kept as copies;
+// the tensors of the result (a tensor, or vectors/pairs/tuples of them) come
+// back differentiable, anything else in it as the first run computed it.
 template <class F, class... Args>
 auto checkpoint_call(F& forward, Args&&... args) -> decltype(forward(std::forward<Args>(args)...)) {
-  using R = decltype(forward(std::forward<Args>(args)...));
-  if constexpr (!std::is_same_v<std::decay_t<R>, at::Tensor>) {
-    checkpoint_needs_tensor_output();
-  } else {
-    std::vector<at::Tensor> inputs;
-    (collect_arg(args, inputs), ...);
-    auto stored = std::make_shared<std::tuple<std::decay_t<Args>...>>(std::forward<Args>(args)...);
-    auto fn = [forward, stored](const std::vector<at::Tensor>& xs) -> at::Tensor {
-      auto call_args = *stored;
-      size_t i = 0;
-      std::apply([&](auto&... a) { (replace_arg(a, xs, i), ...); }, call_args);
-      return std::apply(forward, call_args);
-    };
-    return run_checkpointed(std::move(fn), std::move(inputs));
-  }
+  using R = std::decay_t<decltype(forward(std::forward<Args>(args)...))>;
+  auto stored = std::make_shared<std::tuple<std::decay_t<Args>...>>(std::forward<Args>(args)...);
+  std::vector<at::Tensor> inputs;
+  std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { inputs.push_back(t); }), ...); }, *stored);
+  auto first = std::make_shared<std::optional<R>>();  // the first run's result, for its shape
+  auto fn = [forward, stored, first](const std::vector<at::Tensor>& xs) -> std::vector<at::Tensor> {
+    auto call_args = *stored;
+    size_t i = 0;
+    std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { t = xs[i++]; }), ...); }, call_args);
+    R out = std::apply(forward, call_args);
+    std::vector<at::Tensor> tensors;
+    for_each_tensor(out, [&](at::Tensor& t) { tensors.push_back(t); });
+    if (!first->has_value()) *first = std::move(out);
+    return tensors;
+  };
+  std::vector<at::Tensor> outs = run_checkpointed(std::move(fn), std::move(inputs));
+  R result = std::move(**first);
+  size_t i = 0;
+  for_each_tensor(result, [&](at::Tensor& t) { t = outs[i++]; });
+  return result;
 }
 
 // Runs forward(args...) inside the unit's forward scope (or plainly, without
