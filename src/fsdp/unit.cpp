@@ -13,7 +13,7 @@ namespace fsdp::detail {
 
 namespace {
 
-// How many unit forwards are running on this thread (0: the next one is a root's).
+// How many unit forwards are running on this thread (0 at the root's forward: a new iteration).
 thread_local int tl_forward_depth = 0;
 
 // Runs after autograd accumulated a parameter's gradient.

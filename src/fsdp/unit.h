@@ -140,7 +140,6 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   int grads_expected_ = 0;
   int grads_ready_ = 0;
   bool in_backward_ = false;      // pre_backward ran, post_backward not yet
-  bool reduced_this_backward_ = false;
 
   // Root only.
   bool is_root_ = false;
