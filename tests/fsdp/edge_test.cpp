@@ -18,17 +18,9 @@ torch::Tensor loss_of(torch::Tensor logits, torch::Tensor target) {
 
 TEST(Edge, EvaluationWithoutGradientsBetweenSteps) {
   const auto batches = make_batches(3, 4, 21);
-  std::map<std::string, torch::Tensor> reference;
-  {
-    auto net = make_net(4);
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    for (const auto& b : batches) {
-      opt.zero_grad();
-      loss_of(net->forward(b.tokens), b.target).backward();
-      opt.step();
-    }
-    reference = named_params(*net);
-  }
+  auto ref_net = make_net(4);
+  torch::optim::SGD ref_opt(ref_net->parameters(), torch::optim::SGDOptions(0.1));
+  const auto reference = train_local(*ref_net, ref_opt, batches);
   for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
     run_ranks(2, [&](dist::ProcessGroup& pg) {
       FSDPOptions o;
@@ -62,18 +54,10 @@ TEST(Edge, FrozenParametersStayFrozen) {
     net.emb->weight.set_requires_grad(false);
     net.blocks[0]->as<BlockImpl>()->fc1->weight.set_requires_grad(false);
   };
-  std::map<std::string, torch::Tensor> reference;
-  {
-    auto net = make_net(6);
-    freeze(*net);
-    torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
-    for (const auto& b : batches) {
-      opt.zero_grad();
-      loss_of(net->forward(b.tokens), b.target).backward();
-      opt.step();
-    }
-    reference = named_params(*net);
-  }
+  auto ref_net = make_net(6);
+  freeze(*ref_net);
+  torch::optim::AdamW ref_opt(ref_net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  const auto reference = train_local(*ref_net, ref_opt, batches);
   EXPECT_TRUE(torch::equal(reference.at("emb.weight"), make_net(6)->emb->weight));
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     auto net = make_net(6);

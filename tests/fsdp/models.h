@@ -105,6 +105,21 @@ inline std::map<std::string, torch::Tensor> named_params(torch::nn::Module& m) {
   return out;
 }
 
+// The single-process reference: trains `net` with `opt` on whole batches
+// (cross-entropy), calling `after_backward` before each step, and returns the
+// parameters by name.
+inline std::map<std::string, torch::Tensor> train_local(NetImpl& net, torch::optim::Optimizer& opt,
+                                                        const std::vector<Batch>& batches,
+                                                        const std::function<void()>& after_backward = nullptr) {
+  for (const auto& b : batches) {
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(net.forward(b.tokens), b.target).backward();
+    if (after_backward) after_backward();
+    opt.step();
+  }
+  return named_params(net);
+}
+
 // A non-owning pointer to a group owned by the test harness.
 inline dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
   return std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});

@@ -101,17 +101,9 @@ TEST(Prefetch, LimitAllGathersBoundsFullUnits) {
 
 TEST(Prefetch, TrainingResultsDoNotChange) {
   const auto batches = make_batches(4, 12, 5);
-  std::map<std::string, torch::Tensor> reference;
-  {
-    auto net = make_net(9);
-    torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(0.01));
-    for (const auto& b : batches) {
-      opt.zero_grad();
-      torch::nn::functional::cross_entropy(net->forward(b.tokens), b.target).backward();
-      opt.step();
-    }
-    reference = named_params(*net);
-  }
+  auto ref_net = make_net(9);
+  torch::optim::AdamW ref_opt(ref_net->parameters(), torch::optim::AdamWOptions(0.01));
+  const auto reference = train_local(*ref_net, ref_opt, batches);
   run_ranks(3, [&](dist::ProcessGroup& pg) {
     for (bool fwd : {false, true}) {
       for (auto bwd : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {

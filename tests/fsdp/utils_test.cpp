@@ -29,17 +29,9 @@ torch::Tensor loss_of(torch::Tensor logits, torch::Tensor target) {
 // the concatenated batch (each micro-batch loss weighted 1/2).
 TEST(NoSync, TwoMicroBatchesEqualOneStepOnTheConcatenatedBatch) {
   const auto batches = make_batches(2, 8, 7);  // 2 steps of 8 samples
-  std::map<std::string, torch::Tensor> reference;
-  {
-    auto net = make_net(5);
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.2));
-    for (const auto& b : batches) {
-      opt.zero_grad();
-      loss_of(net->forward(b.tokens), b.target).backward();
-      opt.step();
-    }
-    reference = named_params(*net);
-  }
+  auto ref_net = make_net(5);
+  torch::optim::SGD ref_opt(ref_net->parameters(), torch::optim::SGDOptions(0.2));
+  const auto reference = train_local(*ref_net, ref_opt, batches);
   for (bool use_orig : {false, true}) {
     run_ranks(2, [&](dist::ProcessGroup& pg) {
       FullyShardedDataParallel<NetImpl> model(make_net(5), options_for(pg, use_orig));
@@ -64,18 +56,11 @@ TEST(ClipGradNorm, EqualsTheNormOfTheFullGradients) {
   for (double norm_type : {2.0, 1.0, static_cast<double>(INFINITY)}) {
     const auto batches = make_batches(2, 6, 3);
     std::vector<double> ref_norms;
-    std::map<std::string, torch::Tensor> reference;
-    {
-      auto net = make_net(8);
-      torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.5));
-      for (const auto& b : batches) {
-        opt.zero_grad();
-        loss_of(net->forward(b.tokens), b.target).backward();
-        ref_norms.push_back(torch::nn::utils::clip_grad_norm_(net->parameters(), 0.05, norm_type));
-        opt.step();
-      }
-      reference = named_params(*net);
-    }
+    auto ref_net = make_net(8);
+    torch::optim::SGD ref_opt(ref_net->parameters(), torch::optim::SGDOptions(0.5));
+    const auto reference = train_local(*ref_net, ref_opt, batches, [&] {
+      ref_norms.push_back(torch::nn::utils::clip_grad_norm_(ref_net->parameters(), 0.05, norm_type));
+    });
     for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
       for (bool use_orig : {false, true}) {
         run_ranks(3, [&](dist::ProcessGroup& pg) {
