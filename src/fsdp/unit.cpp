@@ -134,7 +134,7 @@ void UnitState::finish_unshard() {
     work.wait();
   }
   if (unsharded_) return;
-  for (auto& p : params_) p.param.set_data(full_.narrow(0, p.offset, p.numel).view(p.shape));
+  for (auto& p : params_) p.param.set_data(param_view(full_, p));
   unsharded_ = true;
 }
 
@@ -318,7 +318,7 @@ void UnitState::pre_backward() {
   for (auto& p : params_) {
     if (!p.requires_grad) continue;
     p.saved_grad = p.param.grad();
-    p.param.mutable_grad() = full_grad_.narrow(0, p.offset, p.numel).view(p.shape);
+    p.param.mutable_grad() = param_view(full_grad_, p);
   }
 }
 
@@ -418,7 +418,7 @@ void UnitState::summon(const SummonOptions& o) {
   at::Tensor full = gather_master();
   if (!keep) return;
   summon_full_ = full;
-  for (auto& p : params_) p.param.set_data(full.narrow(0, p.offset, p.numel).view(p.shape));
+  for (auto& p : params_) p.param.set_data(param_view(full, p));
 }
 
 void UnitState::unsummon(const SummonOptions& o) {

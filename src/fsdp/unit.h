@@ -27,6 +27,11 @@ struct ParamInfo {
   at::Tensor saved_grad;           // sharded gradient from before this backward
 };
 
+// Parameter `p`'s place in a full (unsharded) flat buffer, in its shape.
+inline at::Tensor param_view(const at::Tensor& flat, const ParamInfo& p) {
+  return flat.narrow(0, p.offset, p.numel).view(p.shape);
+}
+
 // Per-unit configuration resolved by wrap().
 struct UnitConfig {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;

@@ -409,7 +409,7 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::share
     flat_params.insert(unit->flat_shard().unsafeGetTensorImpl());
     at::Tensor flat = unit->gather_master();
     for (const auto& p : unit->params()) {
-      at::Tensor full = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
+      at::Tensor full = detail::param_view(flat, p).clone();
       out.emplace_back(detail::join(path, p.name), full);
       for (const auto& alias : p.aliases) out.emplace_back(detail::join(path, alias), full);
     }
