@@ -208,6 +208,11 @@ std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, Placemen
   if (placement == Placement::kAfterWrap) {
     apply_activation_checkpointing(model.ptr(), checkpoint_module_types<DropBlockImpl>());
   }
+  // Every rank has built its model before any trains: a checkpointed
+  // backward restores the (process-wide) RNG state, which would disturb a
+  // rank thread still drawing initial weights. NO_SHARD's forward has no
+  // collective to hold a fast rank back.
+  pg.barrier();
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
   const int64_t local = 12 / pg.size();
   int step = 0;

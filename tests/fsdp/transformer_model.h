@@ -78,6 +78,7 @@ inline std::map<std::string, torch::Tensor> train_transformer(dist::ProcessGroup
     return named_params(*net);
   }
   FullyShardedDataParallel<TransformerNetImpl> model(net, o);
+  pg->barrier();  // all ranks built: checkpointed backwards reset the shared RNG state
   EXPECT_EQ(fsdp_modules(model.ptr()).size(), 5u);
   EXPECT_EQ(is_checkpointed(*net->dec[1]), checkpoint);
   run([&](torch::Tensor a, torch::Tensor b) { return model(a, b); }, model->parameters());
