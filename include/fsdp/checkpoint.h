@@ -49,7 +49,9 @@ CheckpointCheck checkpoint_module_types() {
 
 // PyTorch's apply_activation_checkpointing: checkpoints every submodule of
 // `model` (not `model` itself) for which `check_fn` is true, on a plain model
-// or an FSDP-wrapped one. Throws ConfigError when check_fn selects the root,
+// or an FSDP-wrapped one. An FSDP-wrapped root may be selected too (in
+// PyTorch the wrapped module is the FSDP wrapper's child): it then runs as
+// FSDP(CheckpointWrapper(module)). Throws ConfigError when check_fn selects a plain root,
 // a module that is already checkpointed, or a module whose forward fsdp-cpp
 // cannot run (see above). Returns how many modules it checkpointed.
 int apply_activation_checkpointing(const std::shared_ptr<torch::nn::Module>& model, const CheckpointCheck& check_fn);

@@ -157,11 +157,19 @@ int apply_rec(torch::nn::Module& m, const std::string& path, const CheckpointChe
 
 int apply_activation_checkpointing(const std::shared_ptr<torch::nn::Module>& model, const CheckpointCheck& check_fn) {
   if (!model) throw ConfigError("apply_activation_checkpointing: the model is null");
+  int count = 0;
   if (check_fn(*model)) {
-    throw ConfigError("apply_activation_checkpointing: check_fn selects the root module (" + model->name() +
-                      "): checkpoint its submodules, or wrap the root in fsdp::CheckpointWrapper yourself");
+    // An FSDP root is PyTorch's FSDP(module): the module is the wrapper's
+    // child there, and checkpointing it gives FSDP(CheckpointWrapper(module)).
+    auto slot = detail::find_slot(model.get());
+    if (!slot || !slot->unit) {
+      throw ConfigError("apply_activation_checkpointing: check_fn selects the root module (" + model->name() +
+                        "): checkpoint its submodules, or wrap the root in fsdp::CheckpointWrapper yourself");
+    }
+    detail::mark_checkpointed(slot, *model);
+    ++count;
   }
-  const int count = apply_rec(*model, "", check_fn);
+  count += apply_rec(*model, "", check_fn);
   detail::interpose_sequential_elements(*model);
   return count;
 }

@@ -86,6 +86,7 @@ UnitState::UnitState(torch::nn::Module* module, std::vector<ParamInfo> params, U
     unsharded_ = true;
     reshard();
   }
+  shard_options_ = flat_shard_.options();
   accumulators_.resize(params_.size());
 }
 
@@ -115,12 +116,14 @@ void UnitState::free_full() {
 
 void UnitState::start_unshard() {
   if (unsharded_ || gathering_) return;
+  follow_module_to();
   alloc_full();
   at::NoGradGuard no_grad;
   if (shard_size_ == 1) {
     full_.copy_(flat_shard_);  // cast only
     return;
   }
+  if (padded_numel_ == 0) return;  // a unit without parameters: nothing to gather (on every rank alike)
   pending_input_ = flat_shard_.scalar_type() == compute_dtype_ ? flat_shard_ : flat_shard_.to(compute_dtype_);
   pending_gather_ = config_.shard_group->all_gather(full_, pending_input_);
   gathering_ = true;
@@ -190,9 +193,84 @@ void UnitState::reshard() {
   unsharded_ = false;
 }
 
+void UnitState::follow_module_to() {
+  if (summoned_ || gathering_ || in_backward_) return;
+  at::NoGradGuard no_grad;
+  if (config_.use_orig_params) {
+    // Module::to() gave each original parameter data of its own.
+    const at::Tensor& home = unsharded_ && !aliased_ ? full_ : flat_shard_;
+    std::optional<at::TensorOptions> moved;
+    for (const auto& p : params_) {
+      if (p.param.is_alias_of(home)) continue;
+      if (moved && (moved->dtype() != p.param.dtype() || moved->device() != p.param.device())) {
+        throw ConfigError("FSDP: the parameters of the unit at module " + module_->name() +
+                          " were moved to different dtypes or devices; expected one dtype and device per unit");
+      }
+      moved = p.param.options();
+    }
+    if (!moved) return;
+    if (unsharded_ && !aliased_) {
+      throw ConfigError("FSDP: Module::to() on the unit at module " + module_->name() +
+                        " while its full parameters are in use (between forward and backward)");
+    }
+    at::Tensor shard = at::zeros({shard_numel_}, moved->requires_grad(false));
+    for (const auto& p : params_) {
+      at::Tensor dst = sharded_view(shard, p);
+      if (!p.param.is_alias_of(home)) {
+        dst.copy_(p.param.reshape(dst.sizes()));
+      } else {
+        dst.copy_(sharded_view(flat_shard_, p));
+      }
+    }
+    flat_shard_ = shard;
+  } else if (flat_shard_.dtype() == shard_options_.dtype() && flat_shard_.device() == shard_options_.device()) {
+    return;
+  }
+  // The flat parameter (a TensorImpl the optimizer references) has new data.
+  shard_options_ = flat_shard_.options();
+  compute_dtype_ = config_.param_dtype.value_or(flat_shard_.scalar_type());
+  aliased_ = shard_size_ == 1 && compute_dtype_ == flat_shard_.scalar_type();
+  if (aliased_) {
+    full_ = flat_shard_;
+    set_sharded_data();
+    unsharded_ = true;
+  } else {
+    full_ = at::empty({padded_numel_}, shard_options_.dtype(compute_dtype_).requires_grad(false));
+    free_full();
+    set_sharded_data();
+    unsharded_ = false;
+  }
+}
+
+bool UnitState::awaiting_backward() const {
+  auto root = root_.lock();
+  return in_backward_ || (root && root->awaiting_backward_);
+}
+
+int UnitState::world_rank() const {
+  const int rank = config_.shard_group ? config_.shard_group->rank() : 0;
+  return config_.replicate_group ? config_.replicate_group->rank() * shard_size_ + rank : rank;
+}
+
+void UnitState::register_original_params() {
+  if (config_.use_orig_params || params_.empty()) return;
+  parameters_of(*module_).erase("flat_param");
+  for (const auto& p : params_) {
+    for (const auto& [owner, key] : p.places) parameters_of(*owner).insert(key, p.param);
+  }
+}
+
+void UnitState::register_flat_param() {
+  if (config_.use_orig_params || params_.empty()) return;
+  for (const auto& p : params_) {
+    for (const auto& [owner, key] : p.places) parameters_of(*owner).erase(key);
+  }
+  parameters_of(*module_).insert("flat_param", flat_shard_);
+}
+
 at::Tensor UnitState::gather_master() const {
   at::NoGradGuard no_grad;
-  if (shard_size_ == 1) return flat_shard_.clone();
+  if (shard_size_ == 1 || padded_numel_ == 0) return flat_shard_.clone();
   at::Tensor full = at::empty({padded_numel_}, flat_shard_.options());
   config_.shard_group->all_gather(full, flat_shard_).wait();
   return full;
@@ -203,6 +281,7 @@ void UnitState::lazy_init_root() {
     at::NoGradGuard no_grad;
     for (auto& b : module_->buffers(/*recurse=*/true)) {
       if (at::isFloatingType(b.scalar_type()) && b.scalar_type() != *config_.buffer_dtype) {
+        cast_buffers_.emplace_back(b, b.scalar_type());
         b.set_data(b.to(*config_.buffer_dtype));
       }
     }
@@ -237,6 +316,7 @@ void UnitState::pre_forward() {
     if (is_root_ && tl_forward_depth == 0) {  // a new iteration: keep the last order for prefetching
       if (!root->order_.empty()) root->last_order_ = std::move(root->order_);
       root->order_.clear();
+      root->awaiting_backward_ = false;
     }
     root->order_.push_back(weak_from_this());
   }
@@ -259,6 +339,7 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
   const bool grad_mode = at::GradMode::is_enabled() && grads_expected_ > 0;
   bool hooked = false;
   if (grad_mode) {
+    if (auto root = root_.lock()) root->awaiting_backward_ = true;
     hook_accumulators();
     std::weak_ptr<UnitState> weak = weak_from_this();
     for (const auto& t : outputs) {
@@ -387,6 +468,7 @@ void UnitState::post_backward() {
 
 void UnitState::finish_backward() {
   callback_queued_ = false;
+  awaiting_backward_ = false;
   for (auto& weak : tree_) {
     auto u = weak.lock();
     if (!u) continue;
@@ -404,6 +486,7 @@ void UnitState::finish_backward() {
 void UnitState::summon(const SummonOptions& o) {
   if (summoned_) throw ConfigError("FSDP: summon_full_params inside summon_full_params of the same unit");
   if (in_backward_) throw ConfigError("FSDP: summon_full_params during backward");
+  follow_module_to();
   summon_was_unsharded_ = unsharded_;
   summoned_ = true;
   const int rank = config_.shard_group ? config_.shard_group->rank() : 0;
@@ -411,6 +494,7 @@ void UnitState::summon(const SummonOptions& o) {
   const bool keep = !o.rank0_only || world_rank == 0;
   if (aliased_) {  // whole parameters, used in place (offload_to_cpu too: they are on CPU)
     if (!o.writeback) summon_snapshot_ = flat_shard_.clone();
+    register_original_params();
     return;
   }
   // Full parameters in the master dtype (so that writeback loses nothing
@@ -419,12 +503,14 @@ void UnitState::summon(const SummonOptions& o) {
   if (!keep) return;
   summon_full_ = full;
   for (auto& p : params_) p.param.set_data(param_view(full, p));
+  register_original_params();
 }
 
 void UnitState::unsummon(const SummonOptions& o) {
   if (!summoned_) return;
   summoned_ = false;
   at::NoGradGuard no_grad;
+  if (aliased_ || summon_full_.defined()) register_flat_param();
   if (aliased_) {
     if (summon_snapshot_.defined()) flat_shard_.copy_(summon_snapshot_);
     summon_snapshot_ = at::Tensor();

@@ -12,6 +12,7 @@
 #include "fsdp/detail/unit.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/state_dict.h"
 
 namespace fsdp::detail {
 
@@ -20,6 +21,9 @@ struct ParamInfo {
   at::Tensor param;                // the original parameter; its TensorImpl never changes
   std::string name;                // path relative to the unit's module
   std::vector<std::string> aliases;  // further names of a tied parameter (relative)
+  // Where the parameter was registered: (module, key) for the name and each
+  // alias, in the unwrapped model's order.
+  std::vector<std::pair<torch::nn::Module*, std::string>> places;
   std::vector<int64_t> shape;
   int64_t offset = 0;              // in the unpadded flat parameter
   int64_t numel = 0;
@@ -83,6 +87,24 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // Root bookkeeping (set at the root's first forward).
   void lazy_init_root();
 
+  // Adopts a dtype or device change made by Module::to() (model->to(kHalf)):
+  // the flat parameter's new data (use_orig_params=false) or the original
+  // parameters' (true) becomes the shard. Called before every use of the shard.
+  void follow_module_to();
+  // True from a forward that will be differentiated until its backward ends
+  // (or the next forward of the root starts).
+  bool awaiting_backward() const;
+  bool summoned() const { return summoned_; }
+  // Rank in the unit's whole world (replicate rank * shard size + shard rank).
+  int world_rank() const;
+  // Buffers cast by mixed precision, with their original dtypes (root only).
+  const std::vector<std::pair<at::Tensor, at::ScalarType>>& cast_buffers() const { return cast_buffers_; }
+  std::shared_ptr<UnitState> root() const { return root_.lock(); }
+
+  // State dict type and config (StateDictTypeGuard).
+  StateDictType state_dict_type = StateDictType::kFull;
+  StateDictConfig state_dict_config = FullStateDictConfig{};
+
   torch::nn::Module* module() const { return module_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const UnitConfig& config() const { return config_; }
@@ -116,6 +138,10 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void prefetch(int step);
   void free_full();
   void hook_accumulators();
+  // Summon with use_orig_params=false: the original parameters take the
+  // flat parameter's place in the modules' registries, and back.
+  void register_original_params();
+  void register_flat_param();
 
   torch::nn::Module* module_;
   std::vector<ParamInfo> params_;
@@ -124,6 +150,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   int shard_rank_ = 0;
   at::ScalarType compute_dtype_ = at::kFloat;
   bool aliased_ = false;  // shard size 1 and no cast: full_ is flat_shard_, never freed
+  at::TensorOptions shard_options_;  // the shard's dtype and device, as last seen
   int64_t numel_ = 0;
   int64_t padded_numel_ = 0;
   int64_t shard_numel_ = 0;
@@ -147,6 +174,8 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   bool in_backward_ = false;      // pre_backward ran, post_backward not yet
 
   // Root only.
+  bool awaiting_backward_ = false;
+  std::vector<std::pair<at::Tensor, at::ScalarType>> cast_buffers_;
   bool is_root_ = false;
   bool callback_queued_ = false;
   std::vector<std::weak_ptr<UnitState>> tree_;  // every unit of the root's tree, pre-order
@@ -167,6 +196,9 @@ std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m,
 // Gives every Sequential element under `root` that is a unit or checkpointed
 // (wrapped before it was placed there) the stand-in that runs it.
 void interpose_sequential_elements(torch::nn::Module& root);
+
+// The parameter registry of any module (torch::nn::Module keeps it protected).
+torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m);
 
 // Parameters of `model` that no unit owns (ignored modules), each once.
 std::vector<at::Tensor> unowned_params(const std::shared_ptr<torch::nn::Module>& model);

@@ -71,15 +71,6 @@ std::shared_ptr<UnitState> owner_of(const at::Tensor& p) {
   return it == r.owners.end() ? nullptr : it->second.lock();
 }
 
-// torch::nn::Module keeps its parameters in a protected member; a pointer to
-// it, formed in a derived class, reads it on any module. Used to take the
-// original parameters out of the registry when a flat parameter replaces them.
-struct ParameterAccess : torch::nn::Module {
-  static torch::OrderedDict<std::string, at::Tensor>& of(torch::nn::Module& m) {
-    return m.*(&ParameterAccess::parameters_);
-  }
-};
-
 // Stands in for a Sequential element that became a unit: Sequential calls
 // it instead of the element. Not registered as a child, so names stay.
 class SequentialElementImpl : public torch::nn::Module {
@@ -93,6 +84,14 @@ class SequentialElementImpl : public torch::nn::Module {
  private:
   torch::nn::AnyModule original_;
   std::shared_ptr<Slot> slot_;
+};
+
+// torch::nn::Module keeps its parameters in a protected member; a pointer to
+// it, formed in a derived class, reads it on any module.
+struct ParameterAccess : torch::nn::Module {
+  static torch::OrderedDict<std::string, at::Tensor>& of(torch::nn::Module& m) {
+    return m.*(&ParameterAccess::parameters_);
+  }
 };
 
 std::string join(const std::string& prefix, const std::string& name) {
@@ -130,10 +129,12 @@ void collect_params(const WrapContext& ctx, torch::nn::Module& m, const std::str
     auto same = std::find_if(out.begin(), out.end(), [&](const ParamInfo& x) { return x.param.is_same(p); });
     if (same != out.end()) {
       same->aliases.push_back(name);
+      same->places.emplace_back(&m, item.key());
     } else {
       ParamInfo info;
       info.param = p;
       info.name = name;
+      info.places.emplace_back(&m, item.key());
       out.push_back(std::move(info));
     }
     registrations.emplace_back(&m, item.key());
@@ -169,12 +170,14 @@ std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& 
     for (auto& [owner, name] : registrations) ParameterAccess::of(*owner).erase(name);
     bool any_grad = false;
     for (const auto& p : unit->params()) any_grad |= p.requires_grad;
-    m.register_parameter("flat_param", unit->flat_shard(), any_grad);
+    if (!unit->params().empty()) m.register_parameter("flat_param", unit->flat_shard(), any_grad);
   }
   return unit;
 }
 
 }  // namespace
+
+torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m) { return ParameterAccess::of(m); }
 
 std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m, const std::string& path,
                                 const std::string& why) {

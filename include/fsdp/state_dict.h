@@ -1,0 +1,189 @@
+// fsdp/state_dict.h — model state dicts with PyTorch FSDP's semantics.
+//
+// LibTorch modules have no state_dict(); these functions give one to any
+// module, wrapped or not, with the keys of the unwrapped model (parameters,
+// then persistent buffers, module by module in registration order — PyTorch's
+// order; tied parameters under each of their names). On a model with FSDP
+// units the value of each key depends on the units' state dict type:
+//
+//   FULL_STATE_DICT    the full tensor, gathered unit by unit (a collective),
+//                      in the parameters' own (master) dtype — float32 under
+//                      mixed precision. FullStateDictConfig{rank0_only,
+//                      offload_to_cpu}: with rank0_only only rank 0 gets the
+//                      units' entries (an FSDP root gives the other ranks an
+//                      empty dict); offload_to_cpu puts every tensor on CPU.
+//                      Peak extra memory: the result plus one unit's flat
+//                      parameter.
+//   LOCAL_STATE_DICT   one entry per unit, "<unit path>.flat_param": this
+//                      rank's shard of the unit's flat parameter (unpadded),
+//                      as a ShardedTensor over the flat parameter. No copy:
+//                      the shard's own memory (clone it to keep a snapshot).
+//   SHARDED_STATE_DICT every parameter as a ShardedTensor: its global shape
+//                      and the pieces of it this rank holds (offsets, sizes),
+//                      views of the shard, no gather, no copy.
+//
+// Parameters outside every unit (ignored modules, a non-FSDP root's own
+// layers) and all buffers are returned as they are (same data pointer); a
+// buffer that mixed precision cast to buffer_dtype comes back in its original
+// dtype (a copy). Non-persistent buffers (set_persistent) are left out.
+//
+// Loading writes into this rank's shards (and plain parameters and buffers);
+// it needs no collective. A key's value may be a full tensor or any
+// ShardedTensor that holds the part this rank needs (the same sharding, or a
+// gathered one); LOCAL_STATE_DICT entries must come from the same sharding.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "fsdp/dist/process_group.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace fsdp::detail {
+class UnitState;
+}
+
+namespace fsdp {
+
+enum class StateDictType { kFull, kLocal, kSharded };
+
+// "FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT".
+const char* to_string(StateDictType type);
+
+struct FullStateDictConfig {
+  bool rank0_only = false;      // only rank 0 receives the gathered tensors
+  bool offload_to_cpu = false;  // tensors on CPU
+};
+struct LocalStateDictConfig {
+  bool offload_to_cpu = false;
+};
+struct ShardedStateDictConfig {
+  bool offload_to_cpu = false;
+};
+using StateDictConfig = std::variant<FullStateDictConfig, LocalStateDictConfig, ShardedStateDictConfig>;
+
+// The name of a config's type ("FullStateDictConfig", ...).
+const char* config_name(const StateDictConfig& config);
+
+// One piece of a tensor: the box [offsets, offsets + tensor.sizes()).
+struct Shard {
+  std::vector<int64_t> offsets;
+  at::Tensor tensor;
+};
+
+// This rank's pieces of a tensor of `global_shape` (PyTorch's ShardedTensor
+// with its local shards). Pieces held by one rank never overlap.
+struct ShardedTensor {
+  std::vector<int64_t> global_shape;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<Shard> local_shards;
+
+  int64_t global_numel() const;
+  int64_t local_numel() const;
+};
+
+using StateValue = std::variant<at::Tensor, ShardedTensor>;
+
+// An ordered map from names to tensors or sharded tensors.
+class StateDict {
+ public:
+  using Entry = std::pair<std::string, StateValue>;
+
+  // Adds `key` at the end; ConfigError if it is already there.
+  void insert(const std::string& key, StateValue value);
+  // Replaces the value of `key`, or adds it at the end.
+  void set(const std::string& key, StateValue value);
+  bool contains(const std::string& key) const { return index_.count(key) > 0; }
+  // ConfigError naming the key if it is absent.
+  const StateValue& at(const std::string& key) const;
+  // The value as a tensor / a sharded tensor; ConfigError if it is the other kind.
+  const at::Tensor& tensor(const std::string& key) const;
+  const ShardedTensor& sharded(const std::string& key) const;
+  bool is_sharded(const std::string& key) const;
+  void erase(const std::string& key);
+
+  std::vector<std::string> keys() const;
+  size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+  std::vector<Entry>::const_iterator begin() const { return entries_.begin(); }
+  std::vector<Entry>::const_iterator end() const { return entries_.end(); }
+
+ private:
+  std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+// [collective on models with FULL_STATE_DICT units; local otherwise]
+// The state dict of `model` (see the top of this file), keys prefixed by
+// `prefix` (e.g. "model."). Every rank must call it when it is collective.
+StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix = "");
+
+// [local] Loads `state` into `model` (wrapped or not) under the units' state
+// dict type. strict: every expected key present and no other (all missing
+// and unexpected keys are reported in one ConfigError). A shape mismatch is
+// an error in either mode, reported together with the others. Loading
+// between a forward and its backward, or inside summon_full_params, is a
+// ConfigError.
+void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state, bool strict = true);
+
+// PyTorch's FSDP.state_dict_type(model, type, config): sets the state dict
+// type (and config: the default of the type when absent) of every FSDP unit
+// in `model` for the guard's lifetime, then restores each unit's previous
+// setting. A config of another type than `type` is a ConfigError whose
+// message contains "Expected state_dict_config of type". Local.
+class StateDictTypeGuard {
+ public:
+  StateDictTypeGuard(const std::shared_ptr<torch::nn::Module>& model, StateDictType type,
+                     std::optional<StateDictConfig> config = std::nullopt);
+  ~StateDictTypeGuard();
+  StateDictTypeGuard(const StateDictTypeGuard&) = delete;
+  StateDictTypeGuard& operator=(const StateDictTypeGuard&) = delete;
+
+ private:
+  struct Saved {
+    std::shared_ptr<detail::UnitState> unit;
+    StateDictType type;
+    StateDictConfig config;
+  };
+  std::vector<Saved> saved_;
+};
+
+// [local] The state dict type of the FSDP unit at `unit_module` (FULL for a
+// module that is not a unit).
+StateDictType state_dict_type_of(const torch::nn::Module& unit_module);
+
+// [collective over `group`: one bytes all-gather, then one all-gather per
+// sharded entry] Replaces every ShardedTensor of `state` by the full tensor,
+// assembled from the pieces all ranks of `group` hold (PyTorch's
+// _gather_state_dict). Plain tensors are kept as they are. ConfigError
+// naming the key if the pieces do not cover the tensor.
+StateDict gather_state_dict(const StateDict& state, dist::ProcessGroup& group);
+
+// [local] Marks buffer `name` of `module` (not of its children) as
+// persistent or not (PyTorch's register_buffer(..., persistent=False)):
+// non-persistent buffers are left out of state dicts. ConfigError if the
+// module has no such buffer.
+void set_persistent(torch::nn::Module& module, const std::string& name, bool persistent);
+bool is_persistent(const torch::nn::Module& module, const std::string& name);
+
+// [local] Splits elements [begin, end) of a row-major tensor of `shape` into
+// the fewest boxes (at most 2 * ndim - 1) in flat order, as (offsets, sizes)
+// pairs. A 0-dim shape gives one box with no dimensions.
+std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_range_boxes(const std::vector<int64_t>& shape,
+                                                                                    int64_t begin, int64_t end);
+
+// [local] Copies into `target` (a tensor of the box target_offsets +
+// target.sizes() of a global tensor) whatever part of it `shards` hold;
+// returns the number of elements copied.
+int64_t copy_overlap(at::Tensor& target, const std::vector<int64_t>& target_offsets, const std::vector<Shard>& shards);
+
+}  // namespace fsdp
