@@ -35,6 +35,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,6 +122,11 @@ class StateDict {
   std::vector<Entry> entries_;
   std::unordered_map<std::string, size_t> index_;
 };
+
+// [local] `state` with fn applied to every tensor (to each local piece of a
+// ShardedTensor), e.g. clone (a deep copy: state dicts alias the model's
+// memory) or a move to CPU.
+StateDict map_tensors(const StateDict& state, const std::function<at::Tensor(const at::Tensor&)>& fn);
 
 // [collective on models with FULL_STATE_DICT units; local otherwise]
 // The state dict of `model` (see the top of this file), keys prefixed by

@@ -10,12 +10,12 @@
 #include <unordered_set>
 
 #include "fsdp/error.h"
+#include "state_dict_walk.h"
 #include "unit.h"
 
 namespace fsdp {
 
-using detail::ParamInfo;
-using detail::UnitState;
+using namespace detail;
 
 // ---------------------------------------------------------------------------
 // Types.
@@ -37,7 +37,7 @@ const char* config_name(const StateDictConfig& config) {
   }
 }
 
-namespace {
+namespace detail {
 
 int64_t product(const std::vector<int64_t>& v) {
   int64_t n = 1;
@@ -53,7 +53,7 @@ std::string shape_str(at::IntArrayRef shape) {
   return os.str();
 }
 
-}  // namespace
+}  // namespace detail
 
 int64_t ShardedTensor::global_numel() const { return product(global_shape); }
 
@@ -113,6 +113,20 @@ void StateDict::erase(const std::string& key) {
 std::vector<std::string> StateDict::keys() const {
   std::vector<std::string> out;
   for (const auto& e : entries_) out.push_back(e.first);
+  return out;
+}
+
+StateDict map_tensors(const StateDict& state, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  StateDict out;
+  for (const auto& [key, v] : state) {
+    if (std::holds_alternative<at::Tensor>(v)) {
+      out.insert(key, fn(std::get<at::Tensor>(v)));
+    } else {
+      ShardedTensor st = std::get<ShardedTensor>(v);
+      for (auto& s : st.local_shards) s.tensor = fn(s.tensor);
+      out.insert(key, std::move(st));
+    }
+  }
   return out;
 }
 
@@ -276,21 +290,7 @@ int64_t copy_overlap(at::Tensor& target, const std::vector<int64_t>& target_offs
 // ---------------------------------------------------------------------------
 // The model walk: every key of a state dict, in PyTorch's order.
 
-namespace {
-
-struct Owned {
-  UnitState* unit;
-  const ParamInfo* param;
-};
-
-struct ModelIndex {
-  std::vector<std::shared_ptr<UnitState>> units;
-  std::unordered_map<const torch::nn::Module*, std::vector<std::pair<std::string, Owned>>> owned;
-  std::unordered_map<const c10::TensorImpl*, Owned> by_impl;
-  std::unordered_set<const c10::TensorImpl*> flat_impls;
-  std::unordered_map<const torch::nn::Module*, UnitState*> unit_at;
-  std::unordered_map<const c10::TensorImpl*, at::ScalarType> cast_buffers;
-};
+namespace detail {
 
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
   ModelIndex idx;
@@ -308,14 +308,6 @@ ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
   }
   return idx;
 }
-
-struct Item {
-  enum Kind { kFlat, kOwned, kParam, kBuffer } kind;
-  std::string key;
-  UnitState* unit = nullptr;
-  const ParamInfo* param = nullptr;
-  at::Tensor tensor;  // kParam, kBuffer
-};
 
 void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx, StateDictType type,
           std::vector<Item>& out) {
@@ -378,10 +370,10 @@ int64_t shard_index(const UnitState& u, const ParamInfo& p, int64_t rel) {
 }
 
 // This rank's pieces of p: views of the shard.
-std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p) {
+std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p, const at::Tensor& shard_like) {
   std::vector<Shard> out;
   auto [lo, hi] = local_range(u, p);
-  at::Tensor flat = u.flat_shard().detach();
+  at::Tensor flat = (shard_like.defined() ? shard_like : u.flat_shard()).detach();
   int64_t cursor = shard_index(u, p, lo);
   for (auto& [offsets, sizes] : flat_range_boxes(p.shape, lo, hi)) {
     const int64_t n = product(sizes);
@@ -421,7 +413,7 @@ void check_idle(const ModelIndex& idx, const char* what) {
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix) {
   if (!model) throw ConfigError("state_dict: the model is null");
@@ -488,7 +480,7 @@ StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std:
   return out;
 }
 
-namespace {
+namespace detail {
 
 std::vector<int64_t> value_shape(const StateValue& v) {
   if (std::holds_alternative<at::Tensor>(v)) return std::get<at::Tensor>(v).sizes().vec();
@@ -515,7 +507,7 @@ bool copy_range(const StateValue& value, const std::vector<int64_t>& shape, int6
   return copied == hi - lo;
 }
 
-}  // namespace
+}  // namespace detail
 
 void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state, bool strict) {
   if (!model) throw ConfigError("load_state_dict: the model is null");

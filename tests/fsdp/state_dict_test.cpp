@@ -349,16 +349,7 @@ TEST_P(TestFSDPStateDictAfterForward, SaveAndLoadAfterForwardStateDict) {
     StateDict sd;
     {
       auto mgr = state_dict_mgr(model.module, type, rank0);
-      StateDict raw = state_dict(model.module);
-      for (const auto& [key, v] : raw) {  // a copy: the values may alias the shards
-        if (std::holds_alternative<torch::Tensor>(v)) {
-          sd.insert(key, std::get<torch::Tensor>(v).clone());
-        } else {
-          ShardedTensor st = std::get<ShardedTensor>(v);
-          for (auto& s : st.local_shards) s.tensor = s.tensor.clone();
-          sd.insert(key, st);
-        }
-      }
+      sd = map_tensors(state_dict(model.module), [](const torch::Tensor& t) { return t.clone(); });
     }
     validate_state_dict_contents(pg.rank(), true, sd, type, rank0);
     zero_model(model.module);
@@ -413,19 +404,7 @@ std::vector<torch::Tensor> dist_train(dist::ProcessGroup* pg, StateDictType type
       StateDictTypeGuard guard(model.module, type);
       sd = state_dict(model.module);
     }
-    if (move_to_cpu) {
-      StateDict moved;
-      for (const auto& [key, v] : sd) {
-        if (std::holds_alternative<torch::Tensor>(v)) {
-          moved.insert(key, std::get<torch::Tensor>(v).cpu());
-        } else {
-          ShardedTensor st = std::get<ShardedTensor>(v);
-          for (auto& s : st.local_shards) s.tensor = s.tensor.cpu();
-          moved.insert(key, st);
-        }
-      }
-      sd = moved;
-    }
+    if (move_to_cpu) sd = map_tensors(sd, [](const torch::Tensor& t) { return t.cpu(); });
     {
       StateDictTypeGuard guard(blank_model.ptr(), type);
       load_state_dict(blank_model.ptr(), sd, /*strict=*/true);
