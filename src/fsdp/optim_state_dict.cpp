@@ -298,7 +298,7 @@ at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(static_cast<doub
 
 // FULL: the state of one unit's parameters, gathered over its shard group.
 void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, UnitState& u,
-                 const std::vector<OptParam>& in_optimizer, bool emit, bool to_cpu, StateDict& out) {
+                 const std::vector<OptParam>& in_optimizer, bool emit, bool to_cpu, const StateSink& out) {
   // The unit's parameters the optimizer holds state for, in unit order.
   std::vector<const ParamInfo*> ps;
   std::vector<OptimizerParamState*> states;
@@ -365,19 +365,19 @@ void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
     if (!emit) continue;
     for (size_t i = 0; i < ps.size(); ++i) {
       if (merged[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)].item<double>() == 0) continue;
-      out.insert(naming.owned.at(ps[i]) + "." + kind.fields[f], offload(param_view(full, *ps[i]).clone(), to_cpu));
+      out(naming.owned.at(ps[i]) + "." + kind.fields[f], offload(param_view(full, *ps[i]).clone(), to_cpu));
     }
   }
   if (!emit || !kind.has_step) return;
   for (size_t i = 0; i < ps.size(); ++i) {
     const double step = merged[static_cast<int64_t>(i) * width + width - 1].item<double>();
-    if (step > 0) out.insert(naming.owned.at(ps[i]) + ".step", step_tensor(static_cast<int64_t>(step) - 1));
+    if (step > 0) out(naming.owned.at(ps[i]) + ".step", step_tensor(static_cast<int64_t>(step) - 1));
   }
 }
 
 // SHARDED, or FULL for a parameter outside every unit: this rank's state of one optimizer tensor.
 void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, const OptParam& op,
-                 bool full, bool to_cpu, StateDict& out) {
+                 bool full, bool to_cpu, const StateSink& out) {
   OptimizerParamState* st = state_of(opt, op.tensor);
   if (!st) return;
   std::vector<const ParamInfo*> ps;
@@ -393,7 +393,7 @@ void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
       if (!t.defined()) continue;
       t = t.detach();
       if (!op.unit) {  // whole on every rank
-        out.insert(name + "." + f, offload(full ? t.clone() : t, to_cpu));
+        out(name + "." + f, offload(full ? t.clone() : t, to_cpu));
         continue;
       }
       ShardedTensor value{p->shape, t.scalar_type(), {}};
@@ -404,16 +404,18 @@ void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
         value.local_shards = pieces(p->shape, lo, hi, t.reshape({-1}));
       }
       for (auto& s : value.local_shards) s.tensor = offload(s.tensor, to_cpu);
-      out.insert(name + "." + f, std::move(value));
+      out(name + "." + f, std::move(value));
     }
-    if (kind.has_step) out.insert(name + ".step", step_tensor(kind.get_step(*st)));
+    if (kind.has_step) out(name + ".step", step_tensor(kind.get_step(*st)));
   }
 }
 
 }  // namespace
 
-OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
-                                const torch::optim::Optimizer& optimizer) {
+namespace detail {
+
+std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
+                                                   const torch::optim::Optimizer& optimizer, const StateSink& sink) {
   if (!model) throw ConfigError("optim_state_dict: the model is null");
   const Kind kind = kind_of(optimizer);
   Naming naming(model);
@@ -430,12 +432,12 @@ OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
     emit = naming.idx.units.front()->world_rank() == 0;
   }
   const auto groups = classify_all(naming, optimizer);
-  OptimStateDict out;
+  std::vector<OptimParamGroup> out;
   std::unordered_set<const UnitState*> done;
   for (const auto& group : groups) {
     for (const auto& op : group) {
       if (!full || !op.unit) {
-        if (emit || !full) local_state(kind, optimizer, naming, op, full, to_cpu, out.state);
+        if (emit || !full) local_state(kind, optimizer, naming, op, full, to_cpu, sink);
         continue;
       }
       if (!done.insert(op.unit).second) continue;
@@ -445,7 +447,7 @@ OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
           if (x.unit == op.unit) of_unit.push_back(x);
         }
       }
-      gather_unit(kind, optimizer, naming, *op.unit, of_unit, emit, to_cpu, out.state);
+      gather_unit(kind, optimizer, naming, *op.unit, of_unit, emit, to_cpu, sink);
     }
   }
   if (!emit) return out;
@@ -455,8 +457,19 @@ OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
       for (auto& n : naming.names(op)) pg.params.push_back(n);
     }
     pg.options = kind.read(optimizer.param_groups()[g].options());
-    out.param_groups.push_back(std::move(pg));
+    out.push_back(std::move(pg));
   }
+  return out;
+}
+
+}  // namespace detail
+
+OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
+                                const torch::optim::Optimizer& optimizer) {
+  OptimStateDict out;
+  out.param_groups = visit_optim_state_dict(model, optimizer, [&](const std::string& key, StateValue v) {
+    out.state.insert(key, std::move(v));
+  });
   return out;
 }
 

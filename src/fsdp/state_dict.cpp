@@ -415,7 +415,10 @@ void check_idle(const ModelIndex& idx, const char* what) {
 
 }  // namespace detail
 
-StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix) {
+namespace detail {
+
+std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
+                                          const StateSink& sink) {
   if (!model) throw ConfigError("state_dict: the model is null");
   ModelIndex idx = index_model(model);
   check_idle(idx, "state_dict");
@@ -432,51 +435,67 @@ StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std:
     emit_plain = rank0 || !idx.unit_at.count(model.get());  // a non-FSDP root's own parts stay on every rank
   }
 
-  StateDict out;
-  // FULL: each unit's parameters, gathered when its first key comes up.
-  std::unordered_map<const ParamInfo*, at::Tensor> gathered;
+  std::vector<std::string> keys;
+  // FULL: a unit is gathered when its first key comes up, and all its keys
+  // are handed over then, so that one unit is alive at a time.
+  std::unordered_map<const UnitState*, std::vector<const Item*>> unit_items;
+  for (const auto& item : items) {
+    if (item.kind == Item::kOwned) unit_items[item.unit].push_back(&item);
+  }
   std::unordered_set<const UnitState*> done;
   at::NoGradGuard no_grad;
   for (const auto& item : items) {
     switch (item.kind) {
-      case Item::kFlat:
-        out.insert(item.key, [&] {
-          ShardedTensor st = local_flat(*item.unit);
-          for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
-          return st;
-        }());
+      case Item::kFlat: {
+        ShardedTensor st = local_flat(*item.unit);
+        for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
+        sink(item.key, std::move(st));
         break;
+      }
       case Item::kOwned: {
         const UnitState& u = *item.unit;
         const ParamInfo& p = *item.param;
         if (type == StateDictType::kSharded) {
           ShardedTensor st{p.shape, u.flat_shard().scalar_type(), local_shards(u, p)};
           for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
-          out.insert(item.key, std::move(st));
+          sink(item.key, std::move(st));
           break;
         }
-        if (!done.count(&u)) {  // [collective] one all-gather per unit
-          done.insert(&u);
-          at::Tensor flat = u.gather_master();
-          if (emit_units) {
-            for (const auto& q : u.params()) gathered[&q] = offload(detail::param_view(flat, q).clone(), to_cpu);
-          }
+        if (!done.insert(&u).second) break;  // handed over with the unit's first key
+        at::Tensor flat = u.gather_master();  // [collective] one all-gather per unit
+        if (!emit_units) break;
+        std::unordered_map<const ParamInfo*, at::Tensor> full;  // tied parameters: one tensor, every name
+        for (const Item* it : unit_items.at(&u)) {
+          auto f = full.find(it->param);
+          if (f == full.end()) f = full.emplace(it->param, offload(param_view(flat, *it->param).clone(), to_cpu)).first;
+          sink(it->key, f->second);
         }
-        if (emit_units) out.insert(item.key, gathered.at(&p));
         break;
       }
       case Item::kParam:
-        if (emit_plain) out.insert(item.key, offload(item.tensor.detach(), to_cpu));
+        if (emit_plain) sink(item.key, offload(item.tensor.detach(), to_cpu));
         break;
       case Item::kBuffer: {
         if (!emit_plain) break;
         auto cast = idx.cast_buffers.find(item.tensor.unsafeGetTensorImpl());
         at::Tensor b = cast == idx.cast_buffers.end() ? item.tensor : item.tensor.to(cast->second);
-        out.insert(item.key, offload(b, to_cpu));
+        sink(item.key, offload(b, to_cpu));
         break;
       }
     }
+    const bool emitted = item.kind == Item::kOwned ? emit_units : item.kind == Item::kFlat || emit_plain;
+    if (emitted) keys.push_back(item.key);
   }
+  return keys;
+}
+
+}  // namespace detail
+
+StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix) {
+  std::unordered_map<std::string, StateValue> values;
+  auto keys = visit_state_dict(model, prefix, [&](const std::string& key, StateValue v) { values.emplace(key, std::move(v)); });
+  StateDict out;
+  for (const auto& key : keys) out.insert(key, std::move(values.at(key)));
   return out;
 }
 

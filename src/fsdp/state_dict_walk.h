@@ -2,6 +2,7 @@
 // optimizer state dicts share. Private to the library.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -9,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/optim_state_dict.h"
 #include "fsdp/state_dict.h"
 #include "unit.h"
 
@@ -59,6 +61,20 @@ int64_t shard_index(const UnitState& u, const ParamInfo& p, int64_t rel);
 std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p, const at::Tensor& shard_like = {});
 // The unpadded part of the unit's flat shard, as a sharded flat parameter.
 ShardedTensor local_flat(const UnitState& u);
+
+// Receives the entries of a state dict one by one.
+using StateSink = std::function<void(const std::string& key, StateValue value)>;
+
+// state_dict(), handing each entry to `sink` as soon as it exists (FULL: a
+// unit's entries right after its gather, so that one unit is alive at a
+// time). Returns the keys handed over, in the state dict's order.
+std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
+                                          const StateSink& sink);
+
+// optim_state_dict(), handing each state entry to `sink` as it exists (FULL:
+// one unit's gathered state at a time); returns the parameter groups.
+std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
+                                                   const torch::optim::Optimizer& optimizer, const StateSink& sink);
 
 at::Tensor offload(const at::Tensor& t, bool to_cpu);
 bool offload_of(const StateDictConfig& c);
