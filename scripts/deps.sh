@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what fsdp-cpp needs to build and test on Debian 12, if missing:
 # LibTorch (CPU) with c10d, Gloo's headers, an optimized BLAS (Debian's
-# default reference BLAS makes LibTorch about 20x slower), GoogleTest, CMake.
+# default reference BLAS makes LibTorch about 20x slower), GoogleTest, CMake,
+# CLI11, nlohmann-json and zlib (checkpoints), and python3-torch (the tests
+# open checkpoints in Python).
 set -euo pipefail
 
-packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev libcli11-dev)
+packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev libcli11-dev
+          nlohmann-json3-dev zlib1g-dev python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -496,7 +496,11 @@ void load_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model, torc
       for (const auto& op : groups[g]) {
         for (auto& n : naming.names(op)) names.push_back(n);
       }
-      if (names != state.param_groups[g].params) {
+      // Groups are sets: use_orig_params and flat parameters list the same names in other orders.
+      auto want = state.param_groups[g].params;
+      std::sort(names.begin(), names.end());
+      std::sort(want.begin(), want.end());
+      if (names != want) {
         errors.push_back("param_groups[" + std::to_string(g) + "] holds [" + join(state.param_groups[g].params) +
                          "] but the optimizer's group holds [" + join(names) + "]");
       }

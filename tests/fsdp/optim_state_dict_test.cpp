@@ -10,7 +10,7 @@
 #include "fsdp/error.h"
 #include "fsdp/optim_state_dict.h"
 #include "fsdp/state_dict.h"
-#include "models.h"
+#include "trainer.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -20,42 +20,9 @@ namespace {
 constexpr int64_t kGlobalBatch = 12;
 constexpr int kStepsBefore = 3, kStepsAfter = 3;
 
-enum class Opt { kSgd, kAdamW };
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Opt opt, std::vector<torch::Tensor> params) {
-  if (opt == Opt::kSgd) {
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
-  }
-  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
-}
-
 struct Saved {
   StateDict model;
   OptimStateDict optim;
-};
-
-struct Trainer {
-  Unit<NetImpl> model{nullptr};
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-
-  Trainer(dist::ProcessGroup& pg, ShardingStrategy s, bool use_orig, Opt opt, uint64_t seed) {
-    FSDPOptions o = options_for_strategy(pg, s);
-    o.use_orig_params = use_orig;
-    o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
-    model = FullyShardedDataParallel<NetImpl>(make_net(seed), o);
-    optimizer = make_optimizer(opt, model->parameters());
-  }
-  void train(dist::ProcessGroup& pg, const std::vector<Batch>& batches, int from, int to) {
-    const int64_t local = kGlobalBatch / pg.size();
-    for (int i = from; i < to; ++i) {
-      const auto& b = batches[static_cast<size_t>(i)];
-      optimizer->zero_grad();
-      torch::nn::functional::cross_entropy(model(b.tokens.narrow(0, pg.rank() * local, local)),
-                                           b.target.narrow(0, pg.rank() * local, local))
-          .backward();
-      optimizer->step();
-    }
-  }
 };
 
 std::map<std::string, torch::Tensor> reference(Opt opt, const std::vector<Batch>& batches) {
@@ -85,7 +52,7 @@ TEST_P(OptimStateDictResume, ResumedRunEndsWhereTheUninterruptedOneEnds) {
     return c.strategy == ShardingStrategy::kHybridShard && world % 2 != 0 ? ShardingStrategy::kFullShard : c.strategy;
   };
   run_ranks(c.save_world, [&](dist::ProcessGroup& pg) {
-    Trainer t(pg, strategy_at(pg.size()), c.use_orig, c.opt, 77);
+    Trainer t(pg, c.opt, 77, strategy_at(pg.size()), c.use_orig);
     t.train(pg, batches, 0, kStepsBefore);
     StateDictTypeGuard guard(t.model.ptr(), c.type);
     StateDict msd = state_dict(t.model.ptr());
@@ -103,7 +70,7 @@ TEST_P(OptimStateDictResume, ResumedRunEndsWhereTheUninterruptedOneEnds) {
     }
   });
   run_ranks(c.load_world, [&](dist::ProcessGroup& pg) {
-    Trainer t(pg, strategy_at(pg.size()), c.use_orig, c.opt, 999);  // other initial weights: all must be loaded
+    Trainer t(pg, c.opt, 999, strategy_at(pg.size()), c.use_orig);  // other initial weights: all must be loaded
     load_state_dict(t.model.ptr(), saved.model);
     load_optim_state_dict(t.model.ptr(), *t.optimizer, saved.optim);
     t.train(pg, batches, kStepsBefore, kStepsBefore + kStepsAfter);
@@ -132,7 +99,7 @@ TEST(OptimStateDict, ShardedLoadsInPlaceAtTheSameWorld) {
   const auto batches = make_batches(kStepsBefore + kStepsAfter, kGlobalBatch, 6);
   const auto want = reference(Opt::kAdamW, batches);
   run_ranks(3, [&](dist::ProcessGroup& pg) {
-    Trainer t(pg, ShardingStrategy::kFullShard, false, Opt::kAdamW, 77);
+    Trainer t(pg, Opt::kAdamW, 77, ShardingStrategy::kFullShard, false);
     t.train(pg, batches, 0, kStepsBefore);
     StateDictTypeGuard guard(t.model.ptr(), StateDictType::kSharded);
     StateDict msd = state_dict(t.model.ptr());
@@ -141,7 +108,7 @@ TEST(OptimStateDict, ShardedLoadsInPlaceAtTheSameWorld) {
     auto clone = [](const torch::Tensor& x) { return x.clone(); };
     StateDict msd_copy = map_tensors(msd, clone);
     osd.state = map_tensors(osd.state, clone);
-    Trainer fresh(pg, ShardingStrategy::kFullShard, false, Opt::kAdamW, 999);
+    Trainer fresh(pg, Opt::kAdamW, 999, ShardingStrategy::kFullShard, false);
     StateDictTypeGuard guard2(fresh.model.ptr(), StateDictType::kSharded);
     load_state_dict(fresh.model.ptr(), msd_copy);
     load_optim_state_dict(fresh.model.ptr(), *fresh.optimizer, osd);
@@ -153,7 +120,7 @@ TEST(OptimStateDict, ShardedLoadsInPlaceAtTheSameWorld) {
 TEST(OptimStateDict, NamesFieldsAndGroups) {
   const auto batches = make_batches(1, kGlobalBatch, 7);
   run_ranks(2, [&](dist::ProcessGroup& pg) {
-    Trainer t(pg, ShardingStrategy::kFullShard, false, Opt::kAdamW, 77);
+    Trainer t(pg, Opt::kAdamW, 77, ShardingStrategy::kFullShard, false);
     t.train(pg, batches, 0, 1);
     OptimStateDict osd = optim_state_dict(t.model.ptr(), *t.optimizer);
     ASSERT_EQ(osd.param_groups.size(), 1u);
@@ -179,7 +146,7 @@ TEST(OptimStateDict, NamesFieldsAndGroups) {
 TEST(OptimStateDict, BadStatesAreRejectedWithEveryProblemNamed) {
   const auto batches = make_batches(1, kGlobalBatch, 8);
   run_ranks(2, [&](dist::ProcessGroup& pg) {
-    Trainer t(pg, ShardingStrategy::kFullShard, false, Opt::kSgd, 77);
+    Trainer t(pg, Opt::kSgd, 77, ShardingStrategy::kFullShard, false);
     t.train(pg, batches, 0, 1);
     OptimStateDict osd = optim_state_dict(t.model.ptr(), *t.optimizer);
     OptimStateDict bad = osd;
@@ -214,7 +181,7 @@ TEST(OptimStateDict, BadStatesAreRejectedWithEveryProblemNamed) {
 TEST(OptimStateDict, Rank0OnlyGivesOtherRanksNothing) {
   const auto batches = make_batches(1, kGlobalBatch, 9);
   run_ranks(2, [&](dist::ProcessGroup& pg) {
-    Trainer t(pg, ShardingStrategy::kFullShard, true, Opt::kSgd, 77);
+    Trainer t(pg, Opt::kSgd, 77, ShardingStrategy::kFullShard, true);
     t.train(pg, batches, 0, 1);
     StateDictTypeGuard guard(t.model.ptr(), StateDictType::kFull, FullStateDictConfig{true, true});
     OptimStateDict osd = optim_state_dict(t.model.ptr(), *t.optimizer);

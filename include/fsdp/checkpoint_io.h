@@ -1,0 +1,150 @@
+// fsdp/checkpoint_io.h — checkpoints on disk: a model, its optimizers and the
+// user's values, saved full (one file) or sharded (a directory), loadable at
+// any world size, committed atomically, verified on load.
+//
+//   fsdp::CheckpointState state;
+//   state.model("model", model.ptr()).optimizer("optimizer", optimizer).value("step", int64_t{step});
+//   fsdp::save_checkpoint("ckpt/step-100", state, *world, {fsdp::CheckpointFormat::kSharded});
+//   ...
+//   auto extra = fsdp::load_checkpoint("ckpt/step-100", state, *world);  // fills model, optimizer, "step"
+//
+// FULL: one file, written by rank 0 while the model is gathered unit by unit
+// (rank 0's extra memory: about one unit). The file is PyTorch's own zip
+// format: `torch.load(path)` (weights_only too) gives a dict
+// {entry: state dict / optimizer state dict / value}.
+// SHARDED: a directory; every rank writes its own pieces in parallel, no
+// gather; `index.json`, written by rank 0 after every rank has synced its
+// file, describes every piece and is the commit marker.
+// Either loads into any world size and layout, or into an unwrapped model.
+// Every piece carries a CRC-32 checked on load. docs/checkpoint-format.md
+// describes both formats field by field.
+//
+// Crash safety: nothing is written under the final name before it is
+// complete and synced (temporary file + rename; sharded: new data files next
+// to the old ones, the index replaced by rename, old files removed after).
+// An interrupted save leaves the previous checkpoint loadable.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "fsdp/dist/process_group.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace fsdp {
+
+enum class CheckpointFormat { kFull, kSharded };
+
+// A user value kept in a checkpoint.
+using CheckpointValue = std::variant<int64_t, double, bool, std::string, at::Tensor>;
+
+// What to save or load: named models, optimizers and values (Lightning's
+// `state` dict). Models and optimizers are referenced, not copied.
+class CheckpointState {
+ public:
+  CheckpointState& model(const std::string& name, std::shared_ptr<torch::nn::Module> module);
+  CheckpointState& optimizer(const std::string& name, torch::optim::Optimizer& optimizer);
+  CheckpointState& value(const std::string& name, CheckpointValue value);
+
+  bool has_value(const std::string& name) const { return values_.count(name) > 0; }
+  // ConfigError naming the entry if absent.
+  const CheckpointValue& value(const std::string& name) const;
+  // The value as T (int64_t, double, bool, std::string, at::Tensor); ConfigError if it is another type.
+  template <class T>
+  const T& get(const std::string& name) const {
+    const auto& v = value(name);
+    if (!std::holds_alternative<T>(v)) throw_wrong_type(name);
+    return std::get<T>(v);
+  }
+
+  struct Entry {
+    enum Kind { kModel, kOptimizer, kValue } kind;
+    std::string name;
+  };
+  const std::vector<Entry>& entries() const { return entries_; }
+  const std::map<std::string, std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
+  const std::map<std::string, torch::optim::Optimizer*>& optimizers() const { return optimizers_; }
+  const std::map<std::string, CheckpointValue>& values() const { return values_; }
+  std::map<std::string, CheckpointValue>& mutable_values() { return values_; }
+
+ private:
+  void add(Entry::Kind kind, const std::string& name);
+  [[noreturn]] void throw_wrong_type(const std::string& name) const;
+  std::vector<Entry> entries_;
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> models_;
+  std::map<std::string, torch::optim::Optimizer*> optimizers_;
+  std::map<std::string, CheckpointValue> values_;
+};
+
+struct CheckpointOptions {
+  CheckpointFormat format = CheckpointFormat::kSharded;
+  // Keeps only the keys for which it returns true: (entry name, key in that
+  // entry's state dict; "" for a value). Works for both formats.
+  std::function<bool(const std::string& entry, const std::string& key)> filter;
+};
+
+// [collective over `group` (the whole world): every rank calls it with the
+// same path and the same state] Saves `state` at `path`. The state must hold
+// exactly one model with FSDP units (optimizers belong to it; other models
+// are saved whole, from rank 0). ConfigError, with Lightning's words, for no
+// FSDP model or several, or a full save onto a directory that is not a
+// checkpoint; Error naming the file for I/O failures (a full disk included),
+// with the previous checkpoint at `path` left intact.
+void save_checkpoint(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
+                     const CheckpointOptions& options = {});
+
+// [collective over `group`] Loads the checkpoint at `path` (either format,
+// any world size at save) into `state`'s models and optimizers and fills the
+// values `state` names. strict: every requested key must be in the
+// checkpoint (ConfigError listing the missing ones) and no model key may be
+// left over. Returns the values the checkpoint holds beyond those requested.
+// ConfigError naming the file and tensor for damaged files (bad checksum,
+// truncation, a missing shard, a path outside the directory, a version from
+// the future); "does not point to a valid checkpoint" for anything else.
+std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
+                                                       dist::ProcessGroup& group, bool strict = true);
+
+// [collective over `group`] Loads only a model's weights (Lightning's
+// load_checkpoint(path, module)): the checkpoint's single model entry.
+void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
+                     dist::ProcessGroup& group, bool strict = true);
+
+// [local] What `path` holds, for tools: its format, version, world size at
+// save, values, and every tensor (key, dtype, shape, bytes).
+struct CheckpointTensorInfo {
+  std::string key;  // "<entry>/<state key>"
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t nbytes = 0;
+  int chunks = 0;
+};
+struct CheckpointInfo {
+  CheckpointFormat format = CheckpointFormat::kFull;
+  int version = 0;
+  int world_size = 0;
+  std::map<std::string, std::string> values;  // name -> printable value
+  std::vector<CheckpointTensorInfo> tensors;
+};
+CheckpointInfo inspect_checkpoint(const std::string& path);
+
+// [local] Reads every piece and checks its checksum and size. Returns one
+// line per damaged piece or file (empty: the checkpoint is sound).
+std::vector<std::string> verify_checkpoint(const std::string& path);
+
+// [local] Writes the sharded checkpoint `sharded_dir` as one full checkpoint
+// file `out_file` (torch.load-able), one tensor in memory at a time.
+void consolidate_checkpoint(const std::string& sharded_dir, const std::string& out_file);
+
+}  // namespace fsdp

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Opens fsdp-cpp checkpoints in Python (needs only PyTorch).
+
+A full checkpoint is PyTorch's own format: ``torch.load(path)`` (also with
+``weights_only=True``) gives ``{entry: value}``. A sharded checkpoint is a
+directory (docs/checkpoint-format.md); ``load(path)`` assembles it into the
+same dict:
+
+    models      {key: tensor}
+    optimizers  {"state": {param: {field: tensor}}, "param_groups": [{"params": [...], option: value}]}
+    values      int, float, bool, str or tensor
+
+Usage: python3 fsdp_checkpoint.py PATH [--save OUT.pt]
+"""
+import json
+import math
+import os
+import sys
+import zlib
+
+import torch
+
+FORMAT_VERSION = 1
+DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def _read_tensors(path, index, verify):
+    files = set(index["files"])
+    tensors = {}
+    for key, t in index["tensors"].items():
+        dtype = DTYPES[t["dtype"]]
+        out = torch.empty(t["shape"], dtype=dtype)
+        covered = 0
+        for c in t["chunks"]:
+            name = c["file"]
+            if name not in files or os.path.basename(name) != name or name in (".", ".."):
+                raise CheckpointError(f"{path}: tensor {key!r}: chunk file {name!r} is not a data file of the checkpoint")
+            with open(os.path.join(path, name), "rb") as f:
+                f.seek(c["offset"])
+                data = f.read(c["nbytes"])
+            if len(data) != c["nbytes"]:
+                raise CheckpointError(f"{path}/{name} is truncated (tensor {key!r})")
+            if verify and zlib.crc32(data) != c["crc32"]:
+                raise CheckpointError(f"checksum mismatch in {path}/{name} for tensor {key!r}")
+            numel = math.prod(c["sizes"])
+            if numel:
+                piece = torch.frombuffer(bytearray(data), dtype=dtype).reshape(c["sizes"])
+                out[tuple(slice(o, o + s) for o, s in zip(c["offsets"], c["sizes"]))] = piece
+            covered += numel
+        if covered < out.numel():
+            raise CheckpointError(f"{path}: the chunks of tensor {key!r} do not cover it")
+        tensors[key] = out
+    return tensors
+
+
+def _value(entry):
+    v = entry["value"]
+    if entry["type"] == "float" and isinstance(v, str):
+        return float(v)  # "nan", "inf", "-inf"
+    return v
+
+
+def load_sharded(path, verify=True):
+    """Assembles the sharded checkpoint directory `path` into a dict of entries."""
+    with open(os.path.join(path, "index.json")) as f:
+        index = json.load(f)
+    if index.get("format") != "fsdp-cpp" or index.get("kind") != "sharded":
+        raise CheckpointError(f"{path}/index.json is not an fsdp-cpp sharded checkpoint index")
+    if index["version"] > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format version {index['version']} is newer than this script ({FORMAT_VERSION})")
+    tensors = _read_tensors(path, index, verify)
+    result = {}
+    for e in index["entries"]:
+        name, kind = e["name"], e["type"]
+        if kind == "model":
+            result[name] = {k: tensors[f"{name}/{k}"] for k in e["keys"]}
+        elif kind == "optimizer":
+            state = {}
+            for k in e["keys"]:
+                param, field = k.rsplit(".", 1)
+                state.setdefault(param, {})[field] = tensors[f"{name}/{k}"]
+            groups = [dict(params=g["params"], **g["options"]) for g in e["param_groups"]]
+            result[name] = {"state": state, "param_groups": groups}
+        elif kind == "tensor":
+            result[name] = tensors[name]
+        else:
+            result[name] = _value(e)
+    return result
+
+
+def load(path, verify=True):
+    """Either format: a directory is sharded, a file is full (torch.load)."""
+    if os.path.isdir(path):
+        return load_sharded(path, verify)
+    return torch.load(path, map_location="cpu")
+
+
+def _main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    ckpt = load(argv[0])
+    if len(argv) >= 3 and argv[1] == "--save":
+        torch.save(ckpt, argv[2])
+        print(f"wrote {argv[2]}")
+        return 0
+    for name, value in ckpt.items():
+        if isinstance(value, dict):
+            print(f"{name}: {len(value)} entries")
+        elif isinstance(value, torch.Tensor):
+            print(f"{name}: tensor {tuple(value.shape)} {value.dtype}")
+        else:
+            print(f"{name}: {value!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,783 @@
+// Checkpoints on disk: save and load in the full and sharded formats.
+#include "fsdp/checkpoint_io.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "ckpt_format.h"
+#include "fsdp/error.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/optim_state_dict.h"
+#include "fsdp/state_dict.h"
+#include "state_dict_walk.h"
+
+namespace fsdp {
+
+namespace ck = detail::ckpt;
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+// ---------------------------------------------------------------------------
+// CheckpointState.
+
+void CheckpointState::add(Entry::Kind kind, const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos) {
+    throw ConfigError("CheckpointState: entry name '" + name + "' must be non-empty and contain no '/'");
+  }
+  for (const auto& e : entries_) {
+    if (e.name == name && e.kind != kind) {
+      throw ConfigError("CheckpointState: entry '" + name + "' is already a " +
+                        (e.kind == Entry::kModel ? "model" : e.kind == Entry::kOptimizer ? "optimizer" : "value"));
+    }
+    if (e.name == name) return;
+  }
+  entries_.push_back({kind, name});
+}
+
+CheckpointState& CheckpointState::model(const std::string& name, std::shared_ptr<torch::nn::Module> module) {
+  if (!module) throw ConfigError("CheckpointState: model '" + name + "' is null");
+  add(Entry::kModel, name);
+  models_[name] = std::move(module);
+  return *this;
+}
+
+CheckpointState& CheckpointState::optimizer(const std::string& name, torch::optim::Optimizer& optimizer) {
+  add(Entry::kOptimizer, name);
+  optimizers_[name] = &optimizer;
+  return *this;
+}
+
+CheckpointState& CheckpointState::value(const std::string& name, CheckpointValue value) {
+  add(Entry::kValue, name);
+  values_[name] = std::move(value);
+  return *this;
+}
+
+const CheckpointValue& CheckpointState::value(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw ConfigError("CheckpointState: no value '" + name + "'");
+  return it->second;
+}
+
+void CheckpointState::throw_wrong_type(const std::string& name) const {
+  static const char* names[] = {"int64_t", "double", "bool", "std::string", "at::Tensor"};
+  throw ConfigError("CheckpointState: value '" + name + "' holds a " + names[value(name).index()] +
+                    ", not the type asked for");
+}
+
+namespace {
+
+bool has_fsdp_units(const std::shared_ptr<torch::nn::Module>& m) { return !fsdp_modules(m).empty(); }
+
+// Lightning's rule: exactly one model with FSDP units; optimizers belong to it.
+std::pair<std::string, std::shared_ptr<torch::nn::Module>> the_fsdp_model(const CheckpointState& state,
+                                                                          const char* verb) {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> found;
+  for (const auto& [name, m] : state.models()) {
+    if (has_fsdp_units(m)) found.emplace_back(name, m);
+  }
+  if (found.empty()) {
+    throw ConfigError(std::string("Could not find a FSDP model in the provided checkpoint state. Please provide the "
+                                  "model as part of the state like so: `") +
+                      verb + "_checkpoint(path, fsdp::CheckpointState().model(\"model\", model.ptr()), ...)`. Make "
+                      "sure you wrap the model (and build optimizers on it) before " + verb + "ing the checkpoint.");
+  }
+  if (found.size() > 1) {
+    throw ConfigError(std::string("Found multiple FSDP models in the given state. ") +
+                      (verb[0] == 's' ? "Saving" : "Loading") +
+                      " checkpoints with FSDP is currently limited to a single model per checkpoint. To " + verb +
+                      " multiple models, call the " + verb + " function for each model separately with a different path.");
+  }
+  return found.front();
+}
+
+bool keep(const CheckpointOptions& o, const std::string& entry, const std::string& key) {
+  return !o.filter || o.filter(entry, key);
+}
+
+std::string json_number(double v) {
+  if (std::isfinite(v)) return Json(v).dump();
+  return Json(std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf").dump();
+}
+
+// Fills the index entry of a user value (scalars only; tensors are data).
+ck::EntryRecord value_record(const std::string& name, const CheckpointValue& v) {
+  ck::EntryRecord e;
+  e.name = name;
+  switch (v.index()) {
+    case 0: e.type = "int"; e.value = std::to_string(std::get<int64_t>(v)); break;
+    case 1: e.type = "float"; e.value = json_number(std::get<double>(v)); break;
+    case 2: e.type = "bool"; e.value = std::get<bool>(v) ? "true" : "false"; break;
+    case 3: e.type = "str"; e.value = std::get<std::string>(v); break;
+    default: e.type = "tensor";
+  }
+  return e;
+}
+
+std::string groups_json(const std::vector<OptimParamGroup>& groups) {
+  Json a = Json::array();
+  for (const auto& g : groups) a.push_back(Json{{"params", g.params}, {"options", g.options}});
+  return a.dump();
+}
+
+bool is_sharded_checkpoint(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / ck::kIndexFile, ec);
+}
+
+// Every rank learns whether every rank succeeded; throws the first failure.
+void agree(dist::ProcessGroup& group, const std::string& my_error, const std::string& what) {
+  auto all = group.all_gather_bytes(my_error);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    if (static_cast<int>(r) == group.rank()) throw Error(all[r]);
+    throw Error(what + " failed on rank " + std::to_string(r) + ": " + all[r]);
+  }
+}
+
+// Runs f, turning any exception into its message.
+template <class F>
+std::string capture(F&& f) {
+  try {
+    f();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// What a state turns into: entries, with their tensors handed to `put`.
+
+using Put = std::function<void(const std::string& tensor_key, const StateValue& value)>;
+
+// Visits the state in entry order. Collective (FULL gathers) on every rank alike.
+std::vector<ck::EntryRecord> visit_state(const CheckpointState& state, const std::shared_ptr<torch::nn::Module>& fsdp_model,
+                                         StateDictType type, const CheckpointOptions& options, const Put& put) {
+  std::vector<ck::EntryRecord> entries;
+  const StateDictConfig config = type == StateDictType::kFull ? StateDictConfig{FullStateDictConfig{true, true}}
+                                                              : StateDictConfig{ShardedStateDictConfig{}};
+  for (const auto& e : state.entries()) {
+    ck::EntryRecord rec;
+    rec.name = e.name;
+    if (e.kind == CheckpointState::Entry::kModel) {
+      rec.type = "model";
+      const auto& model = state.models().at(e.name);
+      StateDictTypeGuard guard(model, type, config);
+      auto keys = detail::visit_state_dict(model, "", [&](const std::string& key, StateValue v) {
+        if (keep(options, e.name, key)) put(e.name + "/" + key, v);
+      });
+      for (auto& k : keys) {
+        if (keep(options, e.name, k)) rec.keys.push_back(k);
+      }
+    } else if (e.kind == CheckpointState::Entry::kOptimizer) {
+      rec.type = "optimizer";
+      StateDictTypeGuard guard(fsdp_model, type, config);
+      auto groups = detail::visit_optim_state_dict(
+          fsdp_model, *state.optimizers().at(e.name), [&](const std::string& key, StateValue v) {
+            if (!keep(options, e.name, key)) return;
+            rec.keys.push_back(key);
+            put(e.name + "/" + key, v);
+          });
+      rec.param_groups = groups_json(groups);
+    } else {
+      const auto& v = state.values().at(e.name);
+      if (!keep(options, e.name, "")) continue;
+      rec = value_record(e.name, v);
+      if (std::holds_alternative<at::Tensor>(v)) put(e.name, std::get<at::Tensor>(v).detach());
+    }
+    entries.push_back(std::move(rec));
+  }
+  return entries;
+}
+
+at::Tensor cpu_contiguous(const at::Tensor& t) { return t.detach().cpu().contiguous(); }
+
+// ---------------------------------------------------------------------------
+// Full format.
+
+// Writes a full checkpoint file: tensor records as they come (streaming),
+// then the pickle, the index and the zip directory; commits by rename. The
+// first error is kept (error()) and everything after it is skipped.
+class FullFileWriter {
+ public:
+  FullFileWriter(const std::string& path, int world_size) {
+    ix_.kind = "full";
+    ix_.world_size = world_size;
+    ix_.save_id = ck::new_save_id();
+    error_ = capture([&] {
+      fs::path parent = fs::path(path).parent_path();
+      if (!parent.empty()) fs::create_directories(parent);
+      file_ = std::make_unique<ck::AtomicFile>(path);
+      // Write errors are remembered and the rest is discarded (the zip writer
+      // must not see a failure: it would throw from its destructor).
+      zip_ = std::make_unique<caffe2::serialize::PyTorchStreamWriter>([this](const void* data, size_t n) -> size_t {
+        if (error_.empty()) error_ = capture([&] { file_->write(data, n); });
+        return n;
+      });
+    });
+  }
+  ~FullFileWriter() {
+    zip_.reset();
+    file_.reset();
+  }
+  void add(const std::string& key, const at::Tensor& tensor) {
+    if (!error_.empty()) return;
+    error_ = capture([&] {
+      const at::Tensor t = cpu_contiguous(tensor);
+      ck::dtype_name(t.scalar_type());  // refuses dtypes the format has no name for
+      const auto nbytes = static_cast<int64_t>(t.numel() * t.element_size());
+      const std::string record = "data/" + std::to_string(next_++);
+      ck::Chunk c{record, 0, nbytes, std::vector<int64_t>(t.sizes().size(), 0), t.sizes().vec(),
+                  ck::crc32(t.data_ptr(), static_cast<size_t>(nbytes))};
+      zip_->writeRecord(record, t.data_ptr(), static_cast<size_t>(nbytes));
+      if (next_ == 1) ck::crash_point("full-after-first-record", 0);
+      ix_.tensors.emplace(key, ck::TensorEntry{t.scalar_type(), t.sizes().vec(), {c}});
+      ix_.tensor_order.push_back(key);
+      record_of_[key] = record;
+    });
+  }
+  void finish(std::vector<ck::EntryRecord> entries) {
+    if (!error_.empty()) return;
+    ix_.entries = std::move(entries);
+    error_ = capture([&] {
+      const std::string pickle = ck::full_pickle(ix_, record_of_);
+      zip_->writeRecord("data.pkl", pickle.data(), pickle.size());
+      const std::string index = ck::to_json(ix_);
+      zip_->writeRecord(ck::kFullIndexRecord, index.data(), index.size());
+      zip_->writeEndOfFile();
+    });
+    ck::crash_point("full-before-commit", 0);
+    if (error_.empty()) error_ = capture([&] { file_->commit(); });
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+  std::unique_ptr<ck::AtomicFile> file_;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_;
+  ck::Index ix_;
+  std::map<std::string, std::string> record_of_;
+  int next_ = 0;
+};
+
+void save_full(const std::string& path, const CheckpointState& state,
+               const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
+               const CheckpointOptions& options) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (is_sharded_checkpoint(path)) {
+      throw ConfigError("save_checkpoint: " + path + " holds a sharded checkpoint; a full one would have to replace "
+                        "it before being complete. Save to another path (or remove the directory first).");
+    }
+    throw ConfigError("save_checkpoint: The checkpoint path exists and is a directory: " + path);
+  }
+  std::unique_ptr<FullFileWriter> out;
+  if (group.rank() == 0) out = std::make_unique<FullFileWriter>(path, group.size());
+  auto put = [&](const std::string& key, const StateValue& v) {
+    if (out) out->add(key, std::get<at::Tensor>(v));
+  };
+  // [collective] gathers run on every rank; only rank 0 writes.
+  std::vector<ck::EntryRecord> entries;
+  std::string error = capture([&] { entries = visit_state(state, fsdp_model, StateDictType::kFull, options, put); });
+  if (out) {
+    if (error.empty()) out->finish(std::move(entries));
+    if (error.empty()) error = out->error();
+    out.reset();  // an uncommitted temporary is removed
+  }
+  error = group.broadcast_bytes(error, 0);
+  if (!error.empty()) throw Error("save_checkpoint: saving " + path + " failed: " + error);
+}
+
+// ---------------------------------------------------------------------------
+// Sharded format.
+
+struct Piece {
+  std::string key;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape, offsets;
+  at::Tensor tensor;
+};
+
+std::string data_file_name(const std::string& save_id, int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%05d", rank);
+  return "data-" + save_id + "-" + buf + ".bin";
+}
+
+void save_sharded(const std::string& path, const CheckpointState& state,
+                  const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
+                  const CheckpointOptions& options) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_directory(path, ec)) {
+    throw ConfigError("save_checkpoint: " + path + " is a file (a full checkpoint?); a sharded checkpoint is a "
+                      "directory: save to another path (or remove the file first)");
+  }
+  std::string error;
+  if (group.rank() == 0) error = capture([&] { fs::create_directories(path); });
+  agree(group, error, "save_checkpoint: creating " + path);
+  const std::string save_id = group.broadcast_bytes(ck::new_save_id(), 0);
+
+  // This rank's pieces: views of its shards, no gather.
+  std::vector<Piece> pieces;
+  auto put = [&](const std::string& key, const StateValue& v) {
+    if (std::holds_alternative<at::Tensor>(v)) {
+      const auto& t = std::get<at::Tensor>(v);
+      pieces.push_back({key, t.scalar_type(), t.sizes().vec(), std::vector<int64_t>(t.sizes().size(), 0), t});
+      return;
+    }
+    const auto& st = std::get<ShardedTensor>(v);
+    for (const auto& s : st.local_shards) pieces.push_back({key, st.dtype, st.global_shape, s.offsets, s.tensor});
+  };
+  std::vector<ck::EntryRecord> entries;
+  error = capture([&] { entries = visit_state(state, fsdp_model, StateDictType::kSharded, options, put); });
+
+  // [collective] Who writes what: a box held by several ranks (replicas,
+  // tensors every rank has) is written by the lowest one.
+  Json mine = Json::array();
+  for (const auto& p : pieces) mine.push_back(Json{{"key", p.key}, {"offsets", p.offsets}, {"sizes", p.tensor.sizes().vec()}});
+  const auto everyone = group.all_gather_bytes(error.empty() ? mine.dump() : "!" + error);
+  for (size_t r = 0; r < everyone.size(); ++r) {
+    if (!everyone[r].empty() && everyone[r][0] == '!') {
+      throw Error("save_checkpoint: saving " + path + " failed on rank " + std::to_string(r) + ": " + everyone[r].substr(1));
+    }
+  }
+  std::set<std::string> taken;  // key + box of lower ranks
+  auto box_id = [](const Json& x) { return x["key"].get<std::string>() + "|" + x["offsets"].dump() + "|" + x["sizes"].dump(); };
+  for (int r = 0; r < group.rank(); ++r) {
+    for (const auto& x : Json::parse(everyone[static_cast<size_t>(r)])) taken.insert(box_id(x));
+  }
+  const std::string file_name = data_file_name(save_id, group.rank());
+  Json chunks = Json::array();
+  error = capture([&] {
+    ck::AtomicFile file((fs::path(path) / file_name).string());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (!taken.insert(box_id(mine[i])).second) continue;
+      const Piece& p = pieces[i];
+      const at::Tensor t = cpu_contiguous(p.tensor);
+      const auto nbytes = static_cast<int64_t>(t.numel() * t.element_size());
+      chunks.push_back(Json{{"key", p.key},
+                            {"dtype", ck::dtype_name(p.dtype)},
+                            {"shape", p.shape},
+                            {"file", file_name},
+                            {"offset", file.size()},
+                            {"nbytes", nbytes},
+                            {"offsets", p.offsets},
+                            {"sizes", t.sizes().vec()},
+                            {"crc32", ck::crc32(t.data_ptr(), static_cast<size_t>(nbytes))}});
+      file.write(t.data_ptr(), static_cast<size_t>(nbytes));
+      if (chunks.size() == 1) ck::crash_point("sharded-mid-data", group.rank());
+    }
+    file.commit();  // synced before the index can name it
+  });
+  // [collective] every rank's chunks (or its failure) to rank 0.
+  const auto reports = group.all_gather_bytes(error.empty() ? chunks.dump() : "!" + error);
+  std::string failed;
+  for (size_t r = 0; r < reports.size() && failed.empty(); ++r) {
+    if (!reports[r].empty() && reports[r][0] == '!') failed = "rank " + std::to_string(r) + ": " + reports[r].substr(1);
+  }
+  if (group.rank() == 0 && failed.empty()) {
+    failed = capture([&] {
+      ck::Index ix;
+      ix.kind = "sharded";
+      ix.world_size = group.size();
+      ix.save_id = save_id;
+      ix.entries = entries;
+      for (int r = 0; r < group.size(); ++r) ix.files.push_back(data_file_name(save_id, r));
+      for (const auto& report : reports) {
+        for (const auto& c : Json::parse(report)) {
+          const std::string key = c["key"].get<std::string>();
+          auto it = ix.tensors.find(key);
+          if (it == ix.tensors.end()) {
+            it = ix.tensors
+                     .emplace(key, ck::TensorEntry{ck::parse_dtype(c["dtype"].get<std::string>(), "save"),
+                                                   c["shape"].get<std::vector<int64_t>>(), {}})
+                     .first;
+            ix.tensor_order.push_back(key);
+          }
+          it->second.chunks.push_back(ck::Chunk{c["file"].get<std::string>(), c["offset"].get<int64_t>(),
+                                                c["nbytes"].get<int64_t>(), c["offsets"].get<std::vector<int64_t>>(),
+                                                c["sizes"].get<std::vector<int64_t>>(), c["crc32"].get<uint32_t>()});
+        }
+      }
+      const std::string text = ck::to_json(ix);
+      ck::AtomicFile index((fs::path(path) / ck::kIndexFile).string());
+      index.write(text.data(), text.size());
+      ck::crash_point("sharded-before-index", 0);
+      index.commit();  // the commit point: the new index replaces the old one atomically
+      ck::crash_point("sharded-after-index", 0);
+      // The previous save's data files are no longer referenced.
+      // So are temporaries left by saves that were killed.
+      static const std::regex stale("data-.*\\.bin|data-.*\\.bin\\.tmp-.*|index\\.json\\.tmp-.*");
+      for (const auto& f : fs::directory_iterator(path)) {
+        const std::string name = f.path().filename().string();
+        if (std::regex_match(name, stale) && std::find(ix.files.begin(), ix.files.end(), name) == ix.files.end()) {
+          fs::remove(f.path());
+        }
+      }
+    });
+  }
+  failed = group.broadcast_bytes(failed, 0);
+  if (!failed.empty()) {
+    fs::remove(fs::path(path) / file_name, ec);  // never referenced by an index
+    throw Error("save_checkpoint: saving " + path + " failed (the previous checkpoint there is intact): " + failed);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Loading.
+
+struct Source {
+  std::string path;
+  std::string where;  // the index file, for messages
+  ck::Index ix;
+  std::unique_ptr<ck::FullReader> full;  // full format
+  std::string dir;                       // sharded format
+
+  const ck::EntryRecord* entry(const std::string& name) const {
+    for (const auto& e : ix.entries) {
+      if (e.name == name) return &e;
+    }
+    return nullptr;
+  }
+  const ck::TensorEntry& tensor(const std::string& key) const {
+    auto it = ix.tensors.find(key);
+    if (it == ix.tensors.end()) {
+      throw ConfigError("checkpoint: " + where + ": the index lists '" + key + "' in an entry but has no tensor for it");
+    }
+    return it->second;
+  }
+  // Copies into `targets` (boxes of the tensor `key`) what the checkpoint
+  // holds of them; returns the elements copied.
+  int64_t fill(const std::string& key, std::vector<Shard>& targets) const {
+    const auto& t = tensor(key);
+    int64_t covered = 0;
+    for (const auto& c : t.chunks) {
+      bool needed = false;
+      for (const auto& target : targets) {
+        bool overlap = true;
+        for (size_t d = 0; d < c.offsets.size(); ++d) {
+          overlap &= std::max(c.offsets[d], target.offsets[d]) <
+                     std::min(c.offsets[d] + c.sizes[d], target.offsets[d] + target.tensor.size(static_cast<int64_t>(d)));
+        }
+        needed |= overlap;
+      }
+      if (!needed) continue;
+      std::string bytes = ck::read_chunk(c, key, full.get(), dir);
+      at::Tensor src = at::from_blob(bytes.data(), c.sizes, at::TensorOptions().dtype(t.dtype));
+      for (auto& target : targets) covered += copy_overlap(target.tensor, target.offsets, {Shard{c.offsets, src}});
+    }
+    return covered;
+  }
+  at::Tensor read_whole(const std::string& key) const {
+    const auto& t = tensor(key);
+    std::vector<Shard> target{Shard{std::vector<int64_t>(t.shape.size(), 0), at::empty(t.shape, at::TensorOptions().dtype(t.dtype))}};
+    if (fill(key, target) != target[0].tensor.numel()) {
+      throw ConfigError("checkpoint: " + where + ": the chunks of tensor '" + key +
+                        "' do not cover it (a shard is missing from the index)");
+    }
+    return target[0].tensor;
+  }
+};
+
+[[noreturn]] void not_a_checkpoint(const std::string& path, const std::string& why = "") {
+  throw ConfigError("The path '" + path + "' does not point to a valid checkpoint. Make sure the path points to either "
+                    "a directory with FSDP checkpoint shards, or a single file with a full checkpoint." +
+                    (why.empty() ? "" : " (" + why + ")"));
+}
+
+std::unique_ptr<Source> open_source(const std::string& path) {
+  auto s = std::make_unique<Source>();
+  s->path = path;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path index = fs::path(path) / ck::kIndexFile;
+    if (!fs::is_regular_file(index, ec)) {
+      for (const auto& f : fs::directory_iterator(path, ec)) {
+        const std::string name = f.path().filename().string();
+        if (name.rfind("data-", 0) == 0 || name.rfind("index.json.tmp", 0) == 0) {
+          throw ConfigError("checkpoint: " + path + " holds an incomplete sharded checkpoint: it has data files but no "
+                            "index.json (the save was interrupted before its commit); load an earlier checkpoint");
+        }
+      }
+      not_a_checkpoint(path, "a directory without index.json");
+    }
+    s->where = index.string();
+    const int64_t size = ck::file_size(s->where);
+    if (size > (int64_t{1} << 30)) throw ConfigError("checkpoint: " + s->where + " is implausibly large");
+    s->ix = ck::parse_index(ck::read_range(s->where, 0, size), s->where);
+    if (s->ix.kind != "sharded") throw ConfigError("checkpoint: " + s->where + ": a directory's index must be of kind \"sharded\"");
+    s->dir = path;
+    return s;
+  }
+  if (!fs::is_regular_file(path, ec)) not_a_checkpoint(path);
+  try {
+    s->full = std::make_unique<ck::FullReader>(path);
+  } catch (const ConfigError& e) {
+    not_a_checkpoint(path, e.what());
+  }
+  if (!s->full->has(ck::kFullIndexRecord)) {
+    not_a_checkpoint(path, "a PyTorch file without fsdp-cpp's index (not written by fsdp-cpp)");
+  }
+  s->where = path + " (record " + ck::kFullIndexRecord + ")";
+  s->ix = ck::parse_index(s->full->read(ck::kFullIndexRecord), s->where);
+  if (s->ix.kind != "full") throw ConfigError("checkpoint: " + s->where + ": a file's index must be of kind \"full\"");
+  return s;
+}
+
+// The boxes this rank holds of every key of `model`'s state (SHARDED view),
+// with the key's global shape.
+struct LocalBoxes {
+  std::string key;
+  std::vector<int64_t> shape;
+  std::vector<Shard> boxes;
+};
+std::vector<LocalBoxes> local_boxes(const std::shared_ptr<torch::nn::Module>& model) {
+  std::vector<LocalBoxes> out;
+  StateDictTypeGuard guard(model, StateDictType::kSharded);
+  detail::visit_state_dict(model, "", [&](const std::string& key, StateValue v) {
+    if (std::holds_alternative<at::Tensor>(v)) {
+      const auto& t = std::get<at::Tensor>(v);
+      out.push_back({key, t.sizes().vec(), {Shard{std::vector<int64_t>(static_cast<size_t>(t.dim()), 0), t}}});
+    } else {
+      const auto& st = std::get<ShardedTensor>(v);
+      out.push_back({key, st.global_shape, st.local_shards});
+    }
+  });
+  return out;
+}
+
+// Pieces of `key` for `boxes` (fresh tensors of the checkpoint's dtype), read from the source.
+ShardedTensor read_pieces(const Source& src, const std::string& key, const std::vector<Shard>& boxes) {
+  const auto& t = src.tensor(key);
+  ShardedTensor st{t.shape, t.dtype, {}};
+  for (const auto& b : boxes) st.local_shards.push_back(Shard{b.offsets, at::empty(b.tensor.sizes(), at::TensorOptions().dtype(t.dtype))});
+  int64_t need = 0;
+  for (const auto& s : st.local_shards) need += s.tensor.numel();
+  if (src.fill(key, st.local_shards) != need) {
+    throw ConfigError("checkpoint: " + src.where + ": tensor '" + key +
+                      "' lacks elements this rank needs (a shard is missing from the index)");
+  }
+  return st;
+}
+
+void load_model(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
+                bool strict) {
+  const ck::EntryRecord* rec = src.entry(entry);
+  StateDict sd;
+  std::set<std::string> wanted;
+  for (auto& [key, shape, boxes] : local_boxes(model)) {
+    wanted.insert(key);
+    const std::string tkey = entry + "/" + key;
+    if (!src.ix.tensors.count(tkey)) continue;  // missing: load_state_dict reports it
+    const auto& t = src.tensor(tkey);
+    if (t.shape != shape) {
+      sd.insert(key, ShardedTensor{t.shape, t.dtype, {}});  // reported as a size mismatch
+      continue;
+    }
+    sd.insert(key, read_pieces(src, tkey, boxes));
+  }
+  if (rec) {
+    for (const auto& k : rec->keys) {
+      if (!wanted.count(k)) sd.insert(k, ShardedTensor{src.tensor(entry + "/" + k).shape, at::kFloat, {}});
+    }
+  }
+  StateDictTypeGuard guard(model, StateDictType::kSharded);
+  load_state_dict(model, sd, strict);
+}
+
+void load_optimizer(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
+                    torch::optim::Optimizer& optimizer) {
+  const ck::EntryRecord* rec = src.entry(entry);
+  std::map<std::string, LocalBoxes> boxes;
+  for (auto& b : local_boxes(model)) boxes.emplace(b.key, std::move(b));
+  OptimStateDict osd;
+  for (const auto& k : rec->keys) {
+    const std::string tkey = entry + "/" + k;
+    const auto& t = src.tensor(tkey);
+    const auto dot = k.rfind('.');
+    auto it = dot == std::string::npos ? boxes.end() : boxes.find(k.substr(0, dot));
+    if (it == boxes.end()) {
+      osd.state.insert(k, ShardedTensor{t.shape, t.dtype, {}});  // not a parameter: reported as unexpected
+      continue;
+    }
+    // State shaped like its parameter: this rank's boxes of it; anything else (step): whole.
+    if (t.shape == it->second.shape) {
+      osd.state.insert(k, read_pieces(src, tkey, it->second.boxes));
+    } else {
+      osd.state.insert(k, src.read_whole(tkey));
+    }
+  }
+  for (const auto& g : Json::parse(rec->param_groups)) {
+    OptimParamGroup pg;
+    pg.params = g["params"].get<std::vector<std::string>>();
+    for (const auto& [name, v] : g["options"].items()) pg.options[name] = v.get<double>();
+    osd.param_groups.push_back(std::move(pg));
+  }
+  load_optim_state_dict(model, optimizer, osd);
+}
+
+CheckpointValue read_value(const Source& src, const ck::EntryRecord& e) {
+  const Json v = e.type == "str" || e.type == "tensor" ? Json() : Json::parse(e.value);
+  if (e.type == "int") return v.get<int64_t>();
+  if (e.type == "float") return v.is_string() ? std::stod(v.get<std::string>()) : v.get<double>();
+  if (e.type == "bool") return v.get<bool>();
+  if (e.type == "str") return e.value;
+  return src.read_whole(e.name);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
+                     const CheckpointOptions& options) {
+  auto [name, model] = the_fsdp_model(state, "save");
+  if (options.format == CheckpointFormat::kFull) {
+    save_full(path, state, model, group, options);
+  } else {
+    save_sharded(path, state, model, group, options);
+  }
+}
+
+std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
+                                                       dist::ProcessGroup& group, bool strict) {
+  if (state.entries().empty()) {
+    throw ConfigError("Got load_checkpoint(..., state) with an empty state, but a state with at least a model "
+                      "instance to reload is required. Pass it in like so: load_checkpoint(path, "
+                      "fsdp::CheckpointState().model(\"model\", model.ptr()), group)");
+  }
+  std::shared_ptr<torch::nn::Module> model;
+  std::string model_name;
+  bool has_fsdp = false;
+  for (const auto& [n, m] : state.models()) has_fsdp |= has_fsdp_units(m);
+  if (has_fsdp || state.models().size() != 1) {
+    std::tie(model_name, model) = the_fsdp_model(state, "load");
+  } else {  // an unwrapped model: loads as well (Lightning requires FSDP here)
+    model_name = state.models().begin()->first;
+    model = state.models().begin()->second;
+  }
+  std::map<std::string, CheckpointValue> leftovers;
+  std::string error = capture([&] {
+    auto src = open_source(path);
+    std::vector<std::string> missing;
+    for (const auto& e : state.entries()) {
+      const ck::EntryRecord* rec = src->entry(e.name);
+      if (!rec) {
+        missing.push_back(e.name);
+        continue;
+      }
+      const bool is_model = e.kind == CheckpointState::Entry::kModel, is_optim = e.kind == CheckpointState::Entry::kOptimizer;
+      if ((is_model && rec->type != "model") || (is_optim && rec->type != "optimizer") ||
+          (!is_model && !is_optim && (rec->type == "model" || rec->type == "optimizer"))) {
+        throw ConfigError("load_checkpoint: entry '" + e.name + "' is a " + rec->type + " in " + path +
+                          ", but the state asks for a " + (is_model ? "model" : is_optim ? "optimizer" : "value"));
+      }
+    }
+    if (strict && !missing.empty()) {
+      throw ConfigError("The requested state contains a key '" + missing.front() +
+                        "' that does not exist in the loaded checkpoint. To disable strict loading, set strict=False.");
+    }
+    for (const auto& e : state.entries()) {
+      if (!src->entry(e.name)) continue;
+      if (e.kind == CheckpointState::Entry::kModel) {
+        load_model(*src, e.name, state.models().at(e.name), strict);
+      } else if (e.kind == CheckpointState::Entry::kOptimizer) {
+        load_optimizer(*src, e.name, model, *state.optimizers().at(e.name));
+      } else {
+        state.mutable_values()[e.name] = read_value(*src, *src->entry(e.name));
+      }
+    }
+    for (const auto& rec : src->ix.entries) {
+      if (rec.type == "model" || rec.type == "optimizer") continue;
+      bool requested = false;
+      for (const auto& e : state.entries()) requested |= e.name == rec.name;
+      if (!requested) leftovers[rec.name] = read_value(*src, rec);
+    }
+  });
+  agree(group, error, "load_checkpoint of " + path);
+  return leftovers;
+}
+
+void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
+                     dist::ProcessGroup& group, bool strict) {
+  if (!module) throw ConfigError("load_checkpoint: the module is null");
+  std::string error = capture([&] {
+    auto src = open_source(path);
+    const ck::EntryRecord* model = nullptr;
+    for (const auto& e : src->ix.entries) {
+      if (e.type != "model") continue;
+      if (model) throw ConfigError("load_checkpoint: " + path + " holds several models; load it with a CheckpointState naming one");
+      model = &e;
+    }
+    if (!model) throw ConfigError("load_checkpoint: " + path + " holds no model");
+    load_model(*src, model->name, module, strict);
+  });
+  agree(group, error, "load_checkpoint of " + path);
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& path) {
+  auto src = open_source(path);
+  CheckpointInfo info;
+  info.format = src->full ? CheckpointFormat::kFull : CheckpointFormat::kSharded;
+  info.version = src->ix.version;
+  info.world_size = src->ix.world_size;
+  for (const auto& e : src->ix.entries) {
+    if (e.type == "model" || e.type == "optimizer") continue;
+    info.values[e.name] = e.type == "tensor" ? "<tensor>" : e.value;
+  }
+  for (const auto& key : src->ix.tensor_order) {
+    const auto& t = src->ix.tensors.at(key);
+    CheckpointTensorInfo ti{key, ck::dtype_name(t.dtype), t.shape, 0, static_cast<int>(t.chunks.size())};
+    for (const auto& c : t.chunks) ti.nbytes += c.nbytes;
+    info.tensors.push_back(std::move(ti));
+  }
+  return info;
+}
+
+std::vector<std::string> verify_checkpoint(const std::string& path) {
+  std::vector<std::string> problems;
+  std::unique_ptr<Source> src;
+  try {
+    src = open_source(path);
+  } catch (const std::exception& e) {
+    return {e.what()};
+  }
+  for (const auto& f : src->ix.files) {
+    if (ck::file_size((fs::path(path) / f).string()) < 0) problems.push_back("missing data file " + f);
+  }
+  for (const auto& key : src->ix.tensor_order) {
+    const auto& t = src->ix.tensors.at(key);
+    int64_t covered = 0;
+    for (const auto& c : t.chunks) {
+      try {
+        ck::read_chunk(c, key, src->full.get(), src->dir);
+        covered += c.nbytes;
+      } catch (const std::exception& e) {
+        problems.push_back(e.what());
+      }
+    }
+    int64_t want = static_cast<int64_t>(c10::elementSize(t.dtype));
+    for (auto d : t.shape) want *= d;
+    if (covered < want && problems.empty()) problems.push_back("tensor '" + key + "': its chunks do not cover it");
+  }
+  return problems;
+}
+
+void consolidate_checkpoint(const std::string& sharded_dir, const std::string& out_file) {
+  auto src = open_source(sharded_dir);
+  if (src->full) throw ConfigError("consolidate: " + sharded_dir + " is already a full checkpoint");
+  FullFileWriter out(out_file, src->ix.world_size);
+  for (const auto& key : src->ix.tensor_order) out.add(key, src->read_whole(key));  // one tensor in memory at a time
+  out.finish(src->ix.entries);
+  if (!out.error().empty()) throw Error("consolidate: writing " + out_file + " failed: " + out.error());
+}
+
+}  // namespace fsdp

@@ -1,0 +1,456 @@
+// Checkpoints on disk: round trips of both formats (model, SGD-momentum and
+// AdamW state, user values), resharding N -> M for every pair in {1,2,3,4},
+// full <-> sharded, unwrapped models, filters, Lightning's errors, and every
+// kind of damaged file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "../support/subprocess.h"
+#include "../support/thread_ranks.h"
+#include "fsdp/checkpoint_io.h"
+#include "fsdp/error.h"
+#include "fsdp/optim_state_dict.h"
+#include "fsdp/state_dict.h"
+#include "trainer.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kGlobalBatch = 12;
+
+CheckpointState state_of(Trainer& t) {
+  return CheckpointState().model("model", t.model.ptr()).optimizer("optimizer", *t.optimizer);
+}
+
+void expect_equal(const std::map<std::string, torch::Tensor>& got, const std::map<std::string, torch::Tensor>& want,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [k, w] : want) {
+    ASSERT_TRUE(got.count(k)) << what << ": missing " << k;
+    EXPECT_TRUE(torch::equal(got.at(k), w)) << what << ": " << k;
+  }
+}
+
+std::string fmt_name(CheckpointFormat f) { return f == CheckpointFormat::kFull ? "full" : "sharded"; }
+
+class CheckpointRoundTrip : public ::testing::TestWithParam<std::tuple<CheckpointFormat, Opt>> {};
+
+TEST_P(CheckpointRoundTrip, ResumingGivesTheUninterruptedRunAndTheValues) {
+  const auto [format, opt] = GetParam();
+  TempDir dir;
+  const std::string path = dir.path() + "/ckpt";
+  const auto batches = make_batches(6, kGlobalBatch, 4);
+  auto rng = torch::arange(10, torch::kLong);
+  run_ranks(2, [&, format = format, opt = opt](dist::ProcessGroup& pg) {
+    Trainer a(pg, opt, 1);
+    a.train(pg, batches, 0, 3);
+    CheckpointState s = state_of(a);
+    s.value("step", int64_t{3}).value("lr", 0.25).value("done", false).value("tag", std::string("run \"x\"")).value("rng", rng);
+    save_checkpoint(path, s, pg, {format});
+    a.train(pg, batches, 3, 6);
+    auto want = a.snapshot();
+
+    Trainer b(pg, opt, 99);  // other weights: everything must come from the checkpoint
+    CheckpointState t = state_of(b);
+    t.value("step", int64_t{0}).value("tag", std::string());
+    auto extra = load_checkpoint(path, t, pg);
+    EXPECT_EQ(t.get<int64_t>("step"), 3);
+    EXPECT_EQ(t.get<std::string>("tag"), "run \"x\"");
+    ASSERT_EQ(extra.size(), 3u);  // lr, done, rng: not asked for, returned
+    EXPECT_EQ(std::get<double>(extra.at("lr")), 0.25);
+    EXPECT_EQ(std::get<bool>(extra.at("done")), false);
+    EXPECT_TRUE(torch::equal(std::get<torch::Tensor>(extra.at("rng")), rng));
+    b.train(pg, batches, 3, 6);
+    expect_equal(b.snapshot(), want, "resumed");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CheckpointRoundTrip,
+                         ::testing::Combine(::testing::Values(CheckpointFormat::kFull, CheckpointFormat::kSharded),
+                                            ::testing::Values(Opt::kSgd, Opt::kAdamW)),
+                         [](const auto& info) {
+                           return fmt_name(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == Opt::kSgd ? "_sgd" : "_adamw");
+                         });
+
+// Saved at world N, loaded at world M: the same parameters and optimizer state, exactly.
+class CheckpointReshard : public ::testing::TestWithParam<std::tuple<CheckpointFormat, int, int>> {};
+
+TEST_P(CheckpointReshard, LoadsExactlyAtAnyWorldSize) {
+  const auto [format, n, m] = GetParam();
+  TempDir dir;
+  const std::string path = dir.path() + "/ckpt";
+  const auto batches = make_batches(2, kGlobalBatch, 5);
+  std::map<std::string, torch::Tensor> want;
+  std::mutex mu;
+  run_ranks(n, [&, format = format](dist::ProcessGroup& pg) {
+    Trainer a(pg, Opt::kAdamW, 1, ShardingStrategy::kFullShard, pg.size() % 2 == 0);
+    a.train(pg, batches, 0, 2);
+    save_checkpoint(path, state_of(a), pg, {format});
+    auto snap = a.snapshot();
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg.rank() == 0) want = snap;
+  });
+  run_ranks(m, [&](dist::ProcessGroup& pg) {
+    Trainer b(pg, Opt::kAdamW, 2, ShardingStrategy::kFullShard, pg.size() % 2 == 1);
+    b.train(pg, batches, 0, 1);  // state of its own, to be replaced
+    CheckpointState s = state_of(b);
+    load_checkpoint(path, s, pg);
+    expect_equal(b.snapshot(), want, "world " + std::to_string(pg.size()));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPairs, CheckpointReshard,
+                         ::testing::Combine(::testing::Values(CheckpointFormat::kFull, CheckpointFormat::kSharded),
+                                            ::testing::Values(1, 2, 3, 4), ::testing::Values(1, 2, 3, 4)),
+                         [](const auto& info) {
+                           return fmt_name(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param)) +
+                                  "_to_" + std::to_string(std::get<2>(info.param));
+                         });
+
+TEST(Checkpoint, HybridAndNoShardSaveEachPieceOnce) {
+  TempDir dir;
+  const auto batches = make_batches(1, kGlobalBatch, 6);
+  std::map<std::string, torch::Tensor> want;
+  std::mutex mu;
+  for (auto s : {ShardingStrategy::kHybridShard, ShardingStrategy::kNoShard}) {
+    const std::string path = dir.path() + "/" + to_string(s);
+    run_ranks(4, [&](dist::ProcessGroup& pg) {
+      Trainer a(pg, Opt::kSgd, 1, s);
+      a.train(pg, batches, 0, 1);
+      save_checkpoint(path, state_of(a), pg, {CheckpointFormat::kSharded});
+      auto snap = a.snapshot();
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg.rank() == 0) want = snap;
+    });
+    // Each piece once: the data files hold exactly the model and optimizer bytes.
+    auto info = inspect_checkpoint(path);
+    int64_t bytes = 0;
+    for (const auto& t : info.tensors) bytes += t.nbytes;
+    int64_t data = 0;
+    for (const auto& f : fs::directory_iterator(path)) {
+      if (f.path().filename().string().rfind("data-", 0) == 0) data += static_cast<int64_t>(fs::file_size(f.path()));
+    }
+    EXPECT_EQ(data, bytes) << to_string(s);
+    int64_t model_bytes = 0;
+    for (const auto& [k, t] : want) {
+      if (k.rfind("optim/", 0) != 0) model_bytes += t.numel() * t.element_size();
+    }
+    EXPECT_GE(bytes, model_bytes);
+    EXPECT_LE(bytes, 2 * model_bytes + 1000);  // parameters + one momentum buffer each (+ buffers)
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      Trainer b(pg, Opt::kSgd, 2);
+      CheckpointState st = state_of(b);
+      load_checkpoint(path, st, pg);
+      expect_equal(b.snapshot(), want, to_string(s));
+    });
+  }
+}
+
+TEST(Checkpoint, LoadsIntoAnUnwrappedModelAndBack) {
+  TempDir dir;
+  std::map<std::string, torch::Tensor> want;
+  std::mutex mu;
+  for (auto format : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
+    const std::string path = dir.path() + "/" + fmt_name(format);
+    run_ranks(3, [&](dist::ProcessGroup& pg) {
+      Trainer a(pg, Opt::kSgd, 1);
+      save_checkpoint(path, state_of(a), pg, {format});
+      auto p = to_map(full_parameters(a.model.ptr()));
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg.rank() == 0) want = p;
+    });
+    auto plain = make_net(7);
+    run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(path, plain, pg); });
+    expect_equal(named_params(*plain), want, "unwrapped from " + fmt_name(format));
+  }
+}
+
+TEST(Checkpoint, FilterKeepsOnlySomeKeysInBothFormats) {
+  TempDir dir;
+  for (auto format : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
+    const std::string path = dir.path() + "/" + fmt_name(format);
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      Trainer a(pg, Opt::kSgd, 1);
+      CheckpointState s = state_of(a);
+      s.value("step", int64_t{1}).value("secret", std::string("x"));
+      CheckpointOptions o{format};
+      o.filter = [](const std::string& entry, const std::string& key) {
+        if (entry == "secret") return false;
+        return entry != "model" || key.rfind("blocks.", 0) == 0;
+      };
+      save_checkpoint(path, s, pg, o);
+    });
+    auto info = inspect_checkpoint(path);
+    EXPECT_TRUE(info.values.count("step"));
+    EXPECT_FALSE(info.values.count("secret"));
+    for (const auto& t : info.tensors) {
+      if (t.key.rfind("model/", 0) == 0) EXPECT_EQ(t.key.rfind("model/blocks.", 0), 0u) << t.key;
+    }
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      Trainer b(pg, Opt::kSgd, 2);
+      CheckpointState s = state_of(b);
+      EXPECT_THROW(load_checkpoint(path, s, pg, /*strict=*/true), Error);  // emb.weight etc. are missing
+      CheckpointState model_only;
+      model_only.model("model", b.model.ptr());
+      load_checkpoint(path, model_only, pg, /*strict=*/false);
+    });
+  }
+}
+
+TEST(Checkpoint, LightningsErrors) {
+  TempDir dir;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer a(pg, Opt::kSgd, 1);
+    auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+      try {
+        f();
+        ADD_FAILURE() << "no error, expected: " << text;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+      }
+    };
+    CheckpointState none;
+    none.value("step", int64_t{1});
+    expect_error([&] { save_checkpoint(dir.path() + "/x", none, pg); }, "Could not find a FSDP model");
+    Trainer other(pg, Opt::kSgd, 2);
+    CheckpointState two = state_of(a);
+    two.model("model2", other.model.ptr());
+    expect_error([&] { save_checkpoint(dir.path() + "/x", two, pg); }, "Found multiple FSDP models");
+    if (pg.rank() == 0) fs::create_directories(dir.path() + "/plain_dir");
+    pg.barrier();
+    expect_error([&] { save_checkpoint(dir.path() + "/plain_dir", state_of(a), pg, {CheckpointFormat::kFull}); },
+                 "The checkpoint path exists and is a directory");
+    CheckpointState s = state_of(a);
+    expect_error([&] { load_checkpoint(dir.path() + "/nothing", s, pg); }, "does not point to a valid checkpoint");
+    expect_error([&] { load_checkpoint(dir.path() + "/plain_dir", s, pg); }, "does not point to a valid checkpoint");
+    CheckpointState empty;
+    expect_error([&] { load_checkpoint(dir.path() + "/x", empty, pg); }, "at least a model");
+    save_checkpoint(dir.path() + "/ok", state_of(a), pg, {CheckpointFormat::kSharded});
+    CheckpointState more = state_of(a);
+    more.value("epoch", int64_t{0});
+    expect_error([&] { load_checkpoint(dir.path() + "/ok", more, pg, /*strict=*/true); },
+                 "The requested state contains a key 'epoch' that does not exist in the loaded checkpoint");
+    load_checkpoint(dir.path() + "/ok", more, pg, /*strict=*/false);
+    EXPECT_EQ(more.get<int64_t>("epoch"), 0);  // untouched
+    // Format switches over an existing checkpoint are refused, not destructive.
+    expect_error([&] { save_checkpoint(dir.path() + "/ok", state_of(a), pg, {CheckpointFormat::kFull}); },
+                 "holds a sharded checkpoint");
+    load_checkpoint(dir.path() + "/ok", s, pg);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Damaged checkpoints: every problem is an error naming the file and tensor.
+
+void save_small(const std::string& path, CheckpointFormat format) {
+  const auto batches = make_batches(1, kGlobalBatch, 3);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer a(pg, Opt::kSgd, 1);
+    a.train(pg, batches, 0, 1);  // optimizer state too
+    CheckpointState s = state_of(a);
+    s.value("step", int64_t{5});
+    save_checkpoint(path, s, pg, {format});
+  });
+}
+
+std::string load_error(const std::string& path) {
+  std::string msg;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer b(pg, Opt::kSgd, 2);
+    CheckpointState s = state_of(b);
+    try {
+      load_checkpoint(path, s, pg);
+    } catch (const Error& e) {
+      if (pg.rank() == 0) msg = e.what();
+    }
+  });
+  return msg;
+}
+
+std::string read_all(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void write_all(const std::string& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << s;
+}
+std::string first_data_file(const std::string& dir) {
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const auto name = f.path().filename().string();
+    if (name.rfind("data-", 0) == 0 && fs::file_size(f.path()) > 0) return f.path().string();
+  }
+  return "";
+}
+void replace_in(const std::string& file, const std::string& from, const std::string& to) {
+  std::string s = read_all(file);
+  const auto at = s.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  s.replace(at, from.size(), to);
+  write_all(file, s);
+}
+
+TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
+  TempDir dir;
+  const std::string good = dir.path() + "/good";
+  save_small(good, CheckpointFormat::kSharded);
+  EXPECT_TRUE(verify_checkpoint(good).empty());
+  auto fresh = [&](const std::string& name) {
+    const std::string p = dir.path() + "/" + name;
+    fs::copy(good, p, fs::copy_options::recursive);
+    return p;
+  };
+  {  // a flipped byte
+    auto p = fresh("flip");
+    auto f = first_data_file(p);
+    std::string s = read_all(f);
+    s[s.size() / 2] = static_cast<char>(s[s.size() / 2] ^ 0x40);
+    write_all(f, s);
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("checksum mismatch in " + f), std::string::npos) << msg;
+    EXPECT_NE(msg.find("for tensor '"), std::string::npos) << msg;
+    EXPECT_FALSE(verify_checkpoint(p).empty());
+  }
+  {  // truncated
+    auto p = fresh("trunc");
+    auto f = first_data_file(p);
+    fs::resize_file(f, fs::file_size(f) / 2);
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find(f + " is truncated"), std::string::npos) << msg;
+  }
+  {  // a missing shard file
+    auto p = fresh("missing");
+    auto f = first_data_file(p);
+    fs::remove(f);
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("a data file of the checkpoint is missing"), std::string::npos) << msg;
+    EXPECT_NE(verify_checkpoint(p).front().find("missing data file"), std::string::npos);
+  }
+  {  // an index pointing outside the directory
+    auto p = fresh("escape");
+    auto name = fs::path(first_data_file(p)).filename().string();
+    std::string s = read_all(p + "/index.json");
+    size_t at;
+    while ((at = s.find("\"" + name + "\"")) != std::string::npos) s.replace(at, name.size() + 2, "\"../../etc/passwd\"");
+    write_all(p + "/index.json", s);
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("is not a plain file name inside the checkpoint"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(p + "/index.json"), std::string::npos) << msg;
+  }
+  {  // a version from the future
+    auto p = fresh("future");
+    replace_in(p + "/index.json", "\"version\": 1", "\"version\": 7");
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("written by a newer fsdp-cpp (format version 7"), std::string::npos) << msg;
+  }
+  {  // bytes that do not match dtype x shape
+    auto p = fresh("bytes");
+    std::string s = read_all(p + "/index.json");
+    const auto at = s.find("\"nbytes\": ");
+    const auto end = s.find(',', at);
+    s.replace(at, end - at, "\"nbytes\": 3");
+    write_all(p + "/index.json", s);
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("does not match its sizes x dtype"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tensor '"), std::string::npos) << msg;
+  }
+  {  // garbage index
+    auto p = fresh("garbage");
+    write_all(p + "/index.json", "{\"format\": \"fsdp-cpp\", \"version\": [");
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+  }
+  {  // an interrupted save: data files, no index
+    auto p = fresh("interrupted");
+    fs::remove(p + "/index.json");
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("incomplete sharded checkpoint"), std::string::npos) << msg;
+  }
+}
+
+TEST(CheckpointDamage, FullFilesAreCheckedAndNamed) {
+  TempDir dir;
+  const std::string good = dir.path() + "/good.pt";
+  save_small(good, CheckpointFormat::kFull);
+  EXPECT_TRUE(verify_checkpoint(good).empty());
+  auto fresh = [&](const std::string& name) {
+    const std::string p = dir.path() + "/" + name;
+    fs::copy_file(good, p);
+    return p;
+  };
+  {  // a flipped byte inside tensor data (records are stored uncompressed)
+    auto p = fresh("flip.pt");
+    std::string s = read_all(p);
+    // Record data/0 (the first tensor): its bytes follow its zip local header.
+    const auto name = s.find("archive/data/0");
+    ASSERT_NE(name, std::string::npos);
+    const size_t header = name - 30;
+    ASSERT_EQ(s.substr(header, 4), std::string("PK\x03\x04"));
+    auto u16 = [&](size_t at) { return static_cast<size_t>(static_cast<unsigned char>(s[at])) |
+                                       static_cast<size_t>(static_cast<unsigned char>(s[at + 1])) << 8; };
+    const size_t data = header + 30 + u16(header + 26) + u16(header + 28);
+    s[data + 5] = static_cast<char>(s[data + 5] ^ 0x01);
+    write_all(p, s);
+    EXPECT_FALSE(verify_checkpoint(p).empty());
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  }
+  {  // truncated
+    auto p = fresh("trunc.pt");
+    fs::resize_file(p, fs::file_size(p) / 2);
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("does not point to a valid checkpoint"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  }
+  {  // not a zip at all
+    auto p = dir.path() + "/text.pt";
+    write_all(p, "hello");
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("does not point to a valid checkpoint"), std::string::npos) << msg;
+  }
+}
+
+TEST(FsdpCkptTool, InspectVerifyConsolidate) {
+  TempDir dir;
+  const std::string sharded = dir.path() + "/sharded", full = dir.path() + "/full.pt";
+  save_small(sharded, CheckpointFormat::kSharded);
+  auto r = run_program({FSDP_CKPT_PATH, "inspect", sharded}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  for (const char* text : {"format:     sharded", "world size: 2", "step = 5", "model/emb.weight", "float32", "[11, 7]",
+                           "optimizer/emb.weight.momentum_buffer"}) {
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << "\n" << r.output;
+  }
+  r = run_program({FSDP_CKPT_PATH, "verify", sharded}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  r = run_program({FSDP_CKPT_PATH, "consolidate", sharded, full}, std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_EQ(inspect_checkpoint(full).format, CheckpointFormat::kFull);
+  // The consolidated file loads to the same model as the directory.
+  auto a = make_net(1), b = make_net(2);
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    load_checkpoint(sharded, a, pg);
+    load_checkpoint(full, b, pg);
+  });
+  expect_equal(named_params(*b), named_params(*a), "consolidated");
+  // Damage is reported with exit status 1 and the entry named.
+  std::string f = first_data_file(sharded);
+  std::string bytes = read_all(f);
+  bytes[0] = static_cast<char>(bytes[0] ^ 0x10);
+  write_all(f, bytes);
+  r = run_program({FSDP_CKPT_PATH, "verify", sharded}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code(), 1) << r.output;
+  EXPECT_NE(r.output.find("DAMAGED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checksum mismatch in " + f), std::string::npos) << r.output;
+  r = run_program({FSDP_CKPT_PATH, "inspect", dir.path() + "/nope"}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code(), 2) << r.output;
+  EXPECT_NE(r.output.find("does not point to a valid checkpoint"), std::string::npos) << r.output;
+}
+
+}  // namespace

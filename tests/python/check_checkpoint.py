@@ -1,0 +1,62 @@
+"""Opens the checkpoints tests/fsdp/checkpoint_helper_main.cpp wrote, in
+Python with PyTorch only: the full one with torch.load (plain and
+weights_only), the sharded one with python/fsdp_checkpoint.py; both must hold
+the same entries, equal tensors, the values saved, and parameters whose sums
+match what the C++ side computed."""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+import fsdp_checkpoint  # noqa: E402
+
+
+def same(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def main(d):
+    full = torch.load(os.path.join(d, "full.pt"))
+    # weights_only=True (no code runs on load): PyTorch 1.13's safe unpickler
+    # lacks the float opcode (hyper-parameters, float values); 2.x has it.
+    major = int(torch.__version__.split(".")[0])
+    try:
+        safe = torch.load(os.path.join(d, "full.pt"), weights_only=True)
+        same(full, safe, "weights_only")
+    except Exception as e:  # noqa: BLE001
+        if major >= 2 or "Unsupported operand 71" not in str(e):
+            raise
+    sharded = fsdp_checkpoint.load(os.path.join(d, "sharded"))
+    same(full, sharded, "full vs sharded")
+    assert full["step"] == 7 and full["lr"] == 0.5 and full["name"] == "gpt" and full["ok"] is True, full
+    assert torch.equal(full["rng"], torch.arange(5))
+    model = full["model"]
+    assert model["emb.weight"].shape == (11, 7) and model["emb.weight"].dtype == torch.float32
+    with open(os.path.join(d, "expected.json")) as f:
+        sums = json.load(f)
+    for k, s in sums.items():
+        assert abs(model[k].sum().item() - s) < 1e-4, (k, model[k].sum().item(), s)
+    opt = full["optimizer"]
+    assert set(opt) == {"state", "param_groups"}
+    assert opt["state"]["emb.weight"]["exp_avg"].shape == (11, 7)
+    assert int(opt["state"]["emb.weight"]["step"]) == 2
+    assert abs(opt["param_groups"][0]["lr"] - 0.01) < 1e-12
+    assert sorted(opt["param_groups"][0]["params"]) == sorted(sums)
+    print("ok:", len(model), "model tensors,", len(opt["state"]), "optimizer states")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
