@@ -93,6 +93,12 @@ struct CheckpointOptions {
   // Keeps only the keys for which it returns true: (entry name, key in that
   // entry's state dict; "" for a value). Works for both formats.
   std::function<bool(const std::string& entry, const std::string& key)> filter;
+  // Stage the state in memory (sharded: each rank's pieces; full: rank 0's
+  // gathered copy of everything) and write it in the background while
+  // training goes on. The save commits at wait_for_checkpoint (which the
+  // next save or load calls); until then the previous checkpoint at the
+  // path is the one that loads.
+  bool async_save = false;
 };
 
 // [collective over `group` (the whole world): every rank calls it with the
@@ -104,6 +110,15 @@ struct CheckpointOptions {
 // with the previous checkpoint at `path` left intact.
 void save_checkpoint(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
                      const CheckpointOptions& options = {});
+
+// [collective over `group` when an async save is pending, a no-op otherwise]
+// Waits for the pending async save of `group` to finish writing and commits
+// it; throws its error. Call it on every rank at the same point (end of
+// training), like the save itself.
+void wait_for_checkpoint(dist::ProcessGroup& group);
+
+// [local] True while an async save of `group` awaits wait_for_checkpoint.
+bool checkpoint_pending(const dist::ProcessGroup& group);
 
 // [collective over `group`] Loads the checkpoint at `path` (either format,
 // any world size at save) into `state`'s models and optimizers and fills the

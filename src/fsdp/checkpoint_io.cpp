@@ -8,6 +8,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
+#include <future>
+#include <mutex>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -270,6 +272,25 @@ class FullFileWriter {
   int next_ = 0;
 };
 
+// ---------------------------------------------------------------------------
+// Async saves: the write runs in the background; the commit (a collective)
+// runs at wait_for_checkpoint, which every rank calls at the same point (the
+// next save or load does it for them).
+
+struct PendingSave {
+  std::future<std::string> write;                     // the report of the write
+  std::function<void(const std::string&)> commit;    // [collective]
+};
+
+std::mutex& pending_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<const dist::ProcessGroup*, PendingSave>& pending_saves() {
+  static std::map<const dist::ProcessGroup*, PendingSave> p;
+  return p;
+}
+
 void save_full(const std::string& path, const CheckpointState& state,
                const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                const CheckpointOptions& options) {
@@ -281,12 +302,44 @@ void save_full(const std::string& path, const CheckpointState& state,
     }
     throw ConfigError("save_checkpoint: The checkpoint path exists and is a directory: " + path);
   }
+  const bool writer = group.rank() == 0;
+  auto finish_on_all = [path, &group](std::string error) {
+    error = group.broadcast_bytes(error, 0);  // [collective]
+    if (!error.empty()) throw Error("save_checkpoint: saving " + path + " failed: " + error);
+  };
+  if (options.async_save) {
+    // Rank 0 keeps a copy of the gathered state and writes it in the background.
+    auto staged = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
+    auto entries = std::make_shared<std::vector<ck::EntryRecord>>();
+    std::string error = capture([&] {
+      *entries = visit_state(state, fsdp_model, StateDictType::kFull, options, [&](const std::string& k, const StateValue& v) {
+        if (writer) staged->emplace_back(k, std::get<at::Tensor>(v).detach().to(at::kCPU, false, /*copy=*/true));
+      });
+    });
+    if (!error.empty()) return finish_on_all(error);
+    const int world = group.size();
+    PendingSave pending;
+    pending.write = std::async(std::launch::async, [path, world, writer, staged, entries] {
+      if (!writer) return std::string();
+      FullFileWriter out(path, world);
+      for (const auto& [k, t] : *staged) out.add(k, t);
+      out.finish(std::move(*entries));
+      return out.error();
+    });
+    pending.commit = [path, g = &group](const std::string& report) {
+      const std::string error = g->broadcast_bytes(report, 0);
+      if (!error.empty()) throw Error("save_checkpoint: saving " + path + " failed: " + error);
+    };
+    std::lock_guard<std::mutex> lock(pending_mutex());
+    pending_saves()[&group] = std::move(pending);
+    return;
+  }
   std::unique_ptr<FullFileWriter> out;
-  if (group.rank() == 0) out = std::make_unique<FullFileWriter>(path, group.size());
+  if (writer) out = std::make_unique<FullFileWriter>(path, group.size());
   auto put = [&](const std::string& key, const StateValue& v) {
     if (out) out->add(key, std::get<at::Tensor>(v));
   };
-  // [collective] gathers run on every rank; only rank 0 writes.
+  // [collective] gathers run on every rank; only rank 0 writes, as they come.
   std::vector<ck::EntryRecord> entries;
   std::string error = capture([&] { entries = visit_state(state, fsdp_model, StateDictType::kFull, options, put); });
   if (out) {
@@ -294,8 +347,7 @@ void save_full(const std::string& path, const CheckpointState& state,
     if (error.empty()) error = out->error();
     out.reset();  // an uncommitted temporary is removed
   }
-  error = group.broadcast_bytes(error, 0);
-  if (!error.empty()) throw Error("save_checkpoint: saving " + path + " failed: " + error);
+  finish_on_all(error);
 }
 
 // ---------------------------------------------------------------------------
@@ -314,9 +366,19 @@ std::string data_file_name(const std::string& save_id, int rank) {
   return "data-" + save_id + "-" + buf + ".bin";
 }
 
-void save_sharded(const std::string& path, const CheckpointState& state,
-                  const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
-                  const CheckpointOptions& options) {
+// A sharded save in three steps: stage (collective: who writes which piece),
+// write (local: this rank's data file), commit (collective: rank 0 writes the
+// index). An async save runs the write in the background.
+struct ShardedJob {
+  std::string path, save_id, file_name;
+  int rank = 0, world = 1;
+  std::vector<ck::EntryRecord> entries;
+  std::vector<Piece> owned;  // the pieces this rank writes
+};
+
+ShardedJob stage_sharded(const std::string& path, const CheckpointState& state,
+                         const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
+                         const CheckpointOptions& options, bool copy) {
   std::error_code ec;
   if (fs::exists(path, ec) && !fs::is_directory(path, ec)) {
     throw ConfigError("save_checkpoint: " + path + " is a file (a full checkpoint?); a sharded checkpoint is a "
@@ -325,7 +387,12 @@ void save_sharded(const std::string& path, const CheckpointState& state,
   std::string error;
   if (group.rank() == 0) error = capture([&] { fs::create_directories(path); });
   agree(group, error, "save_checkpoint: creating " + path);
-  const std::string save_id = group.broadcast_bytes(ck::new_save_id(), 0);
+  ShardedJob job;
+  job.path = path;
+  job.rank = group.rank();
+  job.world = group.size();
+  job.save_id = group.broadcast_bytes(ck::new_save_id(), 0);
+  job.file_name = data_file_name(job.save_id, job.rank);
 
   // This rank's pieces: views of its shards, no gather.
   std::vector<Piece> pieces;
@@ -338,8 +405,7 @@ void save_sharded(const std::string& path, const CheckpointState& state,
     const auto& st = std::get<ShardedTensor>(v);
     for (const auto& s : st.local_shards) pieces.push_back({key, st.dtype, st.global_shape, s.offsets, s.tensor});
   };
-  std::vector<ck::EntryRecord> entries;
-  error = capture([&] { entries = visit_state(state, fsdp_model, StateDictType::kSharded, options, put); });
+  error = capture([&] { job.entries = visit_state(state, fsdp_model, StateDictType::kSharded, options, put); });
 
   // [collective] Who writes what: a box held by several ranks (replicas,
   // tensors every rank has) is written by the lowest one.
@@ -356,31 +422,44 @@ void save_sharded(const std::string& path, const CheckpointState& state,
   for (int r = 0; r < group.rank(); ++r) {
     for (const auto& x : Json::parse(everyone[static_cast<size_t>(r)])) taken.insert(box_id(x));
   }
-  const std::string file_name = data_file_name(save_id, group.rank());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (!taken.insert(box_id(mine[i])).second) continue;
+    Piece p = std::move(pieces[i]);
+    p.tensor = copy ? p.tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous()
+                    : p.tensor;  // async: a snapshot, training goes on
+    job.owned.push_back(std::move(p));
+  }
+  return job;
+}
+
+// Writes this rank's data file; returns its chunks (JSON) or "!" + the error.
+std::string write_sharded(const ShardedJob& job) {
   Json chunks = Json::array();
-  error = capture([&] {
-    ck::AtomicFile file((fs::path(path) / file_name).string());
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      if (!taken.insert(box_id(mine[i])).second) continue;
-      const Piece& p = pieces[i];
+  std::string error = capture([&] {
+    ck::AtomicFile file((fs::path(job.path) / job.file_name).string());
+    for (const Piece& p : job.owned) {
       const at::Tensor t = cpu_contiguous(p.tensor);
       const auto nbytes = static_cast<int64_t>(t.numel() * t.element_size());
       chunks.push_back(Json{{"key", p.key},
                             {"dtype", ck::dtype_name(p.dtype)},
                             {"shape", p.shape},
-                            {"file", file_name},
+                            {"file", job.file_name},
                             {"offset", file.size()},
                             {"nbytes", nbytes},
                             {"offsets", p.offsets},
                             {"sizes", t.sizes().vec()},
                             {"crc32", ck::crc32(t.data_ptr(), static_cast<size_t>(nbytes))}});
       file.write(t.data_ptr(), static_cast<size_t>(nbytes));
-      if (chunks.size() == 1) ck::crash_point("sharded-mid-data", group.rank());
+      if (chunks.size() == 1) ck::crash_point("sharded-mid-data", job.rank);
     }
     file.commit();  // synced before the index can name it
   });
-  // [collective] every rank's chunks (or its failure) to rank 0.
-  const auto reports = group.all_gather_bytes(error.empty() ? chunks.dump() : "!" + error);
+  return error.empty() ? chunks.dump() : "!" + error;
+}
+
+// [collective] Every rank's chunks to rank 0, which commits the index.
+void commit_sharded(const ShardedJob& job, const std::string& report, dist::ProcessGroup& group) {
+  const auto reports = group.all_gather_bytes(report);
   std::string failed;
   for (size_t r = 0; r < reports.size() && failed.empty(); ++r) {
     if (!reports[r].empty() && reports[r][0] == '!') failed = "rank " + std::to_string(r) + ": " + reports[r].substr(1);
@@ -389,12 +468,12 @@ void save_sharded(const std::string& path, const CheckpointState& state,
     failed = capture([&] {
       ck::Index ix;
       ix.kind = "sharded";
-      ix.world_size = group.size();
-      ix.save_id = save_id;
-      ix.entries = entries;
-      for (int r = 0; r < group.size(); ++r) ix.files.push_back(data_file_name(save_id, r));
-      for (const auto& report : reports) {
-        for (const auto& c : Json::parse(report)) {
+      ix.world_size = job.world;
+      ix.save_id = job.save_id;
+      ix.entries = job.entries;
+      for (int r = 0; r < job.world; ++r) ix.files.push_back(data_file_name(job.save_id, r));
+      for (const auto& rep : reports) {
+        for (const auto& c : Json::parse(rep)) {
           const std::string key = c["key"].get<std::string>();
           auto it = ix.tensors.find(key);
           if (it == ix.tensors.end()) {
@@ -410,15 +489,15 @@ void save_sharded(const std::string& path, const CheckpointState& state,
         }
       }
       const std::string text = ck::to_json(ix);
-      ck::AtomicFile index((fs::path(path) / ck::kIndexFile).string());
+      ck::AtomicFile index((fs::path(job.path) / ck::kIndexFile).string());
       index.write(text.data(), text.size());
       ck::crash_point("sharded-before-index", 0);
       index.commit();  // the commit point: the new index replaces the old one atomically
       ck::crash_point("sharded-after-index", 0);
-      // The previous save's data files are no longer referenced.
-      // So are temporaries left by saves that were killed.
+      // The previous save's data files are no longer referenced; neither are
+      // temporaries left by saves that were killed.
       static const std::regex stale("data-.*\\.bin|data-.*\\.bin\\.tmp-.*|index\\.json\\.tmp-.*");
-      for (const auto& f : fs::directory_iterator(path)) {
+      for (const auto& f : fs::directory_iterator(job.path)) {
         const std::string name = f.path().filename().string();
         if (std::regex_match(name, stale) && std::find(ix.files.begin(), ix.files.end(), name) == ix.files.end()) {
           fs::remove(f.path());
@@ -428,8 +507,9 @@ void save_sharded(const std::string& path, const CheckpointState& state,
   }
   failed = group.broadcast_bytes(failed, 0);
   if (!failed.empty()) {
-    fs::remove(fs::path(path) / file_name, ec);  // never referenced by an index
-    throw Error("save_checkpoint: saving " + path + " failed (the previous checkpoint there is intact): " + failed);
+    std::error_code ec;
+    fs::remove(fs::path(job.path) / job.file_name, ec);  // never referenced by an index
+    throw Error("save_checkpoint: saving " + job.path + " failed (the previous checkpoint there is intact): " + failed);
   }
 }
 
@@ -640,15 +720,43 @@ CheckpointValue read_value(const Source& src, const ck::EntryRecord& e) {
 void save_checkpoint(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
                      const CheckpointOptions& options) {
   auto [name, model] = the_fsdp_model(state, "save");
+  wait_for_checkpoint(group);  // one save at a time
   if (options.format == CheckpointFormat::kFull) {
     save_full(path, state, model, group, options);
-  } else {
-    save_sharded(path, state, model, group, options);
+    return;
   }
+  auto job = std::make_shared<ShardedJob>(stage_sharded(path, state, model, group, options, options.async_save));
+  if (!options.async_save) {
+    commit_sharded(*job, write_sharded(*job), group);
+    return;
+  }
+  PendingSave pending;
+  pending.write = std::async(std::launch::async, [job] { return write_sharded(*job); });
+  pending.commit = [job, g = &group](const std::string& report) { commit_sharded(*job, report, *g); };
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  pending_saves()[&group] = std::move(pending);
+}
+
+void wait_for_checkpoint(dist::ProcessGroup& group) {
+  PendingSave pending;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex());
+    auto it = pending_saves().find(&group);
+    if (it == pending_saves().end()) return;
+    pending = std::move(it->second);
+    pending_saves().erase(it);
+  }
+  pending.commit(pending.write.get());
+}
+
+bool checkpoint_pending(const dist::ProcessGroup& group) {
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  return pending_saves().count(&group) > 0;
 }
 
 std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
                                                        dist::ProcessGroup& group, bool strict) {
+  wait_for_checkpoint(group);
   if (state.entries().empty()) {
     throw ConfigError("Got load_checkpoint(..., state) with an empty state, but a state with at least a model "
                       "instance to reload is required. Pass it in like so: load_checkpoint(path, "
@@ -709,6 +817,7 @@ std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, 
 void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
                      dist::ProcessGroup& group, bool strict) {
   if (!module) throw ConfigError("load_checkpoint: the module is null");
+  wait_for_checkpoint(group);
   std::string error = capture([&] {
     auto src = open_source(path);
     const ck::EntryRecord* model = nullptr;

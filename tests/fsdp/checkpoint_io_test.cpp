@@ -114,6 +114,36 @@ INSTANTIATE_TEST_SUITE_P(AllPairs, CheckpointReshard,
                                   "_to_" + std::to_string(std::get<2>(info.param));
                          });
 
+TEST(Checkpoint, AsyncSaveKeepsTheSnapshotAndCommitsAtWait) {
+  TempDir dir;
+  const auto batches = make_batches(4, kGlobalBatch, 8);
+  for (auto format : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
+    const std::string path = dir.path() + "/" + fmt_name(format);
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      Trainer a(pg, Opt::kAdamW, 1);
+      a.train(pg, batches, 0, 1);
+      save_checkpoint(path, state_of(a).value("step", int64_t{1}), pg, {format});
+      a.train(pg, batches, 1, 2);
+      auto want = a.snapshot();
+      CheckpointOptions o{format};
+      o.async_save = true;
+      save_checkpoint(path, state_of(a).value("step", int64_t{2}), pg, o);
+      EXPECT_TRUE(checkpoint_pending(pg));
+      a.train(pg, batches, 2, 4);  // training goes on while the save is written
+      if (format == CheckpointFormat::kSharded) {
+        EXPECT_EQ(inspect_checkpoint(path).values.at("step"), "1");  // not committed yet
+      }
+      wait_for_checkpoint(pg);
+      EXPECT_FALSE(checkpoint_pending(pg));
+      Trainer b(pg, Opt::kAdamW, 5);
+      CheckpointState s = state_of(b).value("step", int64_t{0});
+      load_checkpoint(path, s, pg);
+      EXPECT_EQ(s.get<int64_t>("step"), 2);
+      expect_equal(b.snapshot(), want, "async " + fmt_name(format));  // the state at the save, not after
+    });
+  }
+}
+
 TEST(Checkpoint, HybridAndNoShardSaveEachPieceOnce) {
   TempDir dir;
   const auto batches = make_batches(1, kGlobalBatch, 6);
