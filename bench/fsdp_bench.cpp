@@ -1,8 +1,13 @@
 // fsdp-bench: trains the GPT decoder of fsdp/models/gpt.h with one sharding
 // strategy (or unwrapped: --strategy local) and prints one JSON line from
 // rank 0. Run it under fsdp-run; see docs/performance.md.
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
 
 #include <cstdio>
 
@@ -15,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
@@ -36,6 +42,102 @@ double rss_now_mb() {
   if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
   std::fclose(f);
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+// Samples this process's resident memory every few milliseconds while alive;
+// peak() is the largest sample (ru_maxrss cannot be reset between phases).
+class RssSampler {
+ public:
+  RssSampler() : thread_([this] {
+    while (!stop_) {
+      peak_ = std::max(peak_.load(), rss_now_mb());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }) {}
+  ~RssSampler() { stop(); }
+  double stop() {
+    if (thread_.joinable()) {
+      stop_ = true;
+      thread_.join();
+    }
+    return peak_;
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<double> peak_{0};
+  std::thread thread_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Writes `bytes` to `path` with plain buffered writes, then fsync: the disk's
+// sequential write speed, for comparison.
+void plain_write(const std::string& path, int64_t bytes) {
+  std::vector<char> buf(8 << 20, 1);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw fsdp::Error("cannot create " + path);
+  for (int64_t left = bytes; left > 0;) {
+    const auto n = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(buf.size())));
+    if (::write(fd, buf.data(), n) != static_cast<ssize_t>(n)) throw fsdp::Error("write failed: " + path);
+    left -= static_cast<int64_t>(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+int64_t dir_bytes(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(path)) return static_cast<int64_t>(fs::file_size(path));
+  int64_t n = 0;
+  for (const auto& f : fs::directory_iterator(path)) n += static_cast<int64_t>(f.file_size());
+  return n;
+}
+
+// --checkpoint: save and load the trained model and optimizer in both formats.
+std::string checkpoint_bench(fsdp::dist::ProcessGroup& pg, const std::shared_ptr<torch::nn::Module>& model,
+                             torch::optim::Optimizer& opt, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const double train_peak = peak_rss_mb();
+  const double largest_unit_mb = static_cast<double>(fsdp::memory_stats(model).largest_unit_bytes) / (1 << 20);
+  fsdp::CheckpointState state;
+  state.model("model", model).optimizer("optimizer", opt).value("step", int64_t{1});
+  const std::string sharded = dir + "/sharded", full = dir + "/full.pt";
+  if (pg.rank() == 0) fs::create_directories(dir);
+  pg.barrier();
+  auto timed = [&](const std::function<void()>& f) {
+    pg.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    pg.barrier();
+    return seconds_since(t0);
+  };
+  // The full save first, right after training: its peak is compared with training's.
+  RssSampler sampler;
+  const double save_full_s = timed([&] { fsdp::save_checkpoint(full, state, pg, {fsdp::CheckpointFormat::kFull}); });
+  const double full_save_peak = sampler.stop();
+  const double save_sharded_s = timed([&] { fsdp::save_checkpoint(sharded, state, pg, {fsdp::CheckpointFormat::kSharded}); });
+  const int64_t bytes = dir_bytes(sharded);
+  // The same bytes, split like the shards, written plainly by every rank at once.
+  const double plain_s = timed([&] {
+    plain_write(dir + "/plain-" + std::to_string(pg.rank()), bytes / pg.size());
+  });
+  fs::remove(dir + "/plain-" + std::to_string(pg.rank()));
+  const double load_sharded_s = timed([&] { fsdp::load_checkpoint(sharded, state, pg); });
+  const double load_full_s = timed([&] { fsdp::load_checkpoint(full, state, pg); });
+  const double gb = static_cast<double>(bytes) / 1e9;
+  std::ostringstream js;
+  js << std::fixed << std::setprecision(3) << ",\"checkpoint\":{\"bytes\":" << bytes
+     << ",\"disk_plain_write_gbps\":" << gb / plain_s << ",\"sharded_save_s\":" << save_sharded_s
+     << ",\"sharded_save_gbps\":" << gb / save_sharded_s << ",\"sharded_save_vs_disk\":" << plain_s / save_sharded_s
+     << ",\"sharded_load_s\":" << load_sharded_s << ",\"full_save_s\":" << save_full_s
+     << ",\"full_save_gbps\":" << gb / save_full_s << ",\"full_load_s\":" << load_full_s
+     << ",\"rank_peak_train_mb\":" << train_peak << ",\"rank_peak_full_save_mb\":" << full_save_peak
+     << ",\"largest_unit_mb\":" << largest_unit_mb << ",\"full_save_extra_vs_unit\":"
+     << (full_save_peak - train_peak) / largest_unit_mb << "}";
+  return js.str();
 }
 
 }  // namespace
@@ -60,6 +162,9 @@ int main(int argc, char** argv) {
   app.add_flag("--bf16", bf16, "mixed precision: bfloat16 compute and reduction");
   app.add_flag("--activation-checkpointing", checkpointing, "checkpoint every transformer block");
   app.add_flag("--trace-memory", trace_memory, "print each rank's resident memory after each phase to stderr");
+  std::string checkpoint_dir;
+  app.add_option("--checkpoint", checkpoint_dir,
+                 "after training, save and load the model and AdamW state in DIR in both formats and report speeds");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -138,6 +243,11 @@ int main(int argc, char** argv) {
     const uint64_t bytes_per_step = steps > 0 ? (comm_bytes() - bytes_before) / static_cast<uint64_t>(steps) : 0;
     std::sort(times.begin(), times.end());
     const double median = times.empty() ? 0 : times[times.size() / 2];
+    std::string checkpoint_json;
+    if (!checkpoint_dir.empty()) {
+      if (local) throw fsdp::ConfigError("--checkpoint needs an FSDP strategy, not local");
+      checkpoint_json = checkpoint_bench(*pg, model->ptr(), opt, checkpoint_dir);
+    }
     // Every rank's peak RSS, gathered on all ranks.
     std::ostringstream mine;
     mine << std::fixed << std::setprecision(1) << peak_rss_mb();
@@ -153,7 +263,7 @@ int main(int argc, char** argv) {
          << (median > 0 ? static_cast<double>(batch * cfg.context * pg->size()) / median : 0)
          << ",\"peak_rss_mb\":[";
       for (size_t i = 0; i < rss.size(); ++i) js << (i ? "," : "") << rss[i];
-      js << "],\"bytes_sent_per_step\":" << bytes_per_step << ",\"loss\":" << last_loss << "}";
+      js << "],\"bytes_sent_per_step\":" << bytes_per_step << ",\"loss\":" << last_loss << checkpoint_json << "}";
       std::cout << js.str() << std::endl;
     }
     return 0;

@@ -23,3 +23,7 @@ echo "# activation checkpointing (issue 4): 8 layers, width 512, 8 heads, contex
 for ck in "" "--activation-checkpointing"; do
   $run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy FULL_SHARD --dim 512 --layers 8 --heads 8 --ctx 256 --batch 8 --steps 2 --warmup 1 $ck
 done
+echo "# checkpoints (issue 6): ~100M parameters, AdamW, world 2, both formats"
+ckpt_dir=$(mktemp -d)
+$run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy FULL_SHARD --dim 768 --layers 14 --heads 12 --batch 4 --steps 1 --warmup 1 --checkpoint "$ckpt_dir/ckpt"
+rm -rf "$ckpt_dir"

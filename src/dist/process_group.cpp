@@ -553,6 +553,22 @@ Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp rop) {
       std::move(finish));
 }
 
+void ProcessGroup::all_gather_unbuffered(const at::Tensor& output, const at::Tensor& input) {
+  const int n = impl_->size;
+  const int64_t total = output.numel();
+  const int64_t c = (total + n - 1) / n;
+  if (n == 1 || c * n != total || input.numel() != c || !output.is_contiguous()) {
+    all_gather(output, input).wait();
+    return;
+  }
+  at::Tensor out = output.view({-1});
+  {
+    at::NoGradGuard no_grad;
+    out.narrow(0, static_cast<int64_t>(impl_->rank) * c, c).copy_(input.reshape({-1}));
+  }
+  for (int r = 0; r < n; ++r) broadcast(out.narrow(0, static_cast<int64_t>(r) * c, c), r).wait();
+}
+
 Work ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
   const char* op = "broadcast";
   impl_->check_tensor(op, "tensor", tensor);

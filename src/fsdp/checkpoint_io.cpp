@@ -8,6 +8,9 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <future>
 #include <mutex>
 #include <filesystem>
@@ -175,9 +178,12 @@ std::vector<ck::EntryRecord> visit_state(const CheckpointState& state, const std
       rec.type = "model";
       const auto& model = state.models().at(e.name);
       StateDictTypeGuard guard(model, type, config);
-      auto keys = detail::visit_state_dict(model, "", [&](const std::string& key, StateValue v) {
-        if (keep(options, e.name, key)) put(e.name + "/" + key, v);
-      });
+      // No copies: every tensor is written (or copied, when async) as it comes.
+      auto keys = detail::visit_state_dict(
+          model, "", [&](const std::string& key, StateValue v) {
+            if (keep(options, e.name, key)) put(e.name + "/" + key, v);
+          },
+          /*copy=*/false);
       for (auto& k : keys) {
         if (keep(options, e.name, k)) rec.keys.push_back(k);
       }
@@ -189,7 +195,8 @@ std::vector<ck::EntryRecord> visit_state(const CheckpointState& state, const std
             if (!keep(options, e.name, key)) return;
             rec.keys.push_back(key);
             put(e.name + "/" + key, v);
-          });
+          },
+          /*copy=*/false);
       rec.param_groups = groups_json(groups);
     } else {
       const auto& v = state.values().at(e.name);
@@ -206,6 +213,16 @@ at::Tensor cpu_contiguous(const at::Tensor& t) { return t.detach().cpu().contigu
 
 // ---------------------------------------------------------------------------
 // Full format.
+
+// Gives freed heap memory back to the system. glibc keeps freed blocks of a
+// few MiB in its heaps (its mmap threshold grows with the blocks freed), so
+// without this the unit-sized buffers of a streamed save pile up in rank 0's
+// resident memory although only one is alive at a time.
+void release_free_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 
 // Writes a full checkpoint file: tensor records as they come (streaming),
 // then the pickle, the index and the zip directory; commits by rename. The
@@ -243,6 +260,7 @@ class FullFileWriter {
                   ck::crc32(t.data_ptr(), static_cast<size_t>(nbytes))};
       zip_->writeRecord(record, t.data_ptr(), static_cast<size_t>(nbytes));
       if (next_ == 1) ck::crash_point("full-after-first-record", 0);
+      release_free_memory();
       ix_.tensors.emplace(key, ck::TensorEntry{t.scalar_type(), t.sizes().vec(), {c}});
       ix_.tensor_order.push_back(key);
       record_of_[key] = record;

@@ -298,7 +298,7 @@ at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(static_cast<doub
 
 // FULL: the state of one unit's parameters, gathered over its shard group.
 void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, UnitState& u,
-                 const std::vector<OptParam>& in_optimizer, bool emit, bool to_cpu, const StateSink& out) {
+                 const std::vector<OptParam>& in_optimizer, bool emit, bool to_cpu, bool copy, const StateSink& out) {
   // The unit's parameters the optimizer holds state for, in unit order.
   std::vector<const ParamInfo*> ps;
   std::vector<OptimizerParamState*> states;
@@ -321,29 +321,13 @@ void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
   const int64_t width = static_cast<int64_t>(nf) + 1;
   // Per parameter: whether each field is present, then step + 1 (0: none).
   at::Tensor info = at::zeros({static_cast<int64_t>(ps.size()) * width}, at::kDouble);
-  const at::Tensor& shard = u.flat_shard();
-  std::vector<at::Tensor> bufs;
   at::NoGradGuard no_grad;
-  for (size_t f = 0; f < nf; ++f) {
-    at::Tensor buf = at::zeros({shard.numel()}, shard.options().requires_grad(false));
-    for (size_t i = 0; i < ps.size(); ++i) {
-      if (!states[i]) continue;
-      at::Tensor t = kind.get(*states[i], kind.fields[f]);
-      if (!t.defined()) continue;
-      info[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)] = 1.0;
-      if (flat) {
-        if (i == 0) buf.copy_(t.reshape({-1}));
-        continue;
-      }
-      auto [lo, hi] = local_range(u, *ps[i]);
-      if (hi > lo) buf.narrow(0, shard_index(u, *ps[i], lo), hi - lo).copy_(t.reshape({-1}));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!states[i]) continue;
+    for (size_t f = 0; f < nf; ++f) {
+      if (kind.get(*states[i], kind.fields[f]).defined()) info[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)] = 1.0;
     }
-    bufs.push_back(buf);
-  }
-  if (kind.has_step) {
-    for (size_t i = 0; i < ps.size(); ++i) {
-      if (states[i]) info[static_cast<int64_t>(i) * width + width - 1] = static_cast<double>(kind.get_step(*states[i]) + 1);
-    }
+    if (kind.has_step) info[static_cast<int64_t>(i) * width + width - 1] = static_cast<double>(kind.get_step(*states[i]) + 1);
   }
   const auto& group = u.config().shard_group;
   const bool sharded = u.shard_size() > 1;
@@ -353,19 +337,37 @@ void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
     group->all_gather(all_info, info).wait();
   }
   at::Tensor merged = all_info.view({-1, info.numel()}).amax(0);  // any rank's flag, largest step
+  const at::Tensor& shard = u.flat_shard();
+  // One field at a time, so that one unit-sized buffer is alive.
   for (size_t f = 0; f < nf; ++f) {
     bool any = false;
     for (size_t i = 0; i < ps.size(); ++i) any |= merged[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)].item<double>() > 0;
     if (!any) continue;  // the field exists nowhere (e.g. max_exp_avg_sq without amsgrad)
-    at::Tensor full = bufs[f];
-    if (sharded) {  // [collective] one all-gather per unit and field
-      full = at::empty({u.padded_numel()}, bufs[f].options());
-      group->all_gather(full, bufs[f]).wait();
+    // This rank's part, laid out like the flat shard: the flat parameter's
+    // state tensor itself, or the original parameters' states put in place.
+    at::Tensor local;
+    if (flat && flat_state && kind.get(*flat_state, kind.fields[f]).defined()) {
+      local = kind.get(*flat_state, kind.fields[f]).detach().reshape({-1});
+    } else {
+      local = at::zeros({shard.numel()}, shard.options().requires_grad(false));
+      for (size_t i = 0; i < ps.size() && !flat; ++i) {
+        if (!states[i]) continue;
+        at::Tensor t = kind.get(*states[i], kind.fields[f]);
+        if (!t.defined()) continue;
+        auto [lo, hi] = local_range(u, *ps[i]);
+        if (hi > lo) local.narrow(0, shard_index(u, *ps[i], lo), hi - lo).copy_(t.reshape({-1}));
+      }
+    }
+    at::Tensor full = local;
+    if (sharded) {  // [collective] one gather per unit and field
+      full = at::empty({u.padded_numel()}, local.options());
+      group->all_gather_unbuffered(full, local);
     }
     if (!emit) continue;
     for (size_t i = 0; i < ps.size(); ++i) {
       if (merged[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)].item<double>() == 0) continue;
-      out(naming.owned.at(ps[i]) + "." + kind.fields[f], offload(param_view(full, *ps[i]).clone(), to_cpu));
+      at::Tensor view = param_view(full, *ps[i]);
+      out(naming.owned.at(ps[i]) + "." + kind.fields[f], offload(copy ? view.clone() : view, to_cpu));
     }
   }
   if (!emit || !kind.has_step) return;
@@ -415,7 +417,8 @@ void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
 namespace detail {
 
 std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
-                                                   const torch::optim::Optimizer& optimizer, const StateSink& sink) {
+                                                   const torch::optim::Optimizer& optimizer, const StateSink& sink,
+                                                   bool copy) {
   if (!model) throw ConfigError("optim_state_dict: the model is null");
   const Kind kind = kind_of(optimizer);
   Naming naming(model);
@@ -447,7 +450,7 @@ std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch:
           if (x.unit == op.unit) of_unit.push_back(x);
         }
       }
-      gather_unit(kind, optimizer, naming, *op.unit, of_unit, emit, to_cpu, sink);
+      gather_unit(kind, optimizer, naming, *op.unit, of_unit, emit, to_cpu, copy, sink);
     }
   }
   if (!emit) return out;

@@ -418,7 +418,7 @@ void check_idle(const ModelIndex& idx, const char* what) {
 namespace detail {
 
 std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
-                                          const StateSink& sink) {
+                                          const StateSink& sink, bool copy) {
   if (!model) throw ConfigError("state_dict: the model is null");
   ModelIndex idx = index_model(model);
   check_idle(idx, "state_dict");
@@ -467,7 +467,10 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
         std::unordered_map<const ParamInfo*, at::Tensor> full;  // tied parameters: one tensor, every name
         for (const Item* it : unit_items.at(&u)) {
           auto f = full.find(it->param);
-          if (f == full.end()) f = full.emplace(it->param, offload(param_view(flat, *it->param).clone(), to_cpu)).first;
+          if (f == full.end()) {
+            at::Tensor view = param_view(flat, *it->param);
+            f = full.emplace(it->param, offload(copy ? view.clone() : view, to_cpu)).first;
+          }
           sink(it->key, f->second);
         }
         break;

@@ -67,14 +67,17 @@ using StateSink = std::function<void(const std::string& key, StateValue value)>;
 
 // state_dict(), handing each entry to `sink` as soon as it exists (FULL: a
 // unit's entries right after its gather, so that one unit is alive at a
-// time). Returns the keys handed over, in the state dict's order.
+// time). Returns the keys handed over, in the state dict's order. copy=false:
+// FULL tensors are views of the unit's gathered buffer (valid as long as the
+// sink holds them; no copy, for writers that consume them at once).
 std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
-                                          const StateSink& sink);
+                                          const StateSink& sink, bool copy = true);
 
 // optim_state_dict(), handing each state entry to `sink` as it exists (FULL:
 // one unit's gathered state at a time); returns the parameter groups.
 std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
-                                                   const torch::optim::Optimizer& optimizer, const StateSink& sink);
+                                                   const torch::optim::Optimizer& optimizer, const StateSink& sink,
+                                                   bool copy = true);
 
 at::Tensor offload(const at::Tensor& t, bool to_cpu);
 bool offload_of(const StateDictConfig& c);

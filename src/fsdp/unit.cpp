@@ -271,8 +271,8 @@ void UnitState::register_flat_param() {
 at::Tensor UnitState::gather_master() const {
   at::NoGradGuard no_grad;
   if (shard_size_ == 1 || padded_numel_ == 0) return flat_shard_.clone();
-  at::Tensor full = at::empty({padded_numel_}, flat_shard_.options());
-  config_.shard_group->all_gather(full, flat_shard_).wait();
+  at::Tensor full = at::empty({padded_numel_}, flat_shard_.options().requires_grad(false));
+  config_.shard_group->all_gather_unbuffered(full, flat_shard_.detach());  // one unit of memory, not two
   return full;
 }
 

@@ -128,6 +128,14 @@ class ProcessGroup {
   // (size-1)/size of output.
   Work all_gather(const at::Tensor& output, const at::Tensor& input);
 
+  // [collective, blocking] all_gather without staging memory: each rank's
+  // chunk is broadcast straight into its place of `output` (size() broadcasts;
+  // the same traffic, more round trips). Gloo's all-gather otherwise stages
+  // a second output-sized buffer; checkpoints use this to stay within one
+  // unit of extra memory. Falls back to all_gather when output is not
+  // exactly size() equal chunks.
+  void all_gather_unbuffered(const at::Tensor& output, const at::Tensor& input);
+
   // [collective] Reduces `input` (same numel on every rank) element-wise over
   // the ranks and leaves this rank's chunk in `output`
   // (output.numel() == chunk_range(input.numel(), size(), rank()).numel).
