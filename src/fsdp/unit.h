@@ -197,6 +197,9 @@ std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m,
 // (wrapped before it was placed there) the stand-in that runs it.
 void interpose_sequential_elements(torch::nn::Module& root);
 
+// True when `t` is the flat parameter (shard) of some FSDP unit (wrap.cpp).
+bool is_flat_param(const at::Tensor& t);
+
 // The parameter registry of any module (torch::nn::Module keeps it protected).
 torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m);
 

@@ -324,6 +324,15 @@ std::shared_ptr<Slot> slot_for(const torch::nn::Module* module) {
   return slot;
 }
 
+bool is_flat_param(const at::Tensor& t) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& [m, e] : r.slots) {
+    if (!e.module.expired() && e.slot->unit && e.slot->unit->flat_shard().is_same(t)) return true;
+  }
+  return false;
+}
+
 std::shared_ptr<Slot> find_slot(const torch::nn::Module* module) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

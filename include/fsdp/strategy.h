@@ -1,0 +1,240 @@
+// fsdp/strategy.h — Lightning Fabric's FSDPStrategy, in C++: one object that
+// sets up the process group, wraps the model with its policies, applies
+// precision and activation checkpointing, checks optimizers, offers the
+// training loop's collectives, and saves and loads checkpoints.
+//
+//   auto strategy = fsdp::FSDPStrategy(fsdp::FSDPStrategyOptions()
+//                                          .auto_wrap_module_types<BlockImpl>()
+//                                          .precision("bf16-mixed")
+//                                          .state_dict_type("sharded"));
+//   strategy.setup_environment();                       // [collective] process group from fsdp-run's env
+//   auto model = strategy.setup_module(std::make_shared<NetImpl>());
+//   torch::optim::AdamW opt(model->parameters(), ...);
+//   strategy.setup_optimizer(opt);
+//   ... loss.backward(); strategy.clip_gradients_norm(model, 1.0); opt.step();
+//   strategy.save_checkpoint("ckpt", fsdp::CheckpointState().model("model", model.ptr()).optimizer("opt", opt));
+//
+// Error messages follow the seed (../shared/seeds/lightning_fabric_fsdp_strategy.py)
+// where it has one. Warnings go to stderr from rank 0 only.
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint_io.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace fsdp {
+
+// A precision setting by Lightning's name.
+struct PrecisionConfig {
+  std::string name;                             // "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"
+  std::optional<MixedPrecision> mixed;          // "-mixed": FSDP's MixedPrecision (float32 masters)
+  std::optional<at::ScalarType> model_dtype;    // "-true": the whole model in this dtype
+  bool needs_grad_scaler = false;               // "16-mixed"
+};
+// Parses a precision name ("32", "16", "bf16" and "32-true" ... "bf16-true");
+// ConfigError listing the valid names otherwise.
+PrecisionConfig parse_precision(const std::string& name);
+
+// The options, with chainable setters (Lightning's constructor arguments).
+class FSDPStrategyOptions {
+ public:
+  FSDPStrategyOptions& cpu_offload(bool on);
+  FSDPStrategyOptions& cpu_offload(CPUOffload config);
+  // An explicit MixedPrecision wins over the precision name's.
+  FSDPStrategyOptions& mixed_precision(MixedPrecision config);
+  FSDPStrategyOptions& precision(const std::string& name);
+  FSDPStrategyOptions& auto_wrap_policy(AutoWrapPolicy policy);
+  template <class... ModuleImpls>
+  FSDPStrategyOptions& auto_wrap_module_types() {
+    return auto_wrap_policy(transformer_auto_wrap_policy<ModuleImpls...>());
+  }
+  FSDPStrategyOptions& activation_checkpointing_policy(CheckpointCheck policy);
+  template <class... ModuleImpls>
+  FSDPStrategyOptions& activation_checkpointing_module_types() {
+    return activation_checkpointing_policy(checkpoint_module_types<ModuleImpls...>());
+  }
+  // Deprecated (as in Lightning): use activation_checkpointing_policy.
+  FSDPStrategyOptions& activation_checkpointing(CheckpointCheck policy);
+  FSDPStrategyOptions& sharding_strategy(ShardingStrategy strategy);
+  FSDPStrategyOptions& sharding_strategy(const std::string& name);  // case-insensitive
+  FSDPStrategyOptions& state_dict_type(const std::string& type);   // "full" or "sharded" (default)
+  FSDPStrategyOptions& device_mesh(int replicate, int shard);       // HYBRID_SHARD; product = world size
+  FSDPStrategyOptions& timeout(std::chrono::milliseconds timeout);
+  FSDPStrategyOptions& process_group_backend(const std::string& backend);  // "gloo", "nccl"
+  // FSDP's process_group: the ranks that shard the model (default: the world).
+  FSDPStrategyOptions& process_group(dist::ProcessGroupPtr group);
+  // The world group to use instead of joining one from the environment in
+  // setup_environment (ranks as threads, or a group made elsewhere).
+  FSDPStrategyOptions& world(dist::ProcessGroupPtr group);
+  // Pass-through FSDP options (use_orig_params defaults to true, as in Lightning).
+  FSDPStrategyOptions& use_orig_params(bool on);
+  FSDPStrategyOptions& forward_prefetch(bool on);
+  FSDPStrategyOptions& backward_prefetch(BackwardPrefetch when);
+  FSDPStrategyOptions& limit_all_gathers(bool on);
+  FSDPStrategyOptions& sync_module_states(bool on);
+  FSDPStrategyOptions& ignored_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
+  FSDPStrategyOptions& seed(uint64_t seed);  // set on every rank at setup_environment (default 0)
+
+ private:
+  friend class FSDPStrategy;
+  CPUOffload cpu_offload_;
+  std::optional<MixedPrecision> mixed_precision_;
+  std::string precision_ = "32-true";
+  AutoWrapPolicy auto_wrap_policy_;
+  CheckpointCheck ac_policy_, ac_deprecated_;
+  ShardingStrategy sharding_strategy_ = ShardingStrategy::kFullShard;
+  std::string state_dict_type_ = "sharded";
+  std::optional<std::pair<int, int>> device_mesh_;
+  std::optional<std::chrono::milliseconds> timeout_;  // unset: the environment's (FSDP_TIMEOUT_S) or the default
+  std::string backend_;
+  dist::ProcessGroupPtr process_group_, world_;
+  FSDPOptions fsdp_;
+  uint64_t seed_ = 0;
+  bool use_orig_params_ = true;
+};
+
+class FSDPStrategy {
+ public:
+  // Validates the options (ConfigError with the seed's messages: hybrid
+  // sharding without a policy, group or mesh; process_group with
+  // device_mesh; both checkpointing options; an unknown state dict type).
+  explicit FSDPStrategy(FSDPStrategyOptions options = {});
+
+  // [collective] Joins the job described by the environment (fsdp-run /
+  // torchrun variables), with the options' backend and timeout, sets the
+  // seed on every rank, and builds the device mesh. A world group given in
+  // the options is used instead of joining.
+  void setup_environment();
+
+  dist::ProcessGroup& group() const;
+  int global_rank() const;
+  int world_size() const;
+  bool is_global_zero() const { return global_rank() == 0; }
+  // Lightning's distributed_sampler_kwargs: give them to
+  // torch::data::samplers::DistributedRandomSampler / DistributedSequentialSampler.
+  struct SamplerArgs {
+    size_t num_replicas;
+    size_t rank;
+  };
+  SamplerArgs distributed_sampler_kwargs() const;
+  const PrecisionConfig& precision() const { return precision_; }
+  const std::string& state_dict_type() const { return options_.state_dict_type_; }
+
+  // [collective] Wraps `module` (FSDP with the options and the auto-wrap
+  // policy), then applies activation checkpointing. A model already holding
+  // FSDP units is not wrapped again: the policy is ignored with a warning.
+  // A model that already has checkpointed layers keeps them (warning).
+  template <class ModuleImpl>
+  Unit<ModuleImpl> setup_module(std::shared_ptr<ModuleImpl> module) {
+    if (begin_setup(module)) {
+      FullyShardedDataParallel<ModuleImpl> wrapped(module, fsdp_options());
+    }
+    after_wrap(module);
+    return Unit<ModuleImpl>(module);
+  }
+  template <class ModuleImpl>
+  Unit<ModuleImpl> setup_module(const torch::nn::ModuleHolder<ModuleImpl>& module) {
+    return setup_module(module.ptr());
+  }
+  // [local] Checks that `optimizer` steps the wrapped model's parameters
+  // (with use_orig_params=false: Lightning's "does not seem to reference any
+  // FSDP parameters" error).
+  void setup_optimizer(const torch::optim::Optimizer& optimizer) const;
+  // Lightning's joint setup: the optimizers must have been built on the
+  // model's parameters and use_orig_params must be true (its error otherwise).
+  template <class ModuleImpl>
+  Unit<ModuleImpl> setup_module_and_optimizers(std::shared_ptr<ModuleImpl> module,
+                                               const std::vector<torch::optim::Optimizer*>& optimizers) {
+    check_joint_setup();
+    auto wrapped = setup_module(std::move(module));
+    for (auto* o : optimizers) setup_optimizer(*o);
+    return wrapped;
+  }
+
+  // Collectives over the whole world, for the training loop.
+  // [collective] Reduces in place and returns `tensor`; op: "mean" (default), "sum", "max".
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op = "mean") const;
+  void barrier() const;  // [collective]
+  // [collective] Rank `src`'s bytes / string / value on every rank.
+  std::string broadcast(const std::string& data, int src = 0) const;
+  template <class T, class = std::enable_if_t<std::is_trivially_copyable_v<T>>>
+  T broadcast_value(const T& value, int src = 0) const {
+    std::string bytes(reinterpret_cast<const char*>(&value), sizeof(T));
+    bytes = broadcast(bytes, src);
+    T out;
+    std::memcpy(&out, bytes.data(), sizeof(T));
+    return out;
+  }
+  // Prints `message` (plus newline) on rank 0 only.
+  void print(const std::string& message) const;
+
+  // [collective] Clips the model's gradients to max_norm (FSDP's
+  // clip_grad_norm_); unscales them first under a gradient scaler. TypeError
+  // text of Lightning if the root is not FSDP-wrapped.
+  at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
+                                 double norm_type = 2.0) const;
+  // Gradient accumulation without communication (FSDP's no_sync); Lightning's
+  // error if the root is not FSDP-wrapped.
+  std::unique_ptr<NoSync> no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const;
+
+  // [collective] Checkpoints in the options' state_dict_type ("full" or
+  // "sharded"); see fsdp/checkpoint_io.h. Errors as Lightning's.
+  void save_checkpoint(const std::string& path, const CheckpointState& state,
+                       std::function<bool(const std::string&, const std::string&)> filter = nullptr) const;
+  std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
+                                                         bool strict = true) const;
+  void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
+                       bool strict = true) const;
+  // Lightning: "Loading a single optimizer object from a checkpoint is not
+  // supported yet with the FSDP strategy."
+  void load_checkpoint(const std::string& path, torch::optim::Optimizer& optimizer) const;
+
+ private:
+  // Checks the set-up, converts a "-true" precision's model; false (with a
+  // warning when a policy is set) if the model already holds FSDP units.
+  bool begin_setup(const std::shared_ptr<torch::nn::Module>& module);
+  FSDPOptions fsdp_options() const;
+  void after_wrap(const std::shared_ptr<torch::nn::Module>& module);
+  void check_joint_setup() const;
+  void require_group(const char* what) const;
+
+  FSDPStrategyOptions options_;
+  PrecisionConfig precision_;
+  dist::ProcessGroupPtr group_;
+  std::optional<dist::DeviceMesh> mesh_;
+};
+
+// Named strategies, so that an application can pick one from its command
+// line: "fsdp" and "fsdp_cpu_offload" are registered.
+class StrategyRegistry {
+ public:
+  using Factory = std::function<FSDPStrategyOptions()>;
+  static StrategyRegistry& instance();
+  // ConfigError if `name` is taken.
+  void register_strategy(const std::string& name, Factory factory, const std::string& description);
+  // ConfigError listing the registered names if `name` is unknown.
+  FSDPStrategyOptions options(const std::string& name) const;
+  FSDPStrategy get(const std::string& name) const { return FSDPStrategy(options(name)); }
+  std::vector<std::string> names() const;
+  const std::string& description(const std::string& name) const;
+
+ private:
+  StrategyRegistry();
+  std::map<std::string, std::pair<Factory, std::string>> entries_;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,420 @@
+// The strategy layer: Lightning Fabric's FSDPStrategy in C++.
+#include "fsdp/strategy.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cctype>
+#include <iostream>
+
+#include "fsdp/dist/env.h"
+#include "fsdp/error.h"
+#include "unit.h"
+
+namespace fsdp {
+
+PrecisionConfig parse_precision(const std::string& name) {
+  PrecisionConfig p;
+  std::string n = name;
+  if (n == "32") n = "32-true";
+  if (n == "16") n = "16-mixed";
+  if (n == "bf16") n = "bf16-mixed";
+  p.name = n;
+  if (n == "32-true") return p;
+  if (n == "16-mixed") {
+    p.mixed = MixedPrecision{at::kHalf, at::kHalf, at::kHalf};
+    p.needs_grad_scaler = true;
+    return p;
+  }
+  if (n == "bf16-mixed") {
+    p.mixed = MixedPrecision{at::kBFloat16, at::kBFloat16, at::kBFloat16};
+    return p;
+  }
+  if (n == "16-true") {
+    p.model_dtype = at::kHalf;
+    return p;
+  }
+  if (n == "bf16-true") {
+    p.model_dtype = at::kBFloat16;
+    return p;
+  }
+  throw ConfigError("precision '" + name +
+                    "' is not supported: expected one of \"32-true\", \"16-mixed\", \"bf16-mixed\", \"16-true\", "
+                    "\"bf16-true\" (or \"32\", \"16\", \"bf16\")");
+}
+
+// ---------------------------------------------------------------------------
+// Options.
+
+FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(bool on) {
+  cpu_offload_.offload_params = on;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(CPUOffload config) {
+  cpu_offload_ = config;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::mixed_precision(MixedPrecision config) {
+  mixed_precision_ = config;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::precision(const std::string& name) {
+  parse_precision(name);  // fails early for unknown names
+  precision_ = name;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::auto_wrap_policy(AutoWrapPolicy policy) {
+  auto_wrap_policy_ = std::move(policy);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::activation_checkpointing_policy(CheckpointCheck policy) {
+  ac_policy_ = std::move(policy);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::activation_checkpointing(CheckpointCheck policy) {
+  ac_deprecated_ = std::move(policy);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(ShardingStrategy strategy) {
+  sharding_strategy_ = strategy;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(const std::string& name) {
+  sharding_strategy_ = parse_sharding_strategy(name);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::state_dict_type(const std::string& type) {
+  state_dict_type_ = type;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::device_mesh(int replicate, int shard) {
+  device_mesh_ = std::make_pair(replicate, shard);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::timeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::process_group_backend(const std::string& backend) {
+  backend_ = backend;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::process_group(dist::ProcessGroupPtr group) {
+  process_group_ = std::move(group);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::world(dist::ProcessGroupPtr group) {
+  world_ = std::move(group);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::use_orig_params(bool on) {
+  use_orig_params_ = on;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::forward_prefetch(bool on) {
+  fsdp_.forward_prefetch = on;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::backward_prefetch(BackwardPrefetch when) {
+  fsdp_.backward_prefetch = when;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::limit_all_gathers(bool on) {
+  fsdp_.limit_all_gathers = on;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::sync_module_states(bool on) {
+  fsdp_.sync_module_states = on;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::ignored_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules) {
+  fsdp_.ignored_modules = std::move(modules);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::seed(uint64_t seed) {
+  seed_ = seed;
+  return *this;
+}
+
+// ---------------------------------------------------------------------------
+// The strategy.
+
+FSDPStrategy::FSDPStrategy(FSDPStrategyOptions options) : options_(std::move(options)) {
+  precision_ = parse_precision(options_.precision_);
+  if (options_.process_group_ && options_.device_mesh_) {
+    throw ConfigError("The arguments `FSDPStrategy(process_group=..., device_mesh=...)` are mutually exclusive."
+                      "Pass only one of them.");
+  }
+  if (options_.sharding_strategy_ == ShardingStrategy::kHybridShard && !options_.auto_wrap_policy_ &&
+      !options_.process_group_ && !options_.device_mesh_) {
+    throw ConfigError("The hybrid sharding strategy requires you to pass at least one of the parameters: "
+                      "`auto_wrap_policy`, `process_group` tuple, or `device_mesh`.");
+  }
+  if (options_.device_mesh_ && options_.sharding_strategy_ != ShardingStrategy::kHybridShard) {
+    throw ConfigError("FSDPStrategy: device_mesh (" + std::to_string(options_.device_mesh_->first) + ", " +
+                      std::to_string(options_.device_mesh_->second) +
+                      ") is only valid with the HYBRID_SHARD sharding strategy, not " +
+                      to_string(options_.sharding_strategy_));
+  }
+  if (options_.ac_policy_ && options_.ac_deprecated_) {
+    throw ConfigError("You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the "
+                      "latter.");
+  }
+  if (options_.state_dict_type_ != "full" && options_.state_dict_type_ != "sharded") {
+    throw ConfigError("FSDPStrategy: state_dict_type '" + options_.state_dict_type_ +
+                      "' is invalid: expected \"full\" or \"sharded\"");
+  }
+  if (!options_.backend_.empty() && options_.backend_ != "gloo" && options_.backend_ != "nccl") {
+    throw ConfigError("FSDPStrategy: process_group_backend '" + options_.backend_ +
+                      "' is invalid: expected \"gloo\" or \"nccl\"");
+  }
+  if (options_.ac_deprecated_) {
+    std::cerr << "fsdp: warning: FSDPStrategyOptions::activation_checkpointing is deprecated, use "
+                 "activation_checkpointing_policy instead."
+              << std::endl;
+  }
+}
+
+void FSDPStrategy::setup_environment() {
+  if (options_.world_) {
+    group_ = options_.world_;
+  } else {
+    dist::InitOptions o = dist::InitOptions::from_env(dist::read_dist_env());
+    if (options_.timeout_) o.timeout = *options_.timeout_;
+    if (options_.backend_ == "gloo") o.backend = dist::Backend::kGloo;
+    if (options_.backend_ == "nccl") o.backend = dist::Backend::kNccl;
+    group_ = dist::init_process_group(o);
+  }
+  torch::manual_seed(options_.seed_);  // the same on every rank
+  if (options_.device_mesh_) {
+    const auto [replicate, shard] = *options_.device_mesh_;
+    if (replicate * shard != group_->size()) {
+      throw ConfigError("FSDPStrategy: device_mesh (" + std::to_string(replicate) + ", " + std::to_string(shard) +
+                        ") has " + std::to_string(replicate * shard) + " ranks but the world size is " +
+                        std::to_string(group_->size()) + ": their product must equal the world size");
+    }
+    mesh_ = dist::init_device_mesh(group_, replicate, shard);
+  }
+}
+
+void FSDPStrategy::require_group(const char* what) const {
+  if (!group_) {
+    throw ConfigError(std::string("FSDPStrategy::") + what +
+                      ": call setup_environment() first (it joins the process group)");
+  }
+}
+
+dist::ProcessGroup& FSDPStrategy::group() const {
+  require_group("group");
+  return *group_;
+}
+int FSDPStrategy::global_rank() const { return group_ ? group_->rank() : 0; }
+int FSDPStrategy::world_size() const { return group_ ? group_->size() : 1; }
+
+FSDPStrategy::SamplerArgs FSDPStrategy::distributed_sampler_kwargs() const {
+  return {static_cast<size_t>(world_size()), static_cast<size_t>(global_rank())};
+}
+
+FSDPOptions FSDPStrategy::fsdp_options() const {
+  FSDPOptions o = options_.fsdp_;
+  o.sharding_strategy = options_.sharding_strategy_;
+  o.use_orig_params = options_.use_orig_params_;
+  o.cpu_offload = options_.cpu_offload_;
+  o.auto_wrap_policy = options_.auto_wrap_policy_;
+  if (options_.mixed_precision_) {
+    o.mixed_precision = *options_.mixed_precision_;
+  } else if (precision_.mixed) {
+    o.mixed_precision = *precision_.mixed;
+  }
+  if (mesh_) {
+    o.device_mesh = *mesh_;
+  } else {
+    o.process_group = options_.process_group_ ? options_.process_group_ : group_;
+    if (o.sharding_strategy == ShardingStrategy::kHybridShard) {
+      // Lightning's default: shard within a node, replicate across nodes.
+      int local = 0;
+      try {
+        local = dist::read_dist_env().local_world_size;
+      } catch (const ConfigError&) {
+        // not launched by fsdp-run / torchrun: one node
+      }
+      const int size = o.process_group->size();
+      o.hybrid_shard_size = local > 0 && size % local == 0 ? local : size;
+    }
+  }
+  return o;
+}
+
+bool FSDPStrategy::begin_setup(const std::shared_ptr<torch::nn::Module>& module) {
+  require_group("setup_module");
+  if (!module) throw ConfigError("FSDPStrategy::setup_module: the module is null");
+  if (at::Device(at::kCPU) == group_->device() &&
+      ((precision_.mixed && precision_.mixed->param_dtype == at::kHalf) || precision_.model_dtype == at::kHalf)) {
+    throw ConfigError("FSDPStrategy: precision '" + precision_.name +
+                      "' computes in float16, which CPU LibTorch 1.13 has no kernels for (matmul, tanh, ...): use "
+                      "\"bf16-mixed\" or \"bf16-true\" on CPU, or a CUDA build");
+  }
+  if (precision_.model_dtype) module->to(*precision_.model_dtype);
+  if (!fsdp_modules(module).empty()) {
+    if (options_.auto_wrap_policy_ && is_global_zero()) {
+      std::cerr << "fsdp: warning: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy "
+                   "will be ignored."
+                << std::endl;
+    }
+    return false;
+  }
+  return true;
+}
+
+void FSDPStrategy::after_wrap(const std::shared_ptr<torch::nn::Module>& module) {
+  const CheckpointCheck& policy = options_.ac_policy_ ? options_.ac_policy_ : options_.ac_deprecated_;
+  if (!policy) return;
+  for (const auto& m : module->modules(/*include_self=*/true)) {
+    if (is_checkpointed(*m)) {
+      if (is_global_zero()) {
+        std::cerr << "fsdp: warning: FSDP checkpointing is configured, but the model already contains checkpointed "
+                     "layers. Checkpointing will be ignored."
+                  << std::endl;
+      }
+      return;
+    }
+  }
+  apply_activation_checkpointing(module, policy);
+}
+
+void FSDPStrategy::setup_optimizer(const torch::optim::Optimizer& optimizer) const {
+  if (options_.use_orig_params_) return;  // the optimizer holds the original parameters either way
+  for (const auto& g : optimizer.param_groups()) {
+    for (const auto& p : g.params()) {
+      if (detail::is_flat_param(p)) return;
+    }
+  }
+  throw ConfigError("The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the "
+                    "optimizer after setting up the model.");
+}
+
+void FSDPStrategy::check_joint_setup() const {
+  if (!options_.use_orig_params_) {
+    throw ConfigError("You set `FSDPStrategy(use_orig_params=False)` but this is not supported when setting the model "
+                      "and optimizer up jointly. Either set it to `True` or set the objects up in this order: Create "
+                      "the model, call `setup_module`, create the optimizer, call `setup_optimizer`.");
+  }
+}
+
+at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, const std::string& op) const {
+  require_group("all_reduce");
+  dist::ReduceOp r;
+  if (op == "mean" || op == "avg") {
+    r = dist::ReduceOp::kAvg;
+  } else if (op == "sum") {
+    r = dist::ReduceOp::kSum;
+  } else if (op == "max") {
+    r = dist::ReduceOp::kMax;
+  } else {
+    throw ConfigError("FSDPStrategy::all_reduce: reduce op '" + op + "' is unknown: expected \"mean\", \"sum\" or \"max\"");
+  }
+  group_->all_reduce(tensor, r).wait();
+  return tensor;
+}
+
+void FSDPStrategy::barrier() const {
+  if (group_) group_->barrier();
+}
+
+std::string FSDPStrategy::broadcast(const std::string& data, int src) const {
+  if (!group_) return data;
+  return group_->broadcast_bytes(data, src);
+}
+
+void FSDPStrategy::print(const std::string& message) const {
+  if (is_global_zero()) std::cout << message << std::endl;
+}
+
+at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
+                                             double norm_type) const {
+  if (!module || !detail::find_slot(module.get()) || !detail::find_slot(module.get())->unit) {
+    throw ConfigError("Gradient clipping with FSDP is only possible if the module passed to "
+                      "`FSDPStrategy.clip_gradients_norm` is wrapped in `FullyShardedDataParallel`. Got: " +
+                      (module ? module->name() : std::string("null")) + ".");
+  }
+  return clip_grad_norm_(module, max_norm, norm_type);
+}
+
+std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const {
+  if (!module || !detail::find_slot(module.get()) || !detail::find_slot(module.get())->unit) {
+    throw ConfigError("Blocking backward sync is only possible if the module passed to "
+                      "`FSDPStrategy.no_backward_sync` is wrapped in `FullyShardedDataParallel`. Got: " +
+                      (module ? module->name() : std::string("null")) + ".");
+  }
+  return std::make_unique<NoSync>(module);
+}
+
+void FSDPStrategy::save_checkpoint(const std::string& path, const CheckpointState& state,
+                                   std::function<bool(const std::string&, const std::string&)> filter) const {
+  require_group("save_checkpoint");
+  CheckpointOptions o;
+  o.format = options_.state_dict_type_ == "full" ? CheckpointFormat::kFull : CheckpointFormat::kSharded;
+  o.filter = std::move(filter);
+  fsdp::save_checkpoint(path, state, *group_, o);
+}
+
+std::map<std::string, CheckpointValue> FSDPStrategy::load_checkpoint(const std::string& path, CheckpointState& state,
+                                                                     bool strict) const {
+  require_group("load_checkpoint");
+  return fsdp::load_checkpoint(path, state, *group_, strict);
+}
+
+void FSDPStrategy::load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
+                                   bool strict) const {
+  require_group("load_checkpoint");
+  fsdp::load_checkpoint(path, module, *group_, strict);
+}
+
+void FSDPStrategy::load_checkpoint(const std::string&, torch::optim::Optimizer&) const {
+  throw ConfigError("Loading a single optimizer object from a checkpoint is not supported yet with the FSDP strategy.");
+}
+
+// ---------------------------------------------------------------------------
+// Registry.
+
+StrategyRegistry::StrategyRegistry() {
+  register_strategy("fsdp", [] { return FSDPStrategyOptions(); }, "Fully Sharded Data Parallel (FSDP) training");
+  register_strategy("fsdp_cpu_offload", [] { return FSDPStrategyOptions().cpu_offload(true); },
+                    "Fully Sharded Data Parallel (FSDP) training with Full Sharding and CPU Offloading");
+}
+
+StrategyRegistry& StrategyRegistry::instance() {
+  static StrategyRegistry r;
+  return r;
+}
+
+void StrategyRegistry::register_strategy(const std::string& name, Factory factory, const std::string& description) {
+  if (entries_.count(name)) throw ConfigError("StrategyRegistry: a strategy named '" + name + "' is already registered");
+  entries_[name] = {std::move(factory), description};
+}
+
+FSDPStrategyOptions StrategyRegistry::options(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    std::string known;
+    for (const auto& [n, e] : entries_) known += (known.empty() ? "" : ", ") + n;
+    throw ConfigError("StrategyRegistry: no strategy named '" + name + "': registered are " + known);
+  }
+  return it->second.first();
+}
+
+std::vector<std::string> StrategyRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, e] : entries_) out.push_back(n);
+  return out;
+}
+
+const std::string& StrategyRegistry::description(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw ConfigError("StrategyRegistry: no strategy named '" + name + "'");
+  return it->second.second;
+}
+
+}  // namespace fsdp

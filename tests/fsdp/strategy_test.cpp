@@ -1,0 +1,348 @@
+// The strategy layer: one test per rule and error of Lightning's
+// FSDPStrategy, and an end-to-end loop (set up, train, save, load into a
+// fresh strategy at another world size, continue) per precision and
+// sharding strategy.
+#include <gtest/gtest.h>
+#include <torch/data/samplers/distributed.h>
+
+#include <filesystem>
+#include <mutex>
+#include <set>
+
+#include "../support/subprocess.h"
+#include "../support/thread_ranks.h"
+#include "fsdp/error.h"
+#include "fsdp/strategy.h"
+#include "trainer.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+
+namespace {
+
+void expect_config_error(const std::function<void()>& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected: " << text;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
+FSDPStrategy strategy_on(dist::ProcessGroup& pg, FSDPStrategyOptions o = {}) {
+  FSDPStrategy s(o.world(borrow(pg)));
+  s.setup_environment();
+  return s;
+}
+
+TEST(Strategy, PrecisionNames) {
+  EXPECT_FALSE(parse_precision("32-true").mixed);
+  EXPECT_EQ(parse_precision("32").name, "32-true");
+  EXPECT_EQ(parse_precision("bf16-mixed").mixed->param_dtype, torch::kBFloat16);
+  EXPECT_EQ(parse_precision("bf16").name, "bf16-mixed");
+  EXPECT_TRUE(parse_precision("16-mixed").needs_grad_scaler);
+  EXPECT_EQ(*parse_precision("16-true").model_dtype, torch::kHalf);
+  EXPECT_EQ(*parse_precision("bf16-true").model_dtype, torch::kBFloat16);
+  expect_config_error([] { parse_precision("64-true"); }, "expected one of \"32-true\"");
+  expect_config_error([] { FSDPStrategyOptions().precision("fp8"); }, "precision 'fp8' is not supported");
+}
+
+TEST(Strategy, InvalidCombinationsGetTheSeedsMessages) {
+  expect_config_error([] { FSDPStrategy(FSDPStrategyOptions().sharding_strategy("hybrid_shard")); },
+                      "The hybrid sharding strategy requires you to pass at least one of the parameters: "
+                      "`auto_wrap_policy`, `process_group` tuple, or `device_mesh`.");
+  auto group = std::shared_ptr<dist::ProcessGroup>();
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    expect_config_error(
+        [&] {
+          FSDPStrategy(FSDPStrategyOptions().sharding_strategy(ShardingStrategy::kHybridShard).process_group(borrow(pg)).device_mesh(1, 1));
+        },
+        "The arguments `FSDPStrategy(process_group=..., device_mesh=...)` are mutually exclusive.");
+  });
+  expect_config_error(
+      [] {
+        FSDPStrategy(FSDPStrategyOptions()
+                         .activation_checkpointing(checkpoint_module_types<BlockImpl>())
+                         .activation_checkpointing_policy(checkpoint_module_types<BlockImpl>()));
+      },
+      "You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the latter.");
+  expect_config_error([] { FSDPStrategy(FSDPStrategyOptions().state_dict_type("pickled")); },
+                      "state_dict_type 'pickled' is invalid");
+  expect_config_error([] { FSDPStrategy(FSDPStrategyOptions().device_mesh(1, 2)); },
+                      "only valid with the HYBRID_SHARD sharding strategy");
+  expect_config_error([] { FSDPStrategyOptions().sharding_strategy("quarter_shard"); }, "sharding strategy 'quarter_shard'");
+  expect_config_error([] { FSDPStrategy(FSDPStrategyOptions().process_group_backend("mpi")); },
+                      "process_group_backend 'mpi' is invalid");
+  // Hybrid with an auto-wrap policy, or with a mesh, is fine.
+  FSDPStrategy(FSDPStrategyOptions().sharding_strategy("HYBRID_SHARD").auto_wrap_module_types<BlockImpl>());
+  FSDPStrategy(FSDPStrategyOptions().sharding_strategy("Hybrid-Shard").device_mesh(1, 2));
+}
+
+TEST(Strategy, MeshMustMatchTheWorld) {
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    FSDPStrategy s(FSDPStrategyOptions().sharding_strategy("HYBRID_SHARD").device_mesh(2, 2).world(borrow(pg)));
+    expect_config_error([&] { s.setup_environment(); }, "their product must equal the world size");
+  });
+}
+
+TEST(Strategy, RegistryNamesFsdpAndCpuOffload) {
+  auto& r = StrategyRegistry::instance();
+  auto names = r.names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "fsdp"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "fsdp_cpu_offload"), names.end());
+  EXPECT_EQ(r.description("fsdp_cpu_offload"),
+            "Fully Sharded Data Parallel (FSDP) training with Full Sharding and CPU Offloading");
+  expect_config_error([&] { r.options("ddp"); }, "registered are fsdp, fsdp_cpu_offload");
+  expect_config_error([&] { r.register_strategy("fsdp", [] { return FSDPStrategyOptions(); }, "again"); },
+                      "already registered");
+  r.register_strategy("fsdp_bf16", [] { return FSDPStrategyOptions().precision("bf16-mixed"); }, "bf16 FSDP");
+  EXPECT_EQ(r.get("fsdp_bf16").precision().name, "bf16-mixed");
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    FSDPStrategy s(r.options("fsdp_cpu_offload").world(borrow(pg)).auto_wrap_module_types<BlockImpl>());
+    s.setup_environment();
+    auto model = s.setup_module(make_net(1));
+    EXPECT_EQ(fsdp_modules(model.ptr()).size(), 4u);  // the root and three blocks
+  });
+}
+
+TEST(Strategy, SetupModuleWrapsChecksPointsAndRespectsManualWrapping) {
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions()
+                                 .auto_wrap_module_types<BlockImpl>()
+                                 .activation_checkpointing_module_types<BlockImpl>());
+    auto model = s.setup_module(make_net(1));
+    EXPECT_EQ(fsdp_modules(model.ptr()).size(), 4u);
+    EXPECT_TRUE(is_checkpointed(*model->extra));
+    // Already wrapped (manually): not wrapped again, the policy is ignored.
+    FSDPOptions o;
+    o.process_group = borrow(pg);
+    auto manual = make_net(2, &o);  // `extra` wrapped in the constructor
+    auto m2 = s.setup_module(manual);
+    EXPECT_EQ(fsdp_modules(m2.ptr()).size(), 1u);
+    EXPECT_TRUE(is_checkpointed(*m2->extra));  // checkpointing still applied
+    // Already checkpointed layers: checkpointing is skipped.
+    auto ck = make_net(3);
+    apply_activation_checkpointing(ck, checkpoint_module_types<BlockImpl>());
+    auto m3 = s.setup_module(ck);
+    EXPECT_EQ(fsdp_modules(m3.ptr()).size(), 4u);
+  });
+}
+
+TEST(Strategy, OptimizerChecks) {
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().use_orig_params(false).auto_wrap_module_types<BlockImpl>());
+    auto net = make_net(1);
+    torch::optim::SGD early(net->parameters(), torch::optim::SGDOptions(0.1));
+    auto model = s.setup_module(net);
+    expect_config_error([&] { s.setup_optimizer(early); },
+                        "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the "
+                        "optimizer after setting up the model.");
+    torch::optim::SGD late(model->parameters(), torch::optim::SGDOptions(0.1));
+    s.setup_optimizer(late);
+    expect_config_error([&] { s.setup_module_and_optimizers(make_net(2), {&late}); },
+                        "You set `FSDPStrategy(use_orig_params=False)` but this is not supported when setting the "
+                        "model and optimizer up jointly.");
+    auto joint = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>());  // use_orig_params
+    auto net2 = make_net(3);
+    torch::optim::SGD opt2(net2->parameters(), torch::optim::SGDOptions(0.1));
+    auto m2 = joint.setup_module_and_optimizers(net2, {&opt2});
+    EXPECT_EQ(fsdp_modules(m2.ptr()).size(), 4u);
+  });
+}
+
+TEST(Strategy, CollectivesAndSampler) {
+  run_ranks(3, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg);
+    auto t = torch::full({2}, static_cast<double>(pg.rank() + 1), torch::kDouble);
+    EXPECT_TRUE(torch::equal(s.all_reduce(t.clone(), "sum"), torch::full({2}, 6.0, torch::kDouble)));
+    EXPECT_TRUE(torch::equal(s.all_reduce(t.clone()), torch::full({2}, 2.0, torch::kDouble)));  // mean
+    EXPECT_TRUE(torch::equal(s.all_reduce(t.clone(), "max"), torch::full({2}, 3.0, torch::kDouble)));
+    expect_config_error([&] { s.all_reduce(t, "median"); }, "reduce op 'median' is unknown");
+    EXPECT_EQ(s.broadcast(pg.rank() == 1 ? std::string("from one") : std::string(), 1), "from one");
+    EXPECT_EQ(s.broadcast_value<int64_t>(pg.rank() == 0 ? 42 : -1), 42);
+    s.barrier();
+    // LibTorch's distributed sampler, fed the strategy's settings: each rank its part.
+    auto kw = s.distributed_sampler_kwargs();
+    EXPECT_EQ(kw.num_replicas, 3u);
+    EXPECT_EQ(kw.rank, static_cast<size_t>(pg.rank()));
+    torch::data::samplers::DistributedSequentialSampler sampler(10, kw.num_replicas, kw.rank);
+    std::vector<int64_t> mine;
+    while (auto batch = sampler.next(1)) mine.push_back(static_cast<int64_t>((*batch)[0]));
+    auto all = pg.all_gather_bytes(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(int64_t)));
+    std::set<int64_t> seen;
+    for (auto& b : all) {
+      for (size_t i = 0; i < b.size() / sizeof(int64_t); ++i) seen.insert(reinterpret_cast<const int64_t*>(b.data())[i]);
+    }
+    EXPECT_EQ(seen.size(), 10u);
+  });
+}
+
+TEST(Strategy, SeedIsSetAtSetup) {
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    std::lock_guard<std::mutex> lock(rng_mutex());
+    torch::manual_seed(7);
+    auto want = torch::rand({3});
+    torch::manual_seed(99);
+    auto s = strategy_on(pg, FSDPStrategyOptions().seed(7));
+    EXPECT_TRUE(torch::equal(torch::rand({3}), want));
+  });
+}
+
+TEST(Strategy, ClippingAndNoSyncNeedAWrappedRoot) {
+  const auto batches = make_batches(1, 4, 1);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>());
+    auto plain = make_net(1);
+    expect_config_error([&] { s.clip_gradients_norm(plain, 1.0); },
+                        "Gradient clipping with FSDP is only possible if the module passed to "
+                        "`FSDPStrategy.clip_gradients_norm` is wrapped in `FullyShardedDataParallel`. Got: ");
+    expect_config_error([&] { s.no_backward_sync(plain); },
+                        "Blocking backward sync is only possible if the module passed to "
+                        "`FSDPStrategy.no_backward_sync` is wrapped in `FullyShardedDataParallel`.");
+    auto model = s.setup_module(make_net(2));
+    {
+      auto no_sync = s.no_backward_sync(model.ptr());
+      torch::nn::functional::cross_entropy(model(batches[0].tokens.narrow(0, pg.rank() * 2, 2)),
+                                           batches[0].target.narrow(0, pg.rank() * 2, 2))
+          .backward();
+    }
+    torch::nn::functional::cross_entropy(model(batches[0].tokens.narrow(0, pg.rank() * 2, 2)),
+                                         batches[0].target.narrow(0, pg.rank() * 2, 2))
+        .backward();
+    auto norm = s.clip_gradients_norm(model.ptr(), 1e-3);
+    EXPECT_GT(norm.item<double>(), 1e-3);
+  });
+}
+
+TEST(Strategy, CheckpointsFollowTheStateDictType) {
+  TempDir dir;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    for (std::string type : {"full", "sharded"}) {
+      auto s = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>().state_dict_type(type));
+      auto model = s.setup_module(make_net(1));
+      torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
+      const std::string path = dir.path() + "/" + type;
+      s.save_checkpoint(path, CheckpointState().model("model", model.ptr()).optimizer("opt", opt).value("step", int64_t{4}));
+      EXPECT_EQ(std::filesystem::is_directory(path), type == "sharded");
+      auto fresh = s.setup_module(make_net(2));
+      s.load_checkpoint(path, fresh.ptr());  // a bare module
+      auto a = to_map(full_parameters(model.ptr())), b = to_map(full_parameters(fresh.ptr()));
+      for (auto& [k, v] : a) EXPECT_TRUE(torch::equal(v, b.at(k))) << k;
+      expect_config_error([&] { s.load_checkpoint(path, opt); },
+                          "Loading a single optimizer object from a checkpoint is not supported yet with the FSDP "
+                          "strategy.");
+      CheckpointState st = CheckpointState().model("model", fresh.ptr()).value("step", int64_t{0});
+      auto rest = s.load_checkpoint(path, st);
+      EXPECT_EQ(st.get<int64_t>("step"), 4);
+      EXPECT_TRUE(rest.empty());
+    }
+  });
+}
+
+TEST(Strategy, Float16PrecisionsAreRefusedOnCpu) {
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    for (const char* p : {"16-mixed", "16-true"}) {
+      auto s = strategy_on(pg, FSDPStrategyOptions().precision(p));
+      expect_config_error([&] { s.setup_module(make_net(1)); }, "computes in float16");
+    }
+  });
+}
+
+// Set up, train 10 steps, save, load into a fresh strategy at another world
+// size, continue: the loaded state is exactly the saved one and training
+// goes on (loss finite and lower than at the start).
+struct E2ECase {
+  const char* precision;
+  ShardingStrategy strategy;
+  int world, resume_world;
+  const char* state_dict_type;
+};
+class StrategyEndToEnd : public ::testing::TestWithParam<E2ECase> {};
+
+FSDPStrategyOptions e2e_options(const E2ECase& c, int world) {
+  FSDPStrategyOptions o;
+  o.precision(c.precision).auto_wrap_module_types<BlockImpl>().state_dict_type(c.state_dict_type);
+  if (c.strategy == ShardingStrategy::kHybridShard && world % 2 == 0) {
+    o.sharding_strategy(c.strategy).device_mesh(2, world / 2);
+  } else if (c.strategy != ShardingStrategy::kHybridShard) {
+    o.sharding_strategy(c.strategy);
+  }
+  return o;
+}
+
+TEST_P(StrategyEndToEnd, TrainSaveResumeElsewhere) {
+  const E2ECase c = GetParam();
+  TempDir dir;
+  const std::string path = dir.path() + "/ckpt";
+  const auto batches = make_batches(12, 12, 2);
+  std::map<std::string, torch::Tensor> saved;
+  double first_loss = 0, last_loss = 0;
+  std::mutex mu;
+  auto step = [&](FSDPStrategy& s, Unit<NetImpl>& model, torch::optim::Optimizer& opt, const Batch& b) {
+    const int64_t local = b.tokens.size(0) / s.world_size();
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model(b.tokens.narrow(0, s.global_rank() * local, local)).to(torch::kFloat),
+                                                     b.target.narrow(0, s.global_rank() * local, local));
+    loss.backward();
+    s.clip_gradients_norm(model.ptr(), 5.0);
+    opt.step();
+    return s.all_reduce(loss.detach().to(torch::kDouble)).item<double>();
+  };
+  run_ranks(c.world, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, e2e_options(c, pg.size()));
+    auto model = s.setup_module(make_net(1));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.02));
+    double l0 = 0, l = 0;
+    for (int i = 0; i < 10; ++i) {
+      l = step(s, model, opt, batches[static_cast<size_t>(i)]);
+      if (i == 0) l0 = l;
+    }
+    s.save_checkpoint(path, CheckpointState().model("model", model.ptr()).optimizer("opt", opt).value("step", int64_t{10}));
+    auto snap = to_map(full_parameters(model.ptr()));
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg.rank() == 0) {
+      saved = snap;
+      first_loss = l0;
+      last_loss = l;
+    }
+  });
+  EXPECT_TRUE(std::isfinite(last_loss));
+  EXPECT_LT(last_loss, first_loss);
+  run_ranks(c.resume_world, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, e2e_options(c, pg.size()));
+    auto model = s.setup_module(make_net(5));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.02));
+    CheckpointState st = CheckpointState().model("model", model.ptr()).optimizer("opt", opt).value("step", int64_t{0});
+    s.load_checkpoint(path, st);
+    EXPECT_EQ(st.get<int64_t>("step"), 10);
+    auto got = to_map(full_parameters(model.ptr()));
+    for (auto& [k, v] : saved) EXPECT_TRUE(torch::equal(got.at(k), v)) << k;
+    double l = 0;
+    for (int i = 10; i < 12; ++i) l = step(s, model, opt, batches[static_cast<size_t>(i)]);
+    EXPECT_TRUE(std::isfinite(l));
+    EXPECT_LT(l, first_loss);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PrecisionsAndStrategies, StrategyEndToEnd,
+    ::testing::Values(E2ECase{"32-true", ShardingStrategy::kFullShard, 2, 3, "sharded"},
+                      E2ECase{"32-true", ShardingStrategy::kShardGradOp, 3, 2, "full"},
+                      E2ECase{"32-true", ShardingStrategy::kNoShard, 2, 1, "sharded"},
+                      E2ECase{"32-true", ShardingStrategy::kHybridShard, 4, 2, "sharded"},
+                      E2ECase{"bf16-mixed", ShardingStrategy::kFullShard, 2, 3, "full"},
+                      E2ECase{"bf16-mixed", ShardingStrategy::kShardGradOp, 2, 1, "sharded"},
+                      E2ECase{"bf16-mixed", ShardingStrategy::kNoShard, 3, 2, "sharded"},
+                      E2ECase{"bf16-mixed", ShardingStrategy::kHybridShard, 4, 2, "full"},
+                      E2ECase{"bf16-true", ShardingStrategy::kFullShard, 2, 3, "sharded"},
+                      E2ECase{"bf16-true", ShardingStrategy::kShardGradOp, 3, 2, "full"},
+                      E2ECase{"bf16-true", ShardingStrategy::kNoShard, 2, 1, "sharded"},
+                      E2ECase{"bf16-true", ShardingStrategy::kHybridShard, 4, 2, "sharded"}),
+    [](const auto& info) {
+      std::string p = info.param.precision;
+      for (auto& ch : p) ch = ch == '-' ? '_' : ch;
+      return p + "_" + to_string(info.param.strategy) + "_world" + std::to_string(info.param.world) + "_to_" +
+             std::to_string(info.param.resume_world) + "_" + info.param.state_dict_type;
+    });
+
+}  // namespace
