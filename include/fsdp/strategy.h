@@ -49,6 +49,33 @@ struct PrecisionConfig {
 // ConfigError listing the valid names otherwise.
 PrecisionConfig parse_precision(const std::string& name);
 
+// PyTorch's (Sharded)GradScaler for float16 training: scales the loss so
+// that small gradients survive float16, unscales the gradients before the
+// optimizer (or clipping) sees them, and skips the step — on every rank
+// alike — when any rank's shard holds an inf or NaN, backing the scale off.
+class ShardedGradScaler {
+ public:
+  ShardedGradScaler(dist::ProcessGroupPtr group, double init_scale = 65536.0, double growth_factor = 2.0,
+                    double backoff_factor = 0.5, int growth_interval = 2000);
+  // loss * scale.
+  at::Tensor scale(const at::Tensor& loss) const;
+  // [collective] Divides the gradients of the optimizer's parameters by the
+  // scale (once per step) and agrees over the group whether any is not finite.
+  void unscale_(torch::optim::Optimizer& optimizer);
+  // [collective unless unscale_ ran] Unscales if needed, then steps unless a
+  // gradient was not finite. Returns whether it stepped.
+  bool step(torch::optim::Optimizer& optimizer);
+  // Grows the scale after growth_interval clean steps, backs off after a bad one.
+  void update();
+  double get_scale() const { return scale_; }
+
+ private:
+  dist::ProcessGroupPtr group_;
+  double scale_, growth_, backoff_;
+  int interval_, clean_steps_ = 0;
+  bool unscaled_ = false, found_inf_ = false;
+};
+
 // The options, with chainable setters (Lightning's constructor arguments).
 class FSDPStrategyOptions {
  public:
@@ -187,6 +214,13 @@ class FSDPStrategy {
   // text of Lightning if the root is not FSDP-wrapped.
   at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
                                  double norm_type = 2.0) const;
+  // The same, unscaling `optimizer`'s gradients first when a gradient scaler is in use.
+  at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, torch::optim::Optimizer& optimizer,
+                                 double max_norm, double norm_type = 2.0) const;
+  // The gradient scaler of "16-mixed" (null for other precisions); made by
+  // setup_environment. Use scaler->scale(loss).backward(), scaler->step(opt),
+  // scaler->update().
+  ShardedGradScaler* grad_scaler() const { return scaler_.get(); }
   // Gradient accumulation without communication (FSDP's no_sync); Lightning's
   // error if the root is not FSDP-wrapped.
   std::unique_ptr<NoSync> no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const;
@@ -216,6 +250,7 @@ class FSDPStrategy {
   PrecisionConfig precision_;
   dist::ProcessGroupPtr group_;
   std::optional<dist::DeviceMesh> mesh_;
+  std::shared_ptr<ShardedGradScaler> scaler_;
 };
 
 // Named strategies, so that an application can pick one from its command

@@ -46,6 +46,60 @@ PrecisionConfig parse_precision(const std::string& name) {
 }
 
 // ---------------------------------------------------------------------------
+// Gradient scaler.
+
+ShardedGradScaler::ShardedGradScaler(dist::ProcessGroupPtr group, double init_scale, double growth_factor,
+                                     double backoff_factor, int growth_interval)
+    : group_(std::move(group)),
+      scale_(init_scale),
+      growth_(growth_factor),
+      backoff_(backoff_factor),
+      interval_(growth_interval) {
+  if (!(init_scale > 0) || !(growth_factor > 1) || !(backoff_factor > 0 && backoff_factor < 1) || growth_interval < 1) {
+    throw ConfigError("ShardedGradScaler: expected init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+                      "growth_interval >= 1");
+  }
+}
+
+at::Tensor ShardedGradScaler::scale(const at::Tensor& loss) const { return loss * scale_; }
+
+void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (unscaled_) return;
+  at::NoGradGuard no_grad;
+  bool bad = false;
+  for (auto& g : optimizer.param_groups()) {
+    for (auto& p : g.params()) {
+      if (!p.grad().defined()) continue;
+      p.mutable_grad().mul_(1.0 / scale_);
+      if (p.grad().numel() > 0 && !at::isfinite(p.grad()).all().item<bool>()) bad = true;
+    }
+  }
+  at::Tensor flag = at::full({1}, bad ? 1.0 : 0.0, at::kFloat);
+  if (group_ && group_->size() > 1) group_->all_reduce(flag, dist::ReduceOp::kMax).wait();  // [collective]
+  found_inf_ = flag.item<float>() > 0;
+  unscaled_ = true;
+}
+
+bool ShardedGradScaler::step(torch::optim::Optimizer& optimizer) {
+  unscale_(optimizer);
+  if (found_inf_) return false;
+  optimizer.step();
+  return true;
+}
+
+void ShardedGradScaler::update() {
+  if (found_inf_) {
+    scale_ *= backoff_;
+    clean_steps_ = 0;
+  } else if (++clean_steps_ >= interval_) {
+    scale_ *= growth_;
+    clean_steps_ = 0;
+  }
+  unscaled_ = false;
+  found_inf_ = false;
+}
+
+// ---------------------------------------------------------------------------
 // Options.
 
 FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(bool on) {
@@ -188,6 +242,7 @@ void FSDPStrategy::setup_environment() {
     group_ = dist::init_process_group(o);
   }
   torch::manual_seed(options_.seed_);  // the same on every rank
+  if (precision_.needs_grad_scaler) scaler_ = std::make_shared<ShardedGradScaler>(group_);
   if (options_.device_mesh_) {
     const auto [replicate, shard] = *options_.device_mesh_;
     if (replicate * shard != group_->size()) {
@@ -340,6 +395,13 @@ at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Mo
                       (module ? module->name() : std::string("null")) + ".");
   }
   return clip_grad_norm_(module, max_norm, norm_type);
+}
+
+at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module,
+                                             torch::optim::Optimizer& optimizer, double max_norm,
+                                             double norm_type) const {
+  if (scaler_) scaler_->unscale_(optimizer);
+  return clip_gradients_norm(module, max_norm, norm_type);
 }
 
 std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const {

@@ -239,6 +239,60 @@ TEST(Strategy, CheckpointsFollowTheStateDictType) {
   });
 }
 
+// The scaler on shards, in float32 (CPU LibTorch has no float16 compute): a
+// scaled, unscaled step equals a plain one; an inf on one rank's shard makes
+// every rank skip the step and back off.
+TEST(Strategy, ShardedGradScalerSkipsOnEveryRankAndBacksOff) {
+  const auto batches = make_batches(2, 4, 6);
+  std::map<std::string, torch::Tensor> plain_result;
+  std::mutex mu;
+  for (bool scaled : {false, true}) {
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      Trainer t(pg, Opt::kSgd, 1);
+      ShardedGradScaler scaler(borrow(pg), 1024.0, 2.0, 0.5, 1);
+      const auto& b = batches[0];
+      t.optimizer->zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(t.model(b.tokens.narrow(0, pg.rank() * 2, 2)),
+                                                       b.target.narrow(0, pg.rank() * 2, 2));
+      if (scaled) {
+        scaler.scale(loss).backward();
+        EXPECT_TRUE(scaler.step(*t.optimizer));
+        scaler.update();
+        EXPECT_EQ(scaler.get_scale(), 2048.0);  // grew after a clean step (interval 1)
+      } else {
+        loss.backward();
+        t.optimizer->step();
+      }
+      auto params = to_map(full_parameters(t.model.ptr()));
+      if (!scaled) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (pg.rank() == 0) plain_result = params;
+        return;
+      }
+      expect_close(params, plain_result, 1e-6, "scaled step");
+      // An inf on rank 1's shard only: both ranks skip.
+      t.optimizer->zero_grad();
+      torch::nn::functional::cross_entropy(t.model(b.tokens.narrow(0, pg.rank() * 2, 2)),
+                                           b.target.narrow(0, pg.rank() * 2, 2))
+          .backward();
+      if (pg.rank() == 1) {
+        torch::NoGradGuard no_grad;
+        t.model->parameters()[0].mutable_grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+      }
+      EXPECT_FALSE(scaler.step(*t.optimizer));
+      scaler.update();
+      EXPECT_EQ(scaler.get_scale(), 1024.0);
+      expect_close(to_map(full_parameters(t.model.ptr())), params, 0.0, "skipped step");
+    });
+  }
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().precision("16-mixed"));
+    ASSERT_NE(s.grad_scaler(), nullptr);
+    EXPECT_EQ(s.grad_scaler()->get_scale(), 65536.0);
+    EXPECT_EQ(strategy_on(pg).grad_scaler(), nullptr);
+  });
+}
+
 TEST(Strategy, Float16PrecisionsAreRefusedOnCpu) {
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     for (const char* p : {"16-mixed", "16-true"}) {
