@@ -1,0 +1,174 @@
+// fsdp-train's engine: a tiny run whose loss falls, resume after an
+// interruption ending exactly where an uninterrupted run ends, generation
+// from both checkpoint formats, and the errors for bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../support/subprocess.h"
+#include "../support/thread_ranks.h"
+#include "fsdp/checkpoint_io.h"
+#include "fsdp/error.h"
+#include "fsdp/train/gpt_trainer.h"
+#include "../fsdp/models.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+train::TrainConfig tiny(const std::string& out, int64_t steps) {
+  train::TrainConfig c;
+  c.preset = "tiny";
+  c.model = train::preset("tiny");
+  c.steps = steps;
+  c.batch = 4;
+  c.out = out;
+  c.log_every = 1000;
+  return c;
+}
+
+std::vector<std::pair<int64_t, double>> metrics(const std::string& out) {
+  std::vector<std::pair<int64_t, double>> m;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto s = line.find("\"step\":"), l = line.find("\"loss\":");
+    m.emplace_back(std::stoll(line.substr(s + 7)), std::stod(line.substr(l + 7)));
+  }
+  return m;
+}
+
+std::map<std::string, torch::Tensor> weights_of(const std::string& checkpoint) {
+  auto model = std::make_shared<models::GPTImpl>(train::preset("tiny"));
+  run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(checkpoint, model, pg); });
+  std::map<std::string, torch::Tensor> out;
+  for (auto& p : model->named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+TEST(GptTrainer, TinyRunLossFalls) {
+  TempDir dir;
+  run_ranks(2, [&](dist::ProcessGroup& pg) { train::train(tiny(dir.path(), 40), borrow(pg)); });
+  auto m = metrics(dir.path());
+  ASSERT_EQ(m.size(), 40u);
+  EXPECT_EQ(m.front().first, 1);
+  EXPECT_EQ(m.back().first, 40);
+  EXPECT_LT(m.back().second, 0.75 * m.front().second) << m.front().second << " -> " << m.back().second;
+  EXPECT_TRUE(fs::is_directory(dir.path() + "/checkpoints/step-00000040"));
+}
+
+TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
+  TempDir dir;
+  const std::string a = dir.path() + "/a", b = dir.path() + "/b";
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto c = tiny(a, 12);
+    c.save_every = 4;
+    train::train(c, borrow(pg));
+  });
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto c = tiny(b, 8);  // "interrupted" after step 8
+    c.save_every = 4;
+    c.keep = 1;
+    train::train(c, borrow(pg));
+  });
+  EXPECT_FALSE(fs::exists(b + "/checkpoints/step-00000004"));  // only the newest is kept
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto c = tiny(b, 12);
+    c.save_every = 4;
+    c.resume = true;
+    train::train(c, borrow(pg));
+  });
+  auto wa = weights_of(a + "/checkpoints/step-00000012");
+  auto wb = weights_of(b + "/checkpoints/step-00000012");
+  for (auto& [k, v] : wa) EXPECT_TRUE(torch::equal(v, wb.at(k))) << k;
+  auto ma = metrics(a), mb = metrics(b);
+  ASSERT_EQ(mb.size(), 12u);  // every step once: no repeated or skipped batch
+  for (size_t i = 0; i < ma.size(); ++i) {
+    EXPECT_EQ(mb[i].first, static_cast<int64_t>(i) + 1);
+    EXPECT_DOUBLE_EQ(mb[i].second, ma[i].second) << "step " << i + 1;
+  }
+}
+
+TEST(GptTrainer, GeneratesFromBothFormats) {
+  TempDir dir;
+  run_ranks(2, [&](dist::ProcessGroup& pg) { train::train(tiny(dir.path(), 20), borrow(pg)); });
+  const std::string sharded = dir.path() + "/checkpoints/step-00000020", full = dir.path() + "/full.pt";
+  consolidate_checkpoint(sharded, full);
+  std::string texts[2];
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto t1 = train::generate(sharded, "the ", 30, 5, borrow(pg));
+    auto t2 = train::generate(full, "the ", 30, 5, borrow(pg));
+    if (pg.rank() == 0) {
+      texts[0] = t1;
+      texts[1] = t2;
+    }
+  });
+  EXPECT_EQ(texts[0].size(), 34u);
+  EXPECT_EQ(texts[0].rfind("the ", 0), 0u);
+  EXPECT_EQ(texts[0], texts[1]);
+}
+
+TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
+  TempDir dir;
+  auto expect_error = [](const train::TrainConfig& c, const std::string& text) {
+    try {
+      train::validate(c);
+      ADD_FAILURE() << "no error, expected: " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  auto c = tiny(dir.path(), 5);
+  c.data = dir.path() + "/missing.txt";
+  expect_error(c, "missing.txt: no such file");
+  std::ofstream(dir.path() + "/empty.txt").close();
+  c.data = dir.path() + "/empty.txt";
+  expect_error(c, "the file is empty");
+  c = tiny(dir.path(), 5);
+  c.model.heads = 5;
+  expect_error(c, "--heads 5 does not divide the model width --dim 64");
+  c = tiny("/proc/fsdp-train-cannot-write-here", 5);
+  expect_error(c, "the run directory cannot be created or written");
+  c = tiny(dir.path(), 0);
+  expect_error(c, "--steps must be positive");
+  EXPECT_THROW(train::preset("huge"), ConfigError);
+  // Resuming with another model shape lists the differences.
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(dir.path(), 2), borrow(pg)); });
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    auto r = tiny(dir.path(), 4);
+    r.model.dim = 32;
+    r.resume = true;
+    try {
+      train::train(r, borrow(pg));
+      ADD_FAILURE() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("holds a model of another shape: dim 64 (checkpoint) vs 32"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(GptTrainer, CommandLineRunsUnderFsdpRun) {
+  TempDir dir;
+  auto r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "2", "--", FSDP_TRAIN_PATH, "--preset", "tiny", "--steps",
+                        "6", "--batch", "2", "--log-every", "3", "--state-dict-type", "full", "--out", dir.path()},
+                       std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("step 6/6 loss"), std::string::npos) << r.output;
+  const std::string ckpt = dir.path() + "/checkpoints/step-00000006";
+  EXPECT_TRUE(fs::is_regular_file(ckpt));
+  r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "1", "--", FSDP_TRAIN_PATH, "generate", "--checkpoint", ckpt,
+                   "--prompt", "a dog", "--tokens", "10"},
+                  std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("a dog"), std::string::npos) << r.output;
+  r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "1", "--", FSDP_TRAIN_PATH, "--preset", "giant"},
+                  std::chrono::seconds(60));
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_NE(r.output.find("--preset 'giant' does not exist"), std::string::npos) << r.output;
+}
+
+}  // namespace

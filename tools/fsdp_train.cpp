@@ -1,0 +1,65 @@
+// fsdp-train: trains a byte-level GPT with fsdp-cpp (run it under fsdp-run),
+// or generates text from one of its checkpoints.
+//   fsdp-run --nproc-per-node 2 -- fsdp-train --preset tiny --steps 100 --out runs/tiny
+//   fsdp-run --nproc-per-node 1 -- fsdp-train generate --checkpoint runs/tiny/checkpoints/step-00000100 --prompt "the"
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "fsdp/error.h"
+#include "fsdp/train/gpt_trainer.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdp-train: a byte-level GPT trained with Fully Sharded Data Parallel"};
+  fsdp::train::TrainConfig c;
+  int64_t dim = 0, layers = 0, heads = 0, context = 0;
+  app.add_option("--preset", c.preset, "model size: tiny, default, 100m")->capture_default_str();
+  app.add_option("--dim", dim, "model width (overrides the preset)");
+  app.add_option("--layers", layers, "transformer blocks (overrides the preset)");
+  app.add_option("--heads", heads, "attention heads (overrides the preset)");
+  app.add_option("--context", context, "tokens per sample (overrides the preset)");
+  app.add_option("--steps", c.steps, "training steps")->capture_default_str();
+  app.add_option("--batch", c.batch, "sequences per rank per step")->capture_default_str();
+  app.add_option("--lr", c.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--out", c.out, "run directory (metrics.jsonl, checkpoints/)")->capture_default_str();
+  app.add_option("--data", c.data, "text file to train on (default: a generated corpus)");
+  app.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end only)")->capture_default_str();
+  app.add_option("--keep", c.keep, "checkpoints to keep")->capture_default_str();
+  app.add_flag("--resume", c.resume, "continue from the newest complete checkpoint in --out");
+  app.add_option("--state-dict-type", c.state_dict_type, "checkpoint format: full or sharded")->capture_default_str();
+  app.add_option("--sharding-strategy", c.sharding_strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
+      ->capture_default_str();
+  app.add_option("--precision", c.precision, "32-true, bf16-mixed, bf16-true (16-* need CUDA)")->capture_default_str();
+  app.add_flag("--activation-checkpointing", c.activation_checkpointing, "recompute each block's activations in backward");
+  app.add_flag("--cpu-offload", c.cpu_offload, "keep shards on CPU (no-op on CPU builds)");
+  app.add_option("--seed", c.seed, "data and initialisation seed")->capture_default_str();
+  app.add_option("--log-every", c.log_every, "steps between log lines")->capture_default_str();
+
+  auto* gen = app.add_subcommand("generate", "continue a prompt with a trained checkpoint");
+  std::string checkpoint, prompt = "the ";
+  int64_t tokens = 200;
+  uint64_t seed = 0;
+  gen->add_option("--checkpoint", checkpoint, "checkpoint file or directory")->required();
+  gen->add_option("--prompt", prompt, "text to continue")->capture_default_str();
+  gen->add_option("--tokens", tokens, "bytes to generate")->capture_default_str();
+  gen->add_option("--seed", seed, "sampling seed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    auto world = fsdp::dist::init_process_group_from_env();
+    if (gen->parsed()) {
+      const std::string text = fsdp::train::generate(checkpoint, prompt, tokens, seed, world);
+      if (world->rank() == 0) std::cout << text << std::endl;
+      return 0;
+    }
+    c.model = fsdp::train::preset(c.preset);
+    if (dim) c.model.dim = dim;
+    if (layers) c.model.layers = layers;
+    if (heads) c.model.heads = heads;
+    if (context) c.model.context = context;
+    fsdp::train::train(c, world);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-train: " << e.what() << std::endl;
+    return 1;
+  }
+}
