@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and runs a 2-rank smoke job
-# through fsdp-run (rendezvous over TCPStore, Gloo collectives checked).
+# The main job: installs what is missing, builds, trains the default GPT on 2
+# ranks through fsdp-run (about a minute and a half on 2 cores; the run
+# directory is runs/latest: metrics.jsonl and checkpoints/), then generates
+# text from the final checkpoint. Extra arguments go to fsdp-train (e.g.
+# --preset tiny, --steps 50, --state-dict-type full, --resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh
-exec build/bin/fsdp-run --nproc-per-node 2 -- build/bin/fsdp-smoke "$@"
+out=runs/latest
+build/bin/fsdp-run --nproc-per-node 2 -- build/bin/fsdp-train --out "$out" --log-every 25 "$@"
+ckpt=$(ls -d "$out"/checkpoints/step-* | tail -n 1)
+echo "--- generated from $ckpt:"
+build/bin/fsdp-run --nproc-per-node 1 --no-rank-prefix -- build/bin/fsdp-train generate --checkpoint "$ckpt" --prompt "the old man "

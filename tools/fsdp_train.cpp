@@ -4,6 +4,7 @@
 //   fsdp-run --nproc-per-node 1 -- fsdp-train generate --checkpoint runs/tiny/checkpoints/step-00000100 --prompt "the"
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "fsdp/error.h"
@@ -25,7 +26,8 @@ int main(int argc, char** argv) {
   app.add_option("--data", c.data, "text file to train on (default: a generated corpus)");
   app.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end only)")->capture_default_str();
   app.add_option("--keep", c.keep, "checkpoints to keep")->capture_default_str();
-  app.add_flag("--resume", c.resume, "continue from the newest complete checkpoint in --out");
+  app.add_flag("--resume", c.resume,
+               "continue from the newest complete checkpoint in --out (automatic after an fsdp-run --max-restarts restart)");
   app.add_option("--state-dict-type", c.state_dict_type, "checkpoint format: full or sharded")->capture_default_str();
   app.add_option("--sharding-strategy", c.sharding_strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
       ->capture_default_str();
@@ -50,6 +52,10 @@ int main(int argc, char** argv) {
       const std::string text = fsdp::train::generate(checkpoint, prompt, tokens, seed, world);
       if (world->rank() == 0) std::cout << text << std::endl;
       return 0;
+    }
+    // A restart by `fsdp-run --max-restarts` continues from the newest checkpoint.
+    if (const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) {
+      c.resume = true;
     }
     c.model = fsdp::train::preset(c.preset);
     if (dim) c.model.dim = dim;
