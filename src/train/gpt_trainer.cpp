@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <mutex>
 #include <random>
 #include <sstream>
 
@@ -194,7 +195,17 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   const int rank = strategy.global_rank(), nranks = strategy.world_size();
   const at::Tensor tokens = bytes_to_tokens(read_text(c));
 
-  auto model = strategy.setup_module(std::make_shared<models::GPTImpl>(c.model));
+  // The initial weights come from the seed alone: built under a process-wide
+  // lock right after seeding, so that ranks that are threads of one process
+  // (LibTorch's generator is global) build identical weights too.
+  std::shared_ptr<models::GPTImpl> net;
+  {
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(c.seed);
+    net = std::make_shared<models::GPTImpl>(c.model);
+  }
+  auto model = strategy.setup_module(net);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr));
   strategy.setup_optimizer(opt);
   const std::string ckpt_dir = (fs::path(c.out) / "checkpoints").string();
