@@ -35,7 +35,13 @@ int main(int argc, char** argv) {
   app.add_flag("--activation-checkpointing", c.activation_checkpointing, "recompute each block's activations in backward");
   app.add_flag("--cpu-offload", c.cpu_offload, "keep shards on CPU (no-op on CPU builds)");
   app.add_option("--seed", c.seed, "data and initialisation seed")->capture_default_str();
-  app.add_option("--log-every", c.log_every, "steps between log lines")->capture_default_str();
+  app.add_option("--log-every", c.log_every, "steps between log lines (when not on a terminal)")->capture_default_str();
+  app.add_option("--eval-every", c.eval_every, "held-out loss every N steps (0: never)")->capture_default_str();
+  app.add_option("--mesh", c.mesh, "R,S: HYBRID_SHARD over R replicas of S-rank shard groups (R*S = world)");
+  app.add_flag("--forward-prefetch", c.forward_prefetch, "gather the next unit while this one computes");
+  app.add_option("--backward-prefetch", c.backward_prefetch, "pre, post or none")->capture_default_str();
+  bool no_limit = false;
+  app.add_flag("--no-limit-all-gathers", no_limit, "let prefetching gather more than two units at once");
 
   auto* gen = app.add_subcommand("generate", "continue a prompt with a trained checkpoint");
   std::string checkpoint, prompt = "the ";
@@ -57,6 +63,7 @@ int main(int argc, char** argv) {
     if (const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) {
       c.resume = true;
     }
+    c.limit_all_gathers = !no_limit;
     c.model = fsdp::train::preset(c.preset);
     if (dim) c.model.dim = dim;
     if (layers) c.model.layers = layers;

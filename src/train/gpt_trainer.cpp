@@ -5,7 +5,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -21,6 +25,32 @@
 namespace fsdp::train {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// "R,S" -> (R, S), both positive.
+std::pair<int, int> parse_mesh(const std::string& mesh) {
+  const auto comma = mesh.find(',');
+  try {
+    if (comma == std::string::npos) throw std::invalid_argument("no comma");
+    const int r = std::stoi(mesh.substr(0, comma)), sh = std::stoi(mesh.substr(comma + 1));
+    if (r <= 0 || sh <= 0) throw std::invalid_argument("not positive");
+    return {r, sh};
+  } catch (const std::exception&) {
+    throw ConfigError("--mesh '" + mesh + "' is invalid: expected R,S (replicate and shard sizes, e.g. 2,4)");
+  }
+}
+
+double rss_mib() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long pages = 0, resident = 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+}  // namespace
 
 models::GPTConfig preset(const std::string& name) {
   models::GPTConfig c;
@@ -58,6 +88,11 @@ void validate(const TrainConfig& c) {
   positive(c.keep, "--keep");
   positive(c.log_every, "--log-every");
   if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
+  if (c.eval_every < 0) throw ConfigError("--eval-every must be 0 (never) or positive");
+  if (c.backward_prefetch != "pre" && c.backward_prefetch != "post" && c.backward_prefetch != "none") {
+    throw ConfigError("--backward-prefetch '" + c.backward_prefetch + "' is invalid: expected pre, post or none");
+  }
+  if (!c.mesh.empty()) parse_mesh(c.mesh);
   if (c.model.dim % c.model.heads != 0) {
     throw ConfigError("--heads " + std::to_string(c.model.heads) + " does not divide the model width --dim " +
                       std::to_string(c.model.dim) + ": expected a divisor of it");
@@ -189,11 +224,24 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
       .cpu_offload(c.cpu_offload)
       .seed(c.seed);
   if (c.activation_checkpointing) o.activation_checkpointing_module_types<models::GPTBlockImpl>();
+  if (!c.mesh.empty()) {
+    const auto [r, sh] = parse_mesh(c.mesh);
+    o.sharding_strategy(ShardingStrategy::kHybridShard).device_mesh(r, sh);
+  }
+  o.forward_prefetch(c.forward_prefetch).limit_all_gathers(c.limit_all_gathers);
+  o.backward_prefetch(c.backward_prefetch == "pre"    ? BackwardPrefetch::kBackwardPre
+                      : c.backward_prefetch == "post" ? BackwardPrefetch::kBackwardPost
+                                                      : BackwardPrefetch::kNone);
   if (world) o.world(world);
   FSDPStrategy strategy(o);
   strategy.setup_environment();
   const int rank = strategy.global_rank(), nranks = strategy.world_size();
-  const at::Tensor tokens = bytes_to_tokens(read_text(c));
+  // The last tenth of the text is held out for evaluation.
+  const at::Tensor all_tokens = bytes_to_tokens(read_text(c));
+  const int64_t split = std::max<int64_t>(all_tokens.numel() * 9 / 10, all_tokens.numel() - (c.model.context + 2) * 8);
+  const bool can_eval = all_tokens.numel() - split >= c.model.context + 2;
+  const at::Tensor tokens = can_eval ? all_tokens.narrow(0, 0, split) : all_tokens;
+  const at::Tensor held_out = can_eval ? all_tokens.narrow(0, split, all_tokens.numel() - split) : all_tokens;
 
   // The initial weights come from the seed alone: built under a process-wide
   // lock right after seeding, so that ranks that are threads of one process
@@ -263,8 +311,25 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     std::ofstream out(metrics_path, std::ios::trunc);
     for (const auto& l : kept) out << l << "\n";
   }
-  std::ofstream metrics;
-  if (rank == 0) metrics.open(metrics_path, std::ios::app);
+  std::ofstream metrics, log;
+  if (rank == 0) {
+    metrics.open(metrics_path, std::ios::app);
+    log.open((fs::path(c.out) / "train.log").string(), start > 0 ? std::ios::app : std::ios::trunc);
+  }
+  const bool terminal = rank == 0 && isatty(STDOUT_FILENO);
+  // [collective] Mean loss over fixed held-out batches (the same on every rank).
+  auto evaluate = [&]() {
+    torch::NoGradGuard no_grad;
+    TrainConfig ec = c;
+    ec.seed = c.seed + 7777;
+    double sum = 0;
+    const int n = 4;
+    for (int i = 0; i < n; ++i) {
+      auto [x, y] = batch_of(held_out, i, ec, rank, nranks);
+      sum += models::gpt_loss(model(x), y).to(at::kDouble).item<double>();
+    }
+    return strategy.all_reduce(at::full({1}, sum / n, at::kDouble)).item<double>();
+  };
   double mean_loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = start; step < c.steps; ++step) {
@@ -278,16 +343,33 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     mean_loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     const double tok_s = static_cast<double>(c.batch * c.model.context * nranks) / dt;
+    const bool last = step + 1 == c.steps;
+    double eval_loss = -1;
+    if (c.eval_every > 0 && ((step + 1) % c.eval_every == 0 || last)) eval_loss = evaluate();
+    // Memory of every rank, for the progress line.
+    std::ostringstream mem;
+    mem << std::fixed << std::setprecision(0) << rss_mib();
+    auto mems = strategy.group().all_gather_bytes(mem.str());
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double eta = elapsed / static_cast<double>(step + 1 - start) * static_cast<double>(c.steps - step - 1);
     if (rank == 0) {
       metrics << "{\"step\":" << step + 1 << ",\"loss\":" << mean_loss << ",\"tokens_per_s\":" << tok_s
-              << ",\"elapsed_s\":" << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
-              << "}" << std::endl;
-    }
-    if ((step + 1) % c.log_every == 0 || step + 1 == c.steps) {
+              << ",\"elapsed_s\":" << elapsed;
+      if (eval_loss >= 0) metrics << ",\"eval_loss\":" << eval_loss;
+      metrics << "}" << std::endl;
       std::ostringstream os;
-      os << "step " << step + 1 << "/" << c.steps << " loss " << std::fixed << std::setprecision(4) << mean_loss
-         << " tokens/s " << std::setprecision(0) << tok_s;
-      strategy.print(os.str());
+      os << "step " << step + 1 << "/" << c.steps << " loss " << std::fixed << std::setprecision(4) << mean_loss;
+      if (eval_loss >= 0) os << " eval " << eval_loss;
+      os << " tokens/s " << std::setprecision(0) << tok_s << " eta " << eta << "s mem";
+      for (size_t r = 0; r < mems.size(); ++r) os << (r ? "/" : " ") << mems[r];
+      os << " MiB";
+      log << os.str() << std::endl;
+      if (terminal) {
+        std::cout << "\r" << os.str() << "\x1b[K" << std::flush;  // in place
+        if (last) std::cout << std::endl;
+      } else if ((step + 1) % c.log_every == 0 || last || eval_loss >= 0) {
+        std::cout << os.str() << std::endl;
+      }
     }
     if ((c.save_every > 0 && (step + 1) % c.save_every == 0) || step + 1 == c.steps) {
       CheckpointState s;
@@ -304,7 +386,51 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
       strategy.barrier();
     }
   }
+  if (rank == 0) write_loss_curve(c.out);
   return mean_loss;
+}
+
+std::string write_loss_curve(const std::string& out) {
+  std::vector<std::pair<double, double>> train, eval;
+  std::ifstream in((fs::path(out) / "metrics.jsonl").string());
+  for (std::string line; std::getline(in, line);) {
+    auto num = [&](const char* key) {
+      const auto at = line.find(key);
+      return at == std::string::npos ? -1.0 : std::stod(line.substr(at + std::strlen(key)));
+    };
+    const double step = num("\"step\":"), loss = num("\"loss\":"), ev = num("\"eval_loss\":");
+    if (step < 0 || loss < 0) continue;
+    train.emplace_back(step, loss);
+    if (ev >= 0) eval.emplace_back(step, ev);
+  }
+  const std::string path = (fs::path(out) / "loss.svg").string();
+  const double w = 640, h = 360, pad = 50;
+  double max_step = 1, max_loss = 0.1;
+  for (auto& [x, y] : train) max_step = std::max(max_step, x), max_loss = std::max(max_loss, y);
+  for (auto& [x, y] : eval) max_loss = std::max(max_loss, y);
+  auto px = [&](double x) { return pad + (w - 2 * pad) * x / max_step; };
+  auto py = [&](double y) { return h - pad - (h - 2 * pad) * y / max_loss; };
+  std::ofstream svg(path, std::ios::trunc);
+  svg << std::fixed << std::setprecision(1) << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w
+      << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<line x1=\"" << pad << "\" y1=\"" << h - pad << "\" x2=\"" << w - pad << "\" y2=\"" << h - pad
+      << "\" stroke=\"black\"/>\n<line x1=\"" << pad << "\" y1=\"" << pad << "\" x2=\"" << pad << "\" y2=\""
+      << h - pad << "\" stroke=\"black\"/>\n"
+      << "<text x=\"" << w / 2 << "\" y=\"" << h - 12 << "\" text-anchor=\"middle\">step (last " << max_step
+      << ")</text>\n<text x=\"14\" y=\"" << h / 2 << "\" transform=\"rotate(-90 14 " << h / 2
+      << ")\" text-anchor=\"middle\">loss (top " << max_loss << ")</text>\n";
+  auto polyline = [&](const std::vector<std::pair<double, double>>& pts, const char* color, const char* label, double ly) {
+    if (pts.empty()) return;
+    svg << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\" points=\"";
+    for (auto& [x, y] : pts) svg << px(x) << "," << py(y) << " ";
+    svg << "\"/>\n<text x=\"" << w - pad - 110 << "\" y=\"" << ly << "\" fill=\"" << color << "\">" << label
+        << "</text>\n";
+  };
+  polyline(train, "steelblue", "training loss", pad);
+  polyline(eval, "darkorange", "held-out loss", pad + 16);
+  svg << "</svg>\n";
+  return path;
 }
 
 std::string generate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, uint64_t seed,

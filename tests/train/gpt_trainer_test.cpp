@@ -59,6 +59,43 @@ TEST(GptTrainer, TinyRunLossFalls) {
   EXPECT_TRUE(fs::is_directory(dir.path() + "/checkpoints/step-00000040"));
 }
 
+TEST(GptTrainer, LogsHeldOutLossDrawsTheCurveAndRunsOnAMesh) {
+  TempDir dir;
+  run_ranks(4, [&](dist::ProcessGroup& pg) {
+    auto c = tiny(dir.path(), 10);
+    c.eval_every = 5;
+    c.mesh = "2,2";
+    c.forward_prefetch = true;
+    c.backward_prefetch = "post";
+    train::train(c, borrow(pg));
+  });
+  std::ifstream in(dir.path() + "/metrics.jsonl");
+  int evals = 0;
+  for (std::string line; std::getline(in, line);) evals += line.find("\"eval_loss\":") != std::string::npos;
+  EXPECT_EQ(evals, 2);  // steps 5 and 10
+  std::ifstream svg(dir.path() + "/loss.svg");
+  std::string text((std::istreambuf_iterator<char>(svg)), {});
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("training loss"), std::string::npos);
+  EXPECT_NE(text.find("held-out loss"), std::string::npos);
+  std::ifstream log(dir.path() + "/train.log");
+  std::string log_text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(log_text.find("step 10/10 loss"), std::string::npos) << log_text;
+  EXPECT_NE(log_text.find(" MiB"), std::string::npos);
+  // A mesh that does not fit the world, or a bad spelling, is refused.
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto c = tiny(dir.path() + "/m", 2);
+    c.mesh = "2,2";
+    EXPECT_THROW(train::train(c, borrow(pg)), ConfigError);
+  });
+  auto bad = tiny(dir.path(), 2);
+  bad.mesh = "two";
+  EXPECT_THROW(train::validate(bad), ConfigError);
+  bad.mesh.clear();
+  bad.backward_prefetch = "sometimes";
+  EXPECT_THROW(train::validate(bad), ConfigError);
+}
+
 TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
   TempDir dir;
   const std::string a = dir.path() + "/a", b = dir.path() + "/b";

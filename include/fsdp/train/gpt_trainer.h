@@ -31,6 +31,11 @@ struct TrainConfig {
   bool cpu_offload = false;
   uint64_t seed = 0;
   int64_t log_every = 10;
+  int64_t eval_every = 50;          // held-out loss every N steps (and at the end); 0: never
+  std::string mesh;                 // "R,S": HYBRID_SHARD's (replicate, shard) sizes
+  bool forward_prefetch = false;
+  std::string backward_prefetch = "pre";  // pre, post, none
+  bool limit_all_gathers = true;
 };
 
 // The model sizes of a preset: "tiny" (tests), "default" (a couple of minutes
@@ -45,7 +50,14 @@ void validate(const TrainConfig& config);
 // The generated corpus: deterministic English-like text (no file needed).
 std::string generated_corpus(size_t bytes = 1 << 20);
 
-// [collective over `world`] Trains; returns the last step's mean loss.
+// Writes `out/loss.svg`: the training loss (and held-out loss) per step, from
+// out/metrics.jsonl. Returns the path.
+std::string write_loss_curve(const std::string& out);
+
+// [collective over `world`] Trains; returns the last step's mean loss. Rank 0
+// prints a progress line (updated in place on a terminal), appends plain
+// lines to out/train.log and one JSON object per step to out/metrics.jsonl,
+// and draws out/loss.svg at the end.
 double train(const TrainConfig& config, const dist::ProcessGroupPtr& world);
 
 // [collective over `world`] Loads the model of a checkpoint written by
