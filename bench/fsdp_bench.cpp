@@ -34,23 +34,13 @@ double peak_rss_mb() {
   return static_cast<double>(r.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
 }
 
-// Resident memory now, in MiB (from /proc/self/statm).
-double rss_now_mb() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long pages = 0, resident = 0;
-  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-  std::fclose(f);
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
-}
-
 // Samples this process's resident memory every few milliseconds while alive;
 // peak() is the largest sample (ru_maxrss cannot be reset between phases).
 class RssSampler {
  public:
   RssSampler() : thread_([this] {
     while (!stop_) {
-      peak_ = std::max(peak_.load(), rss_now_mb());
+      peak_ = std::max(peak_.load(), fsdp::resident_memory_mib());
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }) {}
@@ -170,7 +160,7 @@ int main(int argc, char** argv) {
   try {
     const bool local = strategy == "local";
     auto trace = [&](const std::string& phase) {
-      if (trace_memory) std::cerr << "memory: " << phase << ": " << rss_now_mb() << " MiB" << std::endl;
+      if (trace_memory) std::cerr << "memory: " << phase << ": " << fsdp::resident_memory_mib() << " MiB" << std::endl;
     };
     trace("start");
     auto pg = fsdp::dist::init_process_group_from_env();

@@ -288,4 +288,8 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module);
 
+// [local] This process's resident memory right now, in MiB (from
+// /proc/self/statm; 0 where that does not exist).
+double resident_memory_mib();
+
 }  // namespace fsdp

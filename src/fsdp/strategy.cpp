@@ -387,9 +387,20 @@ void FSDPStrategy::print(const std::string& message) const {
   if (is_global_zero()) std::cout << message << std::endl;
 }
 
+namespace {
+
+// Lightning's isinstance(module, FullyShardedDataParallel): the module itself is a unit.
+bool is_wrapped_root(const std::shared_ptr<torch::nn::Module>& module) {
+  if (!module) return false;
+  auto slot = detail::find_slot(module.get());
+  return slot && slot->unit;
+}
+
+}  // namespace
+
 at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
                                              double norm_type) const {
-  if (!module || !detail::find_slot(module.get()) || !detail::find_slot(module.get())->unit) {
+  if (!is_wrapped_root(module)) {
     throw ConfigError("Gradient clipping with FSDP is only possible if the module passed to "
                       "`FSDPStrategy.clip_gradients_norm` is wrapped in `FullyShardedDataParallel`. Got: " +
                       (module ? module->name() : std::string("null")) + ".");
@@ -405,7 +416,7 @@ at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Mo
 }
 
 std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const {
-  if (!module || !detail::find_slot(module.get()) || !detail::find_slot(module.get())->unit) {
+  if (!is_wrapped_root(module)) {
     throw ConfigError("Blocking backward sync is only possible if the module passed to "
                       "`FSDPStrategy.no_backward_sync` is wrapped in `FullyShardedDataParallel`. Got: " +
                       (module ? module->name() : std::string("null")) + ".");

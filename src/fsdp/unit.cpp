@@ -489,9 +489,7 @@ void UnitState::summon(const SummonOptions& o) {
   follow_module_to();
   summon_was_unsharded_ = unsharded_;
   summoned_ = true;
-  const int rank = config_.shard_group ? config_.shard_group->rank() : 0;
-  const int world_rank = config_.replicate_group ? config_.replicate_group->rank() * shard_size_ + rank : rank;
-  const bool keep = !o.rank0_only || world_rank == 0;
+  const bool keep = !o.rank0_only || world_rank() == 0;
   if (aliased_) {  // whole parameters, used in place (offload_to_cpu too: they are on CPU)
     if (!o.writeback) summon_snapshot_ = flat_shard_.clone();
     register_original_params();

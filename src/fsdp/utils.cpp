@@ -3,7 +3,10 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <unordered_set>
 
 #include "fsdp/error.h"
@@ -103,6 +106,15 @@ void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torc
   throw ConfigError(
       "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer after "
       "setting up the model.");
+}
+
+double resident_memory_mib() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long pages = 0, resident = 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
 }
 
 }  // namespace fsdp

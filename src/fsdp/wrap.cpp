@@ -115,8 +115,7 @@ bool ignored(const WrapContext& ctx, const torch::nn::Module* m) { return ctx.ig
 // Collects the parameters a unit at `root` owns: those of its subtree outside
 // nested units and ignored modules, each once (tied ones with aliases).
 void collect_params(const WrapContext& ctx, torch::nn::Module& m, const std::string& prefix,
-                    std::vector<ParamInfo>& out,
-                    std::vector<std::pair<torch::nn::Module*, std::string>>& registrations) {
+                    std::vector<ParamInfo>& out) {
   for (auto& item : m.named_parameters(/*recurse=*/false)) {
     const at::Tensor& p = item.value();
     const std::string name = join(prefix, item.key());
@@ -137,20 +136,18 @@ void collect_params(const WrapContext& ctx, torch::nn::Module& m, const std::str
       info.places.emplace_back(&m, item.key());
       out.push_back(std::move(info));
     }
-    registrations.emplace_back(&m, item.key());
   }
   for (auto& child : m.named_children()) {
     torch::nn::Module* c = child.value().get();
     if (ignored(ctx, c) || is_unit(c)) continue;
-    collect_params(ctx, *c, join(prefix, child.key()), out, registrations);
+    collect_params(ctx, *c, join(prefix, child.key()), out);
   }
 }
 
 // Makes `m` a unit owning what no nested unit owns.
 std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& m) {
   std::vector<ParamInfo> params;
-  std::vector<std::pair<torch::nn::Module*, std::string>> registrations;
-  collect_params(ctx, m, "", params, registrations);
+  collect_params(ctx, m, "", params);
   if (!ctx.config.use_orig_params && !params.empty()) {
     for (const auto& p : params) {
       if (p.param.requires_grad() != params[0].param.requires_grad()) {
@@ -167,7 +164,9 @@ std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& 
     for (const auto& p : unit->params()) r.owners[p.param.unsafeGetTensorImpl()] = unit;
   }
   if (!ctx.config.use_orig_params) {
-    for (auto& [owner, name] : registrations) ParameterAccess::of(*owner).erase(name);
+    for (const auto& p : unit->params()) {
+      for (const auto& [owner, name] : p.places) ParameterAccess::of(*owner).erase(name);
+    }
     bool any_grad = false;
     for (const auto& p : unit->params()) any_grad |= p.requires_grad;
     if (!unit->params().empty()) m.register_parameter("flat_param", unit->flat_shard(), any_grad);

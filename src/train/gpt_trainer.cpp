@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,15 +38,6 @@ std::pair<int, int> parse_mesh(const std::string& mesh) {
   } catch (const std::exception&) {
     throw ConfigError("--mesh '" + mesh + "' is invalid: expected R,S (replicate and shard sizes, e.g. 2,4)");
   }
-}
-
-double rss_mib() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long pages = 0, resident = 0;
-  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-  std::fclose(f);
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
 }
 
 }  // namespace
@@ -348,7 +338,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     if (c.eval_every > 0 && ((step + 1) % c.eval_every == 0 || last)) eval_loss = evaluate();
     // Memory of every rank, for the progress line.
     std::ostringstream mem;
-    mem << std::fixed << std::setprecision(0) << rss_mib();
+    mem << std::fixed << std::setprecision(0) << resident_memory_mib();
     auto mems = strategy.group().all_gather_bytes(mem.str());
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double eta = elapsed / static_cast<double>(step + 1 - start) * static_cast<double>(c.steps - step - 1);
