@@ -16,19 +16,24 @@ int main(int argc, char** argv) {
   strategy.setup_environment();  // joins the job fsdp-run started
 
   models::GPTConfig config{256, 32, 64, 2, 4};
-  auto model = strategy.setup_module(std::make_shared<models::GPTImpl>(config));
+  std::shared_ptr<models::GPTImpl> net;
+  {
+    auto init = strategy.module_init_context(/*empty_init=*/true);  // blocks get memory unit by unit at setup
+    net = std::make_shared<models::GPTImpl>(config);
+  }
+  auto model = strategy.setup_module(net);
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(3e-3));
   strategy.setup_optimizer(optimizer);
 
   auto text = torch::randint(0, 256, {16, config.context + 1});  // same on every rank (seeded)
   const auto [replicas, rank] = strategy.distributed_sampler_kwargs();
-  auto mine = text.chunk(static_cast<int64_t>(replicas))[static_cast<int64_t>(rank)];
+  auto mine = text.chunk(static_cast<int64_t>(replicas))[static_cast<int64_t>(rank)].to(strategy.root_device());
   for (int step = 0; step < 20; ++step) {
     optimizer.zero_grad();
     auto loss = models::gpt_loss(model(mine.narrow(1, 0, config.context)), mine.narrow(1, 1, config.context));
-    loss.backward();
-    strategy.clip_gradients_norm(model.ptr(), 1.0);
-    optimizer.step();
+    strategy.backward(loss);  // loss.backward(), scaled under "16-mixed"
+    strategy.clip_gradients_norm(model.ptr(), optimizer, 1.0);
+    strategy.optimizer_step(optimizer);
     auto mean = strategy.all_reduce(loss.detach().to(torch::kFloat));
     if (step % 5 == 0) strategy.print("step " + std::to_string(step) + " loss " + std::to_string(mean.item<float>()));
   }

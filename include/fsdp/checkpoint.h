@@ -2,7 +2,8 @@
 //
 // A checkpointed module's forward keeps no intermediate activations: only its
 // tensor arguments are saved, and backward re-runs the forward (with the RNG
-// state of the original run, so dropout draws the same numbers) and
+// state of the original run — the CPU generator and that of each CUDA device
+// a tensor argument lives on — so dropout draws the same numbers) and
 // back-propagates through the re-run. Gradients equal the plain module's.
 // Like FSDP units, checkpointing needs a forward that fsdp-cpp runs: a
 // fsdp::Unit / CheckpointWrapper member, or a Tensor(Tensor) element of a

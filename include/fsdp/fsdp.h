@@ -46,6 +46,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "fsdp/detail/unit.h"
@@ -103,8 +105,10 @@ struct MixedPrecision {
 };
 
 // PyTorch's CPUOffload. offload_params: shards and their gradients live in
-// CPU memory and the optimizer steps there. On a CPU-only build everything
-// already lives on CPU, so the flag is accepted and changes nothing.
+// CPU memory and the optimizer steps there. With CPU parameters (Gloo)
+// everything already lives on CPU, so the flag is accepted and changes
+// nothing; with CUDA parameters it is not implemented yet and wrapping throws
+// ConfigError.
 struct CPUOffload {
   bool offload_params = false;
 };
@@ -133,6 +137,11 @@ struct FSDPOptions {
   std::vector<std::shared_ptr<torch::nn::Module>> ignored_modules;
   // false: expose one flat parameter per unit; true: the original parameters.
   bool use_orig_params = false;
+  // PyTorch's device_id: the module (parameters and buffers, ignored modules
+  // too) is moved to this device before it is sharded. Unset: it stays where
+  // it is, and every parameter must already be on the process group's device
+  // type (CPU for Gloo, CUDA for NCCL), else wrapping throws ConfigError.
+  std::optional<at::Device> device_id;
   // Broadcast rank 0's parameters and buffers at construction.
   bool sync_module_states = false;
   MixedPrecision mixed_precision;
@@ -145,6 +154,37 @@ struct FSDPOptions {
   // parameters, bounding memory.
   bool limit_all_gathers = true;
 };
+
+// EMPTY INIT (Lightning's module_init_context(empty_init=True)). While an
+// EmptyInitGuard lives on a thread, every fsdp::Unit<M>(args...) built there
+// constructs its module, then frees the module's parameters and buffers at
+// once (shapes, dtypes and devices stay). Wrapping rebuilds each such module
+// from copies of its arguments right before it shards the unit that holds
+// it, so peak memory while building and wrapping a model is the shards plus
+// about one unit, instead of the whole model on every rank. Initial values
+// are drawn at wrapping, unit by unit, so they differ from an eager build with
+// the same seed; every rank draws the same ones when seeded alike (the
+// strategy seeds every rank). Modules built any other way (plain members,
+// Unit(std::make_shared<M>(...))) are allocated as usual. A deferred module
+// run before it is materialised (wrapping, or fsdp::materialize) throws:
+// ConfigError through its Unit holder, LibTorch's "data is not allocated"
+// error when reached another way (a Sequential element). Not thread-shared:
+// guard each thread (rank) separately.
+class EmptyInitGuard {
+ public:
+  explicit EmptyInitGuard(bool enabled = true);
+  ~EmptyInitGuard();
+  EmptyInitGuard(const EmptyInitGuard&) = delete;
+  EmptyInitGuard& operator=(const EmptyInitGuard&) = delete;
+
+ private:
+  bool enabled_;
+};
+
+// [local] Gives every deferred module under `module` (see EmptyInitGuard)
+// its values, on `device` (default: CPU), without wrapping. Cost: one
+// rebuild per deferred module. FSDP wrapping does this itself, unit by unit.
+void materialize(const std::shared_ptr<torch::nn::Module>& module, std::optional<at::Device> device = std::nullopt);
 
 // Holder for a submodule that may become an FSDP unit. Until a policy (or a
 // FullyShardedDataParallel built on it) activates it, forward() is the plain
@@ -159,12 +199,29 @@ class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
   /* implicit */ Unit(std::nullptr_t) : Base(nullptr) {}
   /* implicit */ Unit(std::shared_ptr<ModuleImpl> module) : Base(std::move(module)) { attach(); }
   /* implicit */ Unit(const torch::nn::ModuleHolder<ModuleImpl>& holder) : Base(holder.ptr()) { attach(); }
-  // Constructs the module from its constructor arguments.
+  // Constructs the module from its constructor arguments. Under an
+  // EmptyInitGuard (and with copyable arguments) the module is built, then
+  // its memory freed at once; FSDP rebuilds it from copies of the arguments
+  // when it shards this unit (see EmptyInitGuard).
   template <class Head, class... Tail,
             class = std::enable_if_t<!std::is_convertible_v<Head, std::shared_ptr<ModuleImpl>> &&
                                      !std::is_base_of_v<torch::nn::ModuleHolder<ModuleImpl>, std::decay_t<Head>>>>
-  explicit Unit(Head&& head, Tail&&... tail)
-      : Base(std::make_shared<ModuleImpl>(std::forward<Head>(head), std::forward<Tail>(tail)...)) {
+  explicit Unit(Head&& head, Tail&&... tail) : Base(nullptr) {
+    if constexpr (std::conjunction_v<std::is_copy_constructible<std::decay_t<Head>>,
+                                      std::is_copy_constructible<std::decay_t<Tail>>...>) {
+      if (detail::empty_init_active()) {
+        auto args = std::make_shared<std::tuple<std::decay_t<Head>, std::decay_t<Tail>...>>(
+            std::forward<Head>(head), std::forward<Tail>(tail)...);
+        auto init = [args]() -> std::shared_ptr<torch::nn::Module> {
+          return std::apply([](const auto&... a) { return std::make_shared<ModuleImpl>(a...); }, *args);
+        };
+        this->impl_ = std::static_pointer_cast<ModuleImpl>(init());
+        attach();
+        detail::defer_init(this->impl_, std::move(init));
+        return;
+      }
+    }
+    this->impl_ = std::make_shared<ModuleImpl>(std::forward<Head>(head), std::forward<Tail>(tail)...);
     attach();
   }
 

@@ -150,6 +150,10 @@ class FSDPStrategy {
   dist::ProcessGroup& group() const;
   int global_rank() const;
   int world_size() const;
+  // Where this rank computes: the group's device (CPU for Gloo, this rank's
+  // CUDA device for NCCL; setup_module moves the model there). Move each
+  // batch here before the forward. CPU before setup_environment().
+  at::Device root_device() const;
   bool is_global_zero() const { return global_rank() == 0; }
   // Lightning's distributed_sampler_kwargs: give them to
   // torch::data::samplers::DistributedRandomSampler / DistributedSequentialSampler.
@@ -160,6 +164,15 @@ class FSDPStrategy {
   SamplerArgs distributed_sampler_kwargs() const;
   const PrecisionConfig& precision() const { return precision_; }
   const std::string& state_dict_type() const { return options_.state_dict_type_; }
+
+  // Lightning's module_init_context(empty_init): build the model while the
+  // returned guard lives. empty_init=true: every fsdp::Unit<M>(args...) built
+  // on this thread holds no memory until setup_module materialises it, unit
+  // by unit, right before sharding it — peak memory during setup is the
+  // shards plus about one unit (see EmptyInitGuard in fsdp/fsdp.h; initial
+  // values then differ from an eager build with the same seed). false:
+  // nothing changes. Local; each rank (thread) builds under its own guard.
+  EmptyInitGuard module_init_context(bool empty_init = true) const { return EmptyInitGuard(empty_init); }
 
   // [collective] Wraps `module` (FSDP with the options and the auto-wrap
   // policy), then applies activation checkpointing. A model already holding
@@ -217,6 +230,14 @@ class FSDPStrategy {
   // The same, unscaling `optimizer`'s gradients first when a gradient scaler is in use.
   at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, torch::optim::Optimizer& optimizer,
                                  double max_norm, double norm_type = 2.0) const;
+  // Lightning's backward: loss.backward(), the loss scaled first under
+  // "16-mixed" (its gradient scaler). Local; the unit hooks it triggers are
+  // collectives.
+  void backward(const at::Tensor& loss) const;
+  // Lightning's optimizer_step: optimizer.step(); under "16-mixed" [collective]
+  // unscales (unless clip_gradients_norm did), skips the step when a gradient
+  // is not finite on any rank, and updates the scale. Returns whether it stepped.
+  bool optimizer_step(torch::optim::Optimizer& optimizer) const;
   // The gradient scaler of "16-mixed" (null for other precisions); made by
   // setup_environment. Use scaler->scale(loss).backward(), scaler->step(opt),
   // scaler->update().

@@ -245,15 +245,22 @@ struct ProcessGroup::Impl {
     return Work(std::move(state));
   }
 
-  void check_tensor(const char* op, const char* role, const at::Tensor& t) const {
+  // any_device: the tensor may live elsewhere; it travels through a copy on
+  // `device` (see on_device).
+  void check_tensor(const char* op, const char* role, const at::Tensor& t, bool any_device = false) const {
     std::string prefix = std::string(op) + ": " + role;
     check(t.defined(), prefix + " is an undefined tensor");
     check(t.is_contiguous(), prefix + " must be contiguous");
-    check(t.device().type() == device.type(),
+    check(any_device || t.device().type() == device.type(),
           prefix + " is on " + t.device().str() + ", expected " + device.str() + " for backend " +
               backend_name(backend));
     check(supported_dtype(t.scalar_type()),
           prefix + " has unsupported dtype " + std::string(c10::toString(t.scalar_type())));
+  }
+
+  // `t` itself when it lives on the backend's device type, else a copy there.
+  at::Tensor on_device(const at::Tensor& t) const {
+    return t.device().type() == device.type() ? t : t.to(device);
   }
 
   // The output and input of a two-tensor collective: valid, and one dtype.
@@ -434,7 +441,20 @@ ProcessGroupPtr init_process_group_from_env() {
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() {
+#if defined(FSDP_WITH_NCCL) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2))
+  // PyTorch 2.x's NCCL group runs watchdog threads until it is shut down
+  // (destroy_process_group() in Python); ending them here, before the group's
+  // memory goes, is what that call does.
+  if (impl_ && impl_->backend == Backend::kNccl && impl_->pg) {
+    try {
+      static_cast<c10d::ProcessGroupNCCL*>(impl_->pg.get())->shutdown();
+    } catch (const std::exception&) {
+      // shutting down a broken group: nothing more to do
+    }
+  }
+#endif
+}
 
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size; }
@@ -528,12 +548,14 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& in
 
 Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp rop) {
   const char* op = "all_reduce";
-  impl_->check_tensor(op, "tensor", tensor);
+  impl_->check_tensor(op, "tensor", tensor, /*any_device=*/true);
   impl_->check_reduce(op, tensor, rop);
   const int n = impl_->size;
   if (n == 1 || tensor.numel() == 0) return impl_->issue(op, nullptr);
-  // 16-bit floats travel as float32 so that the sum is accumulated in float32.
-  at::Tensor buf = is_low_precision(tensor.scalar_type()) ? tensor.to(at::kFloat) : tensor;
+  // 16-bit floats travel as float32 so that the sum is accumulated in float32;
+  // a tensor on another device travels through a copy on the backend's.
+  at::Tensor dev = impl_->on_device(tensor);
+  at::Tensor buf = is_low_precision(dev.scalar_type()) ? dev.to(at::kFloat) : dev;
   impl_->bytes_sent += static_cast<uint64_t>(2 * (n - 1) * buf.numel() * buf.element_size() / n);
   std::function<void()> finish;
   if (rop == ReduceOp::kAvg || !buf.is_same(tensor)) {
@@ -571,17 +593,23 @@ void ProcessGroup::all_gather_unbuffered(const at::Tensor& output, const at::Ten
 
 Work ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
   const char* op = "broadcast";
-  impl_->check_tensor(op, "tensor", tensor);
+  impl_->check_tensor(op, "tensor", tensor, /*any_device=*/true);
   check(root >= 0 && root < impl_->size, std::string(op) + ": root=" + std::to_string(root) +
                                              " is out of range: expected 0 <= root < " + std::to_string(impl_->size));
   if (impl_->size == 1 || tensor.numel() == 0) return impl_->issue(op, nullptr);
   impl_->bytes_sent += static_cast<uint64_t>(tensor.numel() * tensor.element_size());
-  return impl_->issue(op, [&] {
-    std::vector<at::Tensor> ts{wire(tensor, impl_->backend)};
-    c10d::BroadcastOptions opts;
-    opts.rootRank = root;
-    return impl_->pg->broadcast(ts, opts);
-  });
+  at::Tensor dev = impl_->on_device(tensor);
+  std::function<void()> finish;
+  if (!dev.is_same(tensor)) finish = [tensor, dev] { tensor.copy_(dev); };
+  return impl_->issue(
+      op,
+      [&] {
+        std::vector<at::Tensor> ts{wire(dev, impl_->backend)};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = root;
+        return impl_->pg->broadcast(ts, opts);
+      },
+      std::move(finish));
 }
 
 void ProcessGroup::barrier() {
@@ -589,7 +617,11 @@ void ProcessGroup::barrier() {
     impl_->issue("barrier", nullptr).wait();
     return;
   }
-  impl_->issue("barrier", [&] { return impl_->pg->barrier(); }).wait();
+  impl_->issue("barrier", [&] {
+    c10d::BarrierOptions opts;
+    if (impl_->device.is_cuda()) opts.device_ids = {impl_->device.index()};  // NCCL: not a guess from the rank
+    return impl_->pg->barrier(opts);
+  }).wait();
 }
 
 std::string ProcessGroup::broadcast_bytes(const std::string& data, int root) {

@@ -2,7 +2,10 @@
 // forward in backward, and the functions that mark modules for it.
 #include "fsdp/checkpoint.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -16,27 +19,54 @@ namespace detail {
 
 namespace {
 
-at::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+// The generators a checkpointed region draws from: the CPU one, and the
+// default generator of each CUDA device its tensor inputs live on (as
+// PyTorch's checkpoint does), with their states.
+struct RngStates {
+  std::vector<at::Generator> generators;
+  std::vector<at::Tensor> states;
+};
+
+RngStates capture_rng(const std::vector<at::Tensor>& inputs) {
+  RngStates r;
+  r.generators.push_back(at::detail::getDefaultCPUGenerator());
+  std::vector<at::Device> seen;
+  for (const auto& x : inputs) {
+    if (!x.defined() || !x.device().is_cuda()) continue;
+    if (std::find(seen.begin(), seen.end(), x.device()) != seen.end()) continue;
+    seen.push_back(x.device());
+    r.generators.push_back(at::globalContext().defaultGenerator(x.device()));
+  }
+  for (auto& gen : r.generators) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    r.states.push_back(gen.get_state());
+  }
+  return r;
 }
 
-// Sets the CPU generator to `state` for its lifetime, then puts back the one
-// it found, so that the re-run draws what the first run drew and the caller's
+void restore_rng(RngStates& r) {
+  for (size_t i = 0; i < r.generators.size(); ++i) {
+    std::lock_guard<std::mutex> lock(r.generators[i].mutex());
+    r.generators[i].set_state(r.states[i]);
+  }
+}
+
+// Sets the generators to `states` for its lifetime, then puts back what it
+// found, so that the re-run draws what the first run drew and the caller's
 // random stream goes on undisturbed.
 class RngReplay {
  public:
-  explicit RngReplay(const at::Tensor& state) : saved_(cpu_rng_state()) { set(state); }
-  ~RngReplay() { set(saved_); }
+  explicit RngReplay(RngStates& states) : saved_(states) {
+    for (size_t i = 0; i < saved_.generators.size(); ++i) {
+      std::lock_guard<std::mutex> lock(saved_.generators[i].mutex());
+      saved_.states[i] = saved_.generators[i].get_state();
+    }
+    restore_rng(states);
+  }
+  ~RngReplay() { restore_rng(saved_); }
 
  private:
-  static void set(const at::Tensor& state) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
-  at::Tensor saved_;
+  RngStates saved_;
 };
 
 using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
@@ -44,7 +74,7 @@ using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at:
 class CheckpointNode : public torch::autograd::Node {
  public:
   CheckpointNode(CheckpointFn fn, const std::vector<at::Tensor>& inputs)
-      : fn_(std::move(fn)), rng_state_(cpu_rng_state()) {
+      : fn_(std::move(fn)), rng_(capture_rng(inputs)) {
     for (const auto& x : inputs) {
       saved_.push_back(x.defined() ? x.detach() : x);
       needs_grad_.push_back(x.defined() && x.requires_grad());
@@ -65,7 +95,7 @@ class CheckpointNode : public torch::autograd::Node {
     }
     std::vector<at::Tensor> outs;
     {
-      RngReplay replay(rng_state_);
+      RngReplay replay(rng_);
       at::AutoGradMode enable(true);
       outs = fn_(xs);
     }
@@ -93,7 +123,7 @@ class CheckpointNode : public torch::autograd::Node {
   std::vector<at::Tensor> saved_;
   std::vector<bool> needs_grad_;
   std::vector<bool> differentiable_;
-  at::Tensor rng_state_;
+  RngStates rng_;
 };
 
 }  // namespace

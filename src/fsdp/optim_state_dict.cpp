@@ -6,6 +6,9 @@
 #include <torch/optim.h>
 
 #include <functional>
+#include <sstream>
+#include <type_traits>
+#include <utility>
 
 #include "fsdp/error.h"
 #include "state_dict_walk.h"
@@ -206,7 +209,19 @@ Kind kind_of(const torch::optim::Optimizer& opt) {
                     "Adagrad or RMSprop");
 }
 
-std::string state_key(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+// The key of a parameter's state in Optimizer::state(): its TensorImpl's
+// address, printed (LibTorch 1.x, std::string keys) or as is (2.2+, void*).
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <class Key = StateKey>
+Key state_key(const at::Tensor& t) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // how LibTorch 1.x prints it (c10::guts::to_string)
+    key << static_cast<const void*>(t.unsafeGetTensorImpl());
+    return key.str();
+  } else {
+    return static_cast<Key>(t.unsafeGetTensorImpl());
+  }
+}
 
 OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const at::Tensor& t) {
   auto it = opt.state().find(state_key(t));
@@ -511,7 +526,7 @@ void load_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model, torc
   }
 
   // Build every new state first; install only if nothing is wrong.
-  std::vector<std::pair<std::string, std::unique_ptr<OptimizerParamState>>> staged;
+  std::vector<std::pair<StateKey, std::unique_ptr<OptimizerParamState>>> staged;
   std::unordered_set<std::string> expected;
   at::NoGradGuard no_grad;
   auto fill = [&](const std::string& key, const std::vector<int64_t>& shape, int64_t lo, int64_t hi,

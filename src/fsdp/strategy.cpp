@@ -11,6 +11,7 @@
 
 #include "fsdp/dist/env.h"
 #include "fsdp/error.h"
+#include "empty_init.h"
 #include "unit.h"
 
 namespace fsdp {
@@ -265,6 +266,7 @@ dist::ProcessGroup& FSDPStrategy::group() const {
   require_group("group");
   return *group_;
 }
+at::Device FSDPStrategy::root_device() const { return group_ ? group_->device() : at::Device(at::kCPU); }
 int FSDPStrategy::global_rank() const { return group_ ? group_->rank() : 0; }
 int FSDPStrategy::world_size() const { return group_ ? group_->size() : 1; }
 
@@ -283,6 +285,8 @@ FSDPOptions FSDPStrategy::fsdp_options() const {
   } else if (precision_.mixed) {
     o.mixed_precision = *precision_.mixed;
   }
+  // Lightning's device_id=root_device.index: a CUDA group gets the model on its device.
+  if (!o.device_id && group_ && group_->device().is_cuda()) o.device_id = group_->device();
   if (mesh_) {
     o.device_mesh = *mesh_;
   } else {
@@ -311,7 +315,7 @@ bool FSDPStrategy::begin_setup(const std::shared_ptr<torch::nn::Module>& module)
                       "' computes in float16, which CPU LibTorch 1.13 has no kernels for (matmul, tanh, ...): use "
                       "\"bf16-mixed\" or \"bf16-true\" on CPU, or a CUDA build");
   }
-  if (precision_.model_dtype) module->to(*precision_.model_dtype);
+  if (precision_.model_dtype) detail::module_to(*module, std::nullopt, *precision_.model_dtype);
   if (!fsdp_modules(module).empty()) {
     if (options_.auto_wrap_policy_ && is_global_zero()) {
       std::cerr << "fsdp: warning: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy "
@@ -372,6 +376,18 @@ at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, const std::string&
   }
   group_->all_reduce(tensor, r).wait();
   return tensor;
+}
+
+void FSDPStrategy::backward(const at::Tensor& loss) const { (scaler_ ? scaler_->scale(loss) : loss).backward(); }
+
+bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) const {
+  if (!scaler_) {
+    optimizer.step();
+    return true;
+  }
+  const bool stepped = scaler_->step(optimizer);
+  scaler_->update();
+  return stepped;
 }
 
 void FSDPStrategy::barrier() const {

@@ -12,6 +12,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
+#include "empty_init.h"
 #include "unit.h"
 
 namespace fsdp {
@@ -144,8 +145,15 @@ void collect_params(const WrapContext& ctx, torch::nn::Module& m, const std::str
   }
 }
 
+void broadcast_from_rank0(const WrapContext& ctx, const std::vector<at::Tensor>& tensors);
+
 // Makes `m` a unit owning what no nested unit owns.
 std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& m) {
+  // Deferred modules of this unit (EmptyInitGuard) get their values now.
+  auto fresh = materialize_deferred(m, ctx.options.device_id, [&](const torch::nn::Module& x) {
+    return &x != &m && (is_unit(&x) || ignored(ctx, &x));
+  });
+  if (ctx.options.sync_module_states && !fresh.empty()) broadcast_from_rank0(ctx, fresh);
   std::vector<ParamInfo> params;
   collect_params(ctx, m, "", params);
   if (!ctx.config.use_orig_params && !params.empty()) {
@@ -218,12 +226,8 @@ int64_t recursive_wrap(WrapContext& ctx, torch::nn::Module* parent, torch::nn::M
   return unwrapped;
 }
 
-void sync_module_states(const WrapContext& ctx, torch::nn::Module& m) {
-  std::vector<at::Tensor> tensors;
-  for (auto& p : m.parameters(/*recurse=*/true)) {
-    if (!owner_of(p)) tensors.push_back(p);
-  }
-  for (auto& b : m.buffers(/*recurse=*/true)) tensors.push_back(b);
+// [collective] Copies rank 0's values of `tensors` to every rank.
+void broadcast_from_rank0(const WrapContext& ctx, const std::vector<at::Tensor>& tensors) {
   at::NoGradGuard no_grad;
   auto broadcast_all = [&](const dist::ProcessGroupPtr& g) {
     if (!g || g->size() == 1) return;
@@ -238,6 +242,42 @@ void sync_module_states(const WrapContext& ctx, torch::nn::Module& m) {
   } else {  // mesh only: shard group's rank 0, then across replicas
     broadcast_all(ctx.config.shard_group);
     broadcast_all(ctx.config.replicate_group);
+  }
+}
+
+// sync_module_states: rank 0's parameters (those no unit owns yet) and
+// buffers. Deferred ones (EmptyInitGuard) are synced as their units are made.
+void sync_module_states(const WrapContext& ctx, torch::nn::Module& m) {
+  std::vector<at::Tensor> tensors;
+  for (auto& p : m.parameters(/*recurse=*/true)) {
+    if (!owner_of(p) && !is_unallocated(p)) tensors.push_back(p);
+  }
+  for (auto& b : m.buffers(/*recurse=*/true)) {
+    if (!is_unallocated(b)) tensors.push_back(b);
+  }
+  broadcast_from_rank0(ctx, tensors);
+}
+
+// Every parameter FSDP will own must live where the group communicates (a
+// CUDA parameter cannot travel through Gloo's CPU path, nor a CPU one through
+// NCCL), and CPU offload is not written for CUDA parameters yet.
+void check_devices(const WrapContext& ctx, torch::nn::Module& module, const FSDPOptions& o) {
+  const dist::ProcessGroupPtr& group = ctx.config.shard_group ? ctx.config.shard_group : ctx.config.replicate_group;
+  if (!group) return;
+  const at::Device comm = group->device();
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (ctx.ignored_params.count(p.unsafeGetTensorImpl())) continue;
+    if (p.device().type() != comm.type()) {
+      throw ConfigError("FSDP: parameter '" + item.key() + "' is on " + p.device().str() + ", but the process group '" +
+                        group->name() + "' communicates on " + comm.str() + " (" + dist::backend_name(group->backend()) +
+                        "): set FSDPOptions::device_id (e.g. " + comm.str() + ") or move the module there first");
+    }
+    if (o.cpu_offload.offload_params && p.device().type() != at::kCPU) {
+      throw ConfigError("FSDP: cpu_offload.offload_params with parameters on " + p.device().str() +
+                        " is not implemented yet (parameter '" + item.key() +
+                        "'): keep the model on CPU with Gloo, or turn CPU offload off");
+    }
   }
 }
 
@@ -363,6 +403,11 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
     if (!m) continue;
     for (const auto& sub : m->modules(/*include_self=*/true)) ctx.ignored_modules.insert(sub.get());
     for (const auto& p : m->parameters(/*recurse=*/true)) ctx.ignored_params.insert(p.unsafeGetTensorImpl());
+  }
+  if (options.device_id) module_to(*module, options.device_id, std::nullopt);
+  check_devices(ctx, *module, options);
+  for (const auto& m : options.ignored_modules) {
+    if (m) materialize_deferred(*m, options.device_id, nullptr);  // ignored modules stay whole
   }
   // Units and checkpointed modules placed in a Sequential before this wrap
   // (the `Sequential(FSDP(lin1), lin2)` pattern) get their stand-ins now.

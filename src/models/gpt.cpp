@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "fsdp/error.h"
+#include "fsdp/fsdp.h"
 
 namespace fsdp::models {
 
@@ -59,7 +60,8 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   tok_ = register_module("tok", torch::nn::Embedding(c.vocab_size, c.dim));
   pos_ = register_module("pos", torch::nn::Embedding(c.context, c.dim));
   blocks_ = register_module("blocks", torch::nn::Sequential());
-  for (int64_t i = 0; i < c.layers; ++i) blocks_->push_back(GPTBlock(c));
+  // fsdp::Unit: under fsdp::EmptyInitGuard a block's memory waits for FSDP.
+  for (int64_t i = 0; i < c.layers; ++i) blocks_->push_back(fsdp::Unit<GPTBlockImpl>(c));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
   torch::NoGradGuard no_grad;
   torch::nn::init::normal_(tok_->weight, 0.0, 0.02);

@@ -191,14 +191,14 @@ models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path)
 
 // The global batch of `step`: the same on every rank and after a resume.
 std::pair<at::Tensor, at::Tensor> batch_of(const at::Tensor& tokens, int64_t step, const TrainConfig& c, int rank,
-                                           int world) {
+                                           int world, at::Device device) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(c.seed * 1000003ULL + static_cast<uint64_t>(step));
   const int64_t span = c.model.context + 1;
   at::Tensor starts = at::randint(0, tokens.numel() - span, {c.batch * world}, gen, at::kLong);
   at::Tensor mine = starts.narrow(0, rank * c.batch, c.batch);
   std::vector<at::Tensor> rows;
   for (int64_t i = 0; i < c.batch; ++i) rows.push_back(tokens.narrow(0, mine[i].item<int64_t>(), span));
-  at::Tensor b = at::stack(rows);
+  at::Tensor b = at::stack(rows).to(device);
   return {b.narrow(1, 0, c.model.context), b.narrow(1, 1, c.model.context)};
 }
 
@@ -315,7 +315,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     double sum = 0;
     const int n = 4;
     for (int i = 0; i < n; ++i) {
-      auto [x, y] = batch_of(held_out, i, ec, rank, nranks);
+      auto [x, y] = batch_of(held_out, i, ec, rank, nranks, strategy.root_device());
       sum += models::gpt_loss(model(x), y).to(at::kDouble).item<double>();
     }
     return strategy.all_reduce(at::full({1}, sum / n, at::kDouble)).item<double>();
@@ -323,13 +323,13 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   double mean_loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = start; step < c.steps; ++step) {
-    auto [x, y] = batch_of(tokens, step, c, rank, nranks);
+    auto [x, y] = batch_of(tokens, step, c, rank, nranks, strategy.root_device());
     const auto ts = std::chrono::steady_clock::now();
     opt.zero_grad();
     auto loss = models::gpt_loss(model(x), y);
-    loss.backward();
+    strategy.backward(loss);  // scaled under "16-mixed"
     strategy.clip_gradients_norm(model.ptr(), opt, 1.0);
-    opt.step();
+    strategy.optimizer_step(opt);
     mean_loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
     const double tok_s = static_cast<double>(c.batch * c.model.context * nranks) / dt;

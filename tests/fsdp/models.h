@@ -99,6 +99,20 @@ inline std::map<std::string, torch::Tensor> to_map(const std::vector<std::pair<s
   return {v.begin(), v.end()};
 }
 
+// The key of `p`'s state in opt.state(): a printed address in LibTorch 1.x,
+// the address itself (void*) from 2.2 on.
+template <class Optimizer>
+auto optimizer_state_key(Optimizer& opt, const torch::Tensor& p) {
+  using Key = typename std::decay_t<decltype(opt.state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return Key(key.str());
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
 inline std::map<std::string, torch::Tensor> named_params(torch::nn::Module& m) {
   std::map<std::string, torch::Tensor> out;
   for (auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();

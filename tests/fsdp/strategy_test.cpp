@@ -2,9 +2,13 @@
 // FSDPStrategy, and an end-to-end loop (set up, train, save, load into a
 // fresh strategy at another world size, continue) per precision and
 // sharding strategy.
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/data/samplers/distributed.h>
+#include <torch/version.h>
 
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -12,6 +16,7 @@
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/error.h"
+#include "fsdp/models/gpt.h"
 #include "fsdp/strategy.h"
 #include "trainer.h"
 
@@ -293,6 +298,33 @@ TEST(Strategy, ShardedGradScalerSkipsOnEveryRankAndBacksOff) {
   });
 }
 
+// Lightning's backward / optimizer_step: under "16-mixed" the loss is scaled
+// and the step sees unscaled gradients (or is skipped, backing the scale
+// off); other precisions are plain backward and step.
+TEST(Strategy, BackwardAndOptimizerStepApplyTheScaler) {
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    for (const std::string precision : {"16-mixed", "32-true"}) {
+      SCOPED_TRACE(precision);
+      auto s = strategy_on(pg, FSDPStrategyOptions().precision(precision));
+      const double scale = precision == "16-mixed" ? 65536.0 : 1.0;
+      auto w = torch::full({3}, 1.0, torch::requires_grad());
+      torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.1));
+      s.backward((w * torch::tensor({1.0, 2.0, 3.0})).sum());
+      EXPECT_TRUE(torch::allclose(w.grad(), torch::tensor({1.0, 2.0, 3.0}) * scale));
+      EXPECT_TRUE(s.optimizer_step(opt));
+      EXPECT_TRUE(torch::allclose(w.detach(), torch::tensor({0.9, 0.8, 0.7})));
+      opt.zero_grad();
+      s.backward((w * std::numeric_limits<float>::infinity()).sum());
+      const auto before = w.detach().clone();
+      EXPECT_EQ(s.optimizer_step(opt), precision != "16-mixed");  // an inf gradient: skipped under the scaler
+      if (s.grad_scaler()) {
+        EXPECT_TRUE(torch::equal(w.detach(), before));
+        EXPECT_EQ(s.grad_scaler()->get_scale(), scale / 2);
+      }
+    }
+  });
+}
+
 TEST(Strategy, Float16PrecisionsAreRefusedOnCpu) {
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     for (const char* p : {"16-mixed", "16-true"}) {
@@ -400,3 +432,158 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
+
+// --- module_init_context(empty_init) -----------------------------------------
+
+namespace {
+
+// Counts the bytes LibTorch's CPU allocator hands out: live now and the peak
+// since reset(). Installed for the lifetime of a MemoryCounter.
+class CountingAllocator final : public c10::Allocator {
+ public:
+#if TORCH_VERSION_MAJOR >= 2
+  c10::DataPtr allocate(size_t n) override { return count(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t n) const override { return const_cast<CountingAllocator*>(this)->count(n); }
+#endif
+  void reset() { peak_ = live_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  c10::Allocator* inner = nullptr;
+
+ private:
+  struct Block {
+    c10::DataPtr data;
+    size_t bytes;
+    CountingAllocator* owner;
+  };
+  static void release(void* p) {
+    auto* b = static_cast<Block*>(p);
+    b->owner->live_ -= static_cast<int64_t>(b->bytes);
+    delete b;
+  }
+  c10::DataPtr count(size_t n) {
+    c10::DataPtr d = inner->allocate(n);
+    void* data = d.get();
+    const c10::Device device = d.device();
+    auto* block = new Block{std::move(d), n, this};
+    const int64_t now = live_ += static_cast<int64_t>(n);
+    int64_t seen = peak_.load();
+    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+    }
+    return c10::DataPtr(data, block, &release, device);
+  }
+  std::atomic<int64_t> live_{0}, peak_{0};
+};
+
+CountingAllocator& counting_allocator() {
+  static CountingAllocator a;  // outlives every tensor it allocated
+  return a;
+}
+
+struct MemoryCounter {
+  MemoryCounter() : previous(c10::GetCPUAllocator()) {
+    counting_allocator().inner = previous;
+    counting_allocator().reset();
+    c10::SetCPUAllocator(&counting_allocator(), /*priority=*/100);
+  }
+  ~MemoryCounter() { c10::SetCPUAllocator(previous, /*priority=*/100); }
+  c10::Allocator* previous;
+};
+
+models::GPTConfig deep_gpt() {
+  models::GPTConfig c;
+  c.context = 16;
+  c.dim = 128;
+  c.layers = 8;
+  c.heads = 4;
+  return c;
+}
+
+int64_t param_bytes(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel() * p.element_size();
+  return n;
+}
+
+}  // namespace
+
+TEST(StrategyEmptyInit, PeakMemoryIsShardsPlusAboutOneUnit) {
+  constexpr int kWorld = 4;
+  const auto c = deep_gpt();
+  models::GPTImpl probe(c);
+  const int64_t full = param_bytes(probe);
+  const int64_t unit = param_bytes(*std::make_shared<models::GPTBlockImpl>(c));
+  const int64_t root = full - c.layers * unit;
+  auto peak_of_setup = [&](bool empty_init) {
+    MemoryCounter counter;
+    run_ranks(kWorld, [&](dist::ProcessGroup& pg) {
+      FSDPStrategy s(FSDPStrategyOptions().world(borrow(pg)).auto_wrap_module_types<models::GPTBlockImpl>());
+      s.setup_environment();
+      std::shared_ptr<models::GPTImpl> net;
+      {
+        auto init = s.module_init_context(empty_init);
+        net = std::make_shared<models::GPTImpl>(c);
+      }
+      pg.barrier();  // every rank has built its model (as separate processes would)
+      s.setup_module(net);
+      pg.barrier();
+    });
+    return counting_allocator().peak();
+  };
+  const int64_t eager = peak_of_setup(false);
+  const int64_t deferred = peak_of_setup(true);
+  // Every rank: its shards, the root's own parameters, and a unit being
+  // materialised and flattened (two copies of one unit, plus slack).
+  const int64_t bound = kWorld * (full / kWorld + root + 3 * unit);
+  RecordProperty("eager_peak_bytes", std::to_string(eager));
+  RecordProperty("empty_init_peak_bytes", std::to_string(deferred));
+  std::cout << "setup peak over " << kWorld << " ranks: eager " << eager / 1024 << " KiB, empty_init "
+            << deferred / 1024 << " KiB (bound " << bound / 1024 << " KiB; model " << full / 1024 << " KiB, unit "
+            << unit / 1024 << " KiB)" << std::endl;
+  EXPECT_GE(eager, kWorld * full) << "eager construction holds the whole model on every rank";
+  EXPECT_LE(deferred, bound);
+  EXPECT_LT(deferred * 2, eager);
+}
+
+// The values come from rebuilding each unit at setup (world 1 here; the
+// process test ProcessTests.EmptyInitRanksAgree shows ranks agree), and a
+// deferred module refuses to run before it has them.
+TEST(StrategyEmptyInit, ValuesComeFromTheRebuildAndUseBeforeSetupIsRefused) {
+  const auto c = deep_gpt();
+  auto build = [&] {
+    torch::manual_seed(5);
+    EmptyInitGuard guard;
+    return std::make_shared<models::GPTImpl>(c);
+  };
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    std::lock_guard<std::mutex> lock(rng_mutex());
+    auto reference = build();
+    const auto tokens = torch::zeros({1, 4}, torch::kLong);
+    EXPECT_ANY_THROW(reference->forward(tokens));  // LibTorch: "data is not allocated yet"
+    materialize(reference);
+    const auto want = named_params(*reference);
+    EXPECT_TRUE(torch::isfinite(reference->forward(tokens)).all().item<bool>());
+    {
+      fsdp::Unit<models::GPTBlockImpl> block(nullptr);
+      {
+        EmptyInitGuard guard;
+        block = fsdp::Unit<models::GPTBlockImpl>(c);
+      }
+      expect_config_error([&] { block(torch::zeros({1, 4, c.dim})); }, "built under fsdp::EmptyInitGuard");
+      materialize(block.ptr());
+      EXPECT_EQ(block(torch::zeros({1, 4, c.dim})).size(2), c.dim);
+    }
+
+    FSDPStrategy s(FSDPStrategyOptions().world(borrow(pg)).auto_wrap_module_types<models::GPTBlockImpl>());
+    s.setup_environment();
+    std::shared_ptr<models::GPTImpl> net;
+    {
+      torch::manual_seed(5);
+      auto init = s.module_init_context(true);
+      net = std::make_shared<models::GPTImpl>(c);
+    }
+    auto model = s.setup_module(net);
+    expect_close(to_map(full_parameters(model.ptr())), want, 0.0, "empty_init");
+  });
+}

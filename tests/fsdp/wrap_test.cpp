@@ -131,7 +131,7 @@ TEST(Wrap, FullShardHoldsAboutOneNthPerRank) {
       int64_t adam = 0;
       for (auto& p : model->parameters()) {
         auto& state = static_cast<torch::optim::AdamWParamState&>(
-            *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+            *opt.state().at(optimizer_state_key(opt, p)));
         adam += (state.exp_avg().numel() + state.exp_avg_sq().numel()) * 4;
       }
       EXPECT_EQ(stats.unsharded_param_bytes, 0) << "full parameters alive outside forward/backward";

@@ -26,7 +26,22 @@ class UnitState;  // one FSDP unit: a flat parameter and its hooks (src/fsdp/uni
 struct Slot {
   std::shared_ptr<UnitState> unit;
   bool checkpoint = false;  // run the forward under activation checkpointing
+  // Set for a module built under fsdp::EmptyInitGuard: its parameters and
+  // buffers hold no memory yet, and this builds a fresh module of the same
+  // structure whose values materialisation takes.
+  std::function<std::shared_ptr<torch::nn::Module>()> deferred_init;
 };
+
+// True while an fsdp::EmptyInitGuard is alive on this thread.
+bool empty_init_active();
+
+// Frees `module`'s parameters and buffers (keeping their shapes, dtypes and
+// devices) and records `init` in its slot for materialisation.
+void defer_init(const std::shared_ptr<torch::nn::Module>& module,
+                std::function<std::shared_ptr<torch::nn::Module>()> init);
+
+// ConfigError unless the module of `slot` is materialised.
+void check_materialized(const Slot& slot);
 
 // The slot of `module`: the existing one if some holder or wrapper made it,
 // else a new one registered for it. Thread-safe.
@@ -148,6 +163,7 @@ auto call(const std::shared_ptr<Slot>& slot, F&& forward, Args&&... args)
     -> decltype(forward(std::forward<Args>(args)...)) {
   UnitState* unit = slot ? slot->unit.get() : nullptr;
   const bool checkpoint = slot && slot->checkpoint;
+  if (slot && slot->deferred_init) check_materialized(*slot);
   if (unit == nullptr) {
     if (checkpoint) return checkpoint_call(forward, std::forward<Args>(args)...);
     return forward(std::forward<Args>(args)...);

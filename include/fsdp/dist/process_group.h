@@ -17,7 +17,9 @@
 // so sizes need not divide by the world size.
 //
 // TENSORS. Inputs and outputs must be contiguous, on the group's device (CPU for
-// Gloo, the rank's CUDA device for NCCL), of one dtype per call. Supported:
+// Gloo, the rank's CUDA device for NCCL), of one dtype per call; all_reduce and
+// broadcast also take tensors on another device (a loss or norm on CPU under
+// NCCL), which travel through a copy on the group's device. Supported:
 // float32, float64, bfloat16, float16, int64, int32, uint8, int8, bool (no
 // reductions on bool). Reductions of bfloat16/float16 accumulate in float32.
 #pragma once

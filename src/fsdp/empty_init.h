@@ -1,0 +1,32 @@
+// Deferred initialisation (fsdp::EmptyInitGuard): private helpers for wrapping.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::detail {
+
+// A tensor whose storage was freed by deferral (shape kept, no bytes).
+bool is_unallocated(const at::Tensor& t);
+
+// Materialises the deferred modules under `root` (itself included), skipping
+// the subtrees for which `skip` returns true; values go to `device`. Returns
+// the tensors that received values.
+std::vector<at::Tensor> materialize_deferred(torch::nn::Module& root, const std::optional<at::Device>& device,
+                          const std::function<bool(const torch::nn::Module&)>& skip);
+
+// Module::to(device) / to(dtype) for a model that may hold unallocated
+// tensors: those keep no bytes and only change their device / dtype.
+void module_to(torch::nn::Module& module, const std::optional<at::Device>& device,
+               const std::optional<at::ScalarType>& dtype);
+
+}  // namespace fsdp::detail
