@@ -233,7 +233,7 @@ class FullFileWriter {
     ix_.kind = "full";
     ix_.world_size = world_size;
     ix_.save_id = ck::new_save_id();
-    error_ = capture([&] {
+    keep_first_error(capture([&] {
       fs::path parent = fs::path(path).parent_path();
       if (!parent.empty()) fs::create_directories(parent);
       file_ = std::make_unique<ck::AtomicFile>(path);
@@ -243,7 +243,7 @@ class FullFileWriter {
         if (error_.empty()) error_ = capture([&] { file_->write(data, n); });
         return n;
       });
-    });
+    }));
   }
   ~FullFileWriter() {
     zip_.reset();
@@ -251,7 +251,7 @@ class FullFileWriter {
   }
   void add(const std::string& key, const at::Tensor& tensor) {
     if (!error_.empty()) return;
-    error_ = capture([&] {
+    keep_first_error(capture([&] {
       const at::Tensor t = cpu_contiguous(tensor);
       ck::dtype_name(t.scalar_type());  // refuses dtypes the format has no name for
       const auto nbytes = static_cast<int64_t>(t.numel() * t.element_size());
@@ -264,24 +264,29 @@ class FullFileWriter {
       ix_.tensors.emplace(key, ck::TensorEntry{t.scalar_type(), t.sizes().vec(), {c}});
       ix_.tensor_order.push_back(key);
       record_of_[key] = record;
-    });
+    }));
   }
   void finish(std::vector<ck::EntryRecord> entries) {
     if (!error_.empty()) return;
     ix_.entries = std::move(entries);
-    error_ = capture([&] {
+    keep_first_error(capture([&] {
       const std::string pickle = ck::full_pickle(ix_, record_of_);
       zip_->writeRecord("data.pkl", pickle.data(), pickle.size());
       const std::string index = ck::to_json(ix_);
       zip_->writeRecord(ck::kFullIndexRecord, index.data(), index.size());
       zip_->writeEndOfFile();
-    });
+    }));
     ck::crash_point("full-before-commit", 0);
     if (error_.empty()) error_ = capture([&] { file_->commit(); });
   }
   const std::string& error() const { return error_; }
 
  private:
+  // A write error caught inside the zip writer's callback comes first; the
+  // call that triggered it may itself end normally and must not clear it.
+  void keep_first_error(const std::string& e) {
+    if (error_.empty()) error_ = e;
+  }
   std::string error_;
   std::unique_ptr<ck::AtomicFile> file_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_;

@@ -20,6 +20,7 @@
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/strategy.h"
+#include "../fsdp/ckpt_format.h"
 
 namespace fsdp::train {
 
@@ -323,6 +324,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   double mean_loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = start; step < c.steps; ++step) {
+    detail::ckpt::crash_point("train-step", rank);  // fault injection for the reliability tests
     auto [x, y] = batch_of(tokens, step, c, rank, nranks, strategy.root_device());
     const auto ts = std::chrono::steady_clock::now();
     opt.zero_grad();

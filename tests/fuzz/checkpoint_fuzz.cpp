@@ -1,0 +1,195 @@
+// libFuzzer targets for every parser of checkpoint files (issue 9):
+//   FSDP_FUZZ_INDEX    the index (index.json / the full file's fsdp/index.json)
+//   FSDP_FUZZ_FULL     a whole full checkpoint file (PyTorch zip: LibTorch's
+//                      reader and miniz, then our index, records, checksums)
+//   FSDP_FUZZ_SHARDED  a whole sharded checkpoint directory (index + data files)
+// Full and sharded inputs are inspected, verified and loaded into a small
+// model and optimizer. An fsdp::Error (ConfigError or Error: the refusal of
+// bad bytes, naming the file) is the expected outcome; a crash, a hang, an
+// out-of-bounds access (AddressSanitizer), any other exception, or an
+// allocation beyond libFuzzer's -malloc_limit_mb is a finding. Built by scripts/fuzz.sh with clang; see docs/reliability.md.
+//
+// With FSDP_FUZZ_SEEDS=<dir> in the environment, the target first writes real
+// checkpoints of its model (the seed corpus) into <dir>.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "../../src/fsdp/ckpt_format.h"
+#include "fsdp/checkpoint_io.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/error.h"
+#include "fsdp/fsdp.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TinyImpl : torch::nn::Module {
+  TinyImpl() {
+    a = register_module("a", torch::nn::Linear(4, 3));
+    b = register_module("b", torch::nn::Linear(3, 2));
+  }
+  torch::Tensor forward(torch::Tensor x) { return b(a(x)); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+
+struct World {
+  fsdp::dist::ProcessGroupPtr group;
+  std::unique_ptr<fsdp::FullyShardedDataParallel<TinyImpl>> fsdp;
+  std::shared_ptr<torch::nn::Module> model;
+  std::unique_ptr<torch::optim::Adam> optimizer;
+  fs::path scratch;
+};
+
+World& world() {
+  static World* w = [] {
+    auto* w = new World;
+    fsdp::dist::InitOptions o;
+    o.backend = fsdp::dist::Backend::kGloo;
+    w->group = fsdp::dist::init_process_group(o);
+    torch::manual_seed(3);
+    fsdp::FSDPOptions fo;
+    fo.process_group = w->group;
+    w->fsdp = std::make_unique<fsdp::FullyShardedDataParallel<TinyImpl>>(std::make_shared<TinyImpl>(), fo);
+    w->model = w->fsdp->ptr();
+    w->optimizer = std::make_unique<torch::optim::Adam>(w->model->parameters(), torch::optim::AdamOptions(1e-3));
+    // One step so that the optimizer has state to save and load.
+    w->optimizer->zero_grad();
+    (*w->fsdp)(torch::ones({2, 4})).sum().backward();
+    w->optimizer->step();
+    const char* shm = std::getenv("FSDP_FUZZ_TMP");
+    w->scratch = fs::path(shm ? shm : (fs::exists("/dev/shm") ? "/dev/shm" : "/tmp")) /
+                 ("fsdp-fuzz-" + std::to_string(::getpid()));
+    fs::create_directories(w->scratch);
+    return w;
+  }();
+  return *w;
+}
+
+fsdp::CheckpointState state_of(World& w) {
+  fsdp::CheckpointState s;
+  s.model("model", w.model).optimizer("optimizer", *w.optimizer).value("step", int64_t{7}).value("name", std::string("x"));
+  return s;
+}
+
+// Everything a user can do with a checkpoint from disk.
+void exercise(const std::string& path) {
+  World& w = world();
+  try {
+    fsdp::inspect_checkpoint(path);
+  } catch (const fsdp::Error&) {
+  }
+  try {
+    fsdp::verify_checkpoint(path);
+  } catch (const fsdp::Error&) {
+  }
+  try {
+    auto s = state_of(w);
+    fsdp::load_checkpoint(path, s, *w.group);
+  } catch (const fsdp::Error&) {
+  }
+}
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A sharded directory as one input: records of [u8 name length][name][u32 LE size][bytes].
+std::string pack_dir(const fs::path& dir) {
+  std::string out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const std::string bytes = read_file(e.path());
+    out.push_back(static_cast<char>(name.size()));
+    out += name;
+    const auto n = static_cast<uint32_t>(bytes.size());
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+    out += bytes;
+  }
+  return out;
+}
+
+// Writes the records of `data` into `dir`; names that are not plain file
+// names are skipped (the fuzzer must not write outside its scratch folder).
+void unpack_dir(const uint8_t* data, size_t size, const fs::path& dir) {
+  size_t pos = 0;
+  while (pos < size) {
+    const size_t len = data[pos++];
+    if (pos + len + 4 > size) return;
+    std::string name(reinterpret_cast<const char*>(data + pos), len);
+    pos += len;
+    uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(data[pos + i]) << (8 * i);
+    pos += 4;
+    const size_t take = std::min<size_t>(n, size - pos);
+    if (!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+        name.find('\0') == std::string::npos) {
+      write_file(dir / name, std::string(reinterpret_cast<const char*>(data + pos), take));
+    }
+    pos += take;
+  }
+}
+
+void write_seeds(const fs::path& seeds) {
+  World& w = world();
+  fs::create_directories(seeds);
+  const fs::path tmp = w.scratch / "seeds";
+  fs::remove_all(tmp);
+  for (auto format : {fsdp::CheckpointFormat::kSharded, fsdp::CheckpointFormat::kFull}) {
+    fsdp::CheckpointOptions o;
+    o.format = format;
+    const bool full = format == fsdp::CheckpointFormat::kFull;
+    const fs::path path = tmp / (full ? "ckpt.pt" : "ckpt");
+    fsdp::save_checkpoint(path.string(), state_of(w), *w.group, o);
+#if defined(FSDP_FUZZ_INDEX)
+    if (!full) write_file(seeds / "index.json", read_file(path / "index.json"));
+#elif defined(FSDP_FUZZ_FULL)
+    if (full) write_file(seeds / "ckpt.pt", read_file(path));
+#elif defined(FSDP_FUZZ_SHARDED)
+    if (!full) write_file(seeds / "ckpt.dir", pack_dir(path));
+#endif
+  }
+  fs::remove_all(tmp);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  world();
+  if (const char* seeds = std::getenv("FSDP_FUZZ_SEEDS")) write_seeds(seeds);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  World& w = world();
+#if defined(FSDP_FUZZ_INDEX)
+  try {
+    fsdp::detail::ckpt::parse_index(std::string(reinterpret_cast<const char*>(data), size), "fuzz/index.json");
+  } catch (const fsdp::Error&) {
+  }
+#elif defined(FSDP_FUZZ_FULL)
+  const fs::path path = w.scratch / "input.pt";
+  write_file(path, std::string(reinterpret_cast<const char*>(data), size));
+  exercise(path.string());
+#elif defined(FSDP_FUZZ_SHARDED)
+  const fs::path dir = w.scratch / "input";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  unpack_dir(data, size, dir);
+  exercise(dir.string());
+#else
+#error "define FSDP_FUZZ_INDEX, FSDP_FUZZ_FULL or FSDP_FUZZ_SHARDED"
+#endif
+  return 0;
+}
