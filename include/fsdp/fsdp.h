@@ -326,8 +326,13 @@ class SummonFullParams {
 // norm (over all shards, of order `norm_type`: any p > 0, or INFINITY) is at
 // most max_norm, and returns that norm as computed before clipping, like
 // torch.nn.utils.clip_grad_norm_ on the unsharded model. Call after
-// backward, before the optimizer step.
-at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type = 2.0);
+// backward, before the optimizer step. A non-finite norm (an inf or NaN
+// gradient on any rank): with error_if_nonfinite, every rank throws
+// fsdp::Error with PyTorch's message and the gradients are left as they are;
+// without it (the default, as in PyTorch) the gradients are scaled by it
+// anyway (inf becomes NaN) and the non-finite norm is returned.
+at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type = 2.0,
+                           bool error_if_nonfinite = false);
 
 // [local] Checks that `optimizer` steps the wrapped model's parameters. An
 // optimizer built before wrapping (with use_orig_params=false) references the

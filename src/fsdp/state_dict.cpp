@@ -608,6 +608,25 @@ void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const Stat
       case Item::kFlat: {
         const UnitState& u = *item.unit;
         ShardedTensor mine = local_flat(u);
+        // A LOCAL state dict is one rank's shard: it loads only into the same
+        // sharding (world size and rank), never partly.
+        const auto& theirs = std::get<ShardedTensor>(v).local_shards;
+        auto boxes = [](const std::vector<Shard>& shards) {
+          std::string out;
+          for (const auto& s : shards) {
+            const int64_t lo = s.offsets.size() == 1 ? s.offsets[0] : -1;  // -1: not a box of a flat parameter
+            out += "[" + std::to_string(lo) + ", " + std::to_string(lo + s.tensor.numel()) + ")";
+          }
+          return out.empty() ? std::string("no elements") : out;
+        };
+        if (boxes(theirs) != boxes(mine.local_shards)) {
+          throw ConfigError("load_state_dict: the LOCAL_STATE_DICT entry '" + item.key + "' holds the elements " +
+                            boxes(theirs) + " of the flat parameter, but this rank's shard is " +
+                            boxes(mine.local_shards) +
+                            ": it was saved with another sharding (world size or rank); a LOCAL state dict loads "
+                            "only where it was saved — gather it (gather_state_dict) or load a FULL_STATE_DICT or "
+                            "SHARDED_STATE_DICT");
+        }
         for (auto& s : mine.local_shards) {
           if (copy_overlap(s.tensor, s.offsets, std::get<ShardedTensor>(v).local_shards) != s.tensor.numel()) {
             throw not_covered(item.key, s.offsets[0], s.offsets[0] + s.tensor.numel());

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <unordered_set>
 
 #include "fsdp/error.h"
@@ -42,7 +43,8 @@ SummonFullParams::~SummonFullParams() {
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->unsummon(options_);
 }
 
-at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type) {
+at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
+                           bool error_if_nonfinite) {
   if (!(norm_type > 0)) {
     throw ConfigError("clip_grad_norm_: norm_type=" + std::to_string(norm_type) + " is invalid: expected p > 0 or INFINITY");
   }
@@ -81,6 +83,13 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
   double t = total.item<double>();
   const double l = accumulate(local);
   t = inf ? std::max(t, l) : std::pow(t + l, 1.0 / norm_type);
+  if (error_if_nonfinite && !std::isfinite(t)) {
+    std::ostringstream order;
+    order << norm_type;
+    throw Error("clip_grad_norm_: The total norm of order " + order.str() +
+                " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and "
+                "scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
+  }
   const double coef = max_norm / (t + 1e-6);
   if (coef < 1.0) {
     for (auto& g : sharded) g.mul_(coef);

@@ -82,6 +82,35 @@ TEST(ClipGradNorm, EqualsTheNormOfTheFullGradients) {
   }
 }
 
+// An inf gradient on one rank: with error_if_nonfinite every rank throws
+// PyTorch's message and keeps its gradients (no rank is left waiting in a
+// collective); without it the non-finite norm comes back, as in PyTorch.
+TEST(ClipGradNorm, NonFiniteGradientsAreNamedOnEveryRank) {
+  const auto batches = make_batches(1, 6, 3);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    FullyShardedDataParallel<NetImpl> model(make_net(8), options_for(pg, false, ShardingStrategy::kFullShard));
+    const auto& b = batches[0];
+    loss_of(model(b.tokens.narrow(0, pg.rank() * 3, 3)), b.target.narrow(0, pg.rank() * 3, 3)).backward();
+    auto params = model->parameters();
+    if (pg.rank() == 1) {
+      torch::NoGradGuard no_grad;
+      params[0].mutable_grad().view({-1})[0].fill_(INFINITY);
+    }
+    std::vector<torch::Tensor> before;
+    for (const auto& p : params) before.push_back(p.grad().clone());
+    try {
+      clip_grad_norm_(model.ptr(), 0.05, 2.0, /*error_if_nonfinite=*/true);
+      ADD_FAILURE() << "no error on rank " << pg.rank();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("for gradients from `parameters` is non-finite, so it cannot be clipped"),
+                std::string::npos)
+          << e.what();
+    }
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i].grad(), before[i])) << i;
+    EXPECT_TRUE(std::isinf(clip_grad_norm_(model.ptr(), 0.05).item<double>()));
+  });
+}
+
 TEST(SummonFullParams, WritebackChangesStickAfterResharding) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     FullyShardedDataParallel<NetImpl> model(make_net(1), options_for(pg, /*use_orig=*/true));

@@ -18,6 +18,7 @@
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/models/gpt.h"
+#include "fsdp/state_dict.h"
 #include "fsdp/train/gpt_trainer.h"
 
 using namespace fsdp;
@@ -250,4 +251,29 @@ TEST(HostileFiles, APickleInAFullCheckpointIsNeverRun) {
     EXPECT_NE(std::string(e.what()).find(evil), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(marker)) << "the pickle ran";
+}
+
+// A LOCAL state dict holds one rank's flat shards, which only the same
+// sharding can use: loading it at another world size is refused on every rank
+// (rank 0's elements would even be covered) with a message that says so and
+// what to do instead.
+TEST(BadInput, ALocalStateDictAtAnotherWorldSizeIsNamed) {
+  StateDict saved;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    FullyShardedDataParallel<NetImpl> model(make_net(3), options_for_strategy(pg, ShardingStrategy::kFullShard));
+    StateDictTypeGuard guard(model.ptr(), StateDictType::kLocal);
+    auto sd = state_dict(model.ptr());
+    if (pg.rank() == 0) saved = sd;
+  });
+  run_ranks(3, [&](dist::ProcessGroup& pg) {
+    FullyShardedDataParallel<NetImpl> model(make_net(3), options_for_strategy(pg, ShardingStrategy::kFullShard));
+    StateDictTypeGuard guard(model.ptr(), StateDictType::kLocal);
+    try {
+      load_state_dict(model.ptr(), saved);
+      ADD_FAILURE() << "rank " << pg.rank() << " loaded another world's LOCAL state dict";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("it was saved with another sharding"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("FULL_STATE_DICT"), std::string::npos) << e.what();
+    }
+  });
 }
