@@ -27,6 +27,14 @@ struct RngStates {
   std::vector<at::Tensor> states;
 };
 
+// Reads each generator's current state into r.states.
+void read_rng(RngStates& r) {
+  for (size_t i = 0; i < r.generators.size(); ++i) {
+    std::lock_guard<std::mutex> lock(r.generators[i].mutex());
+    r.states[i] = r.generators[i].get_state();
+  }
+}
+
 RngStates capture_rng(const std::vector<at::Tensor>& inputs) {
   RngStates r;
   r.generators.push_back(at::detail::getDefaultCPUGenerator());
@@ -37,10 +45,8 @@ RngStates capture_rng(const std::vector<at::Tensor>& inputs) {
     seen.push_back(x.device());
     r.generators.push_back(at::globalContext().defaultGenerator(x.device()));
   }
-  for (auto& gen : r.generators) {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    r.states.push_back(gen.get_state());
-  }
+  r.states.resize(r.generators.size());
+  read_rng(r);
   return r;
 }
 
@@ -57,10 +63,7 @@ void restore_rng(RngStates& r) {
 class RngReplay {
  public:
   explicit RngReplay(RngStates& states) : saved_(states) {
-    for (size_t i = 0; i < saved_.generators.size(); ++i) {
-      std::lock_guard<std::mutex> lock(saved_.generators[i].mutex());
-      saved_.states[i] = saved_.generators[i].get_state();
-    }
+    read_rng(saved_);
     restore_rng(states);
   }
   ~RngReplay() { restore_rng(saved_); }

@@ -240,7 +240,7 @@ class FullFileWriter {
       // Write errors are remembered and the rest is discarded (the zip writer
       // must not see a failure: it would throw from its destructor).
       zip_ = std::make_unique<caffe2::serialize::PyTorchStreamWriter>([this](const void* data, size_t n) -> size_t {
-        if (error_.empty()) error_ = capture([&] { file_->write(data, n); });
+        if (error_.empty()) keep_first_error(capture([&] { file_->write(data, n); }));
         return n;
       });
     }));
@@ -277,7 +277,7 @@ class FullFileWriter {
       zip_->writeEndOfFile();
     }));
     ck::crash_point("full-before-commit", 0);
-    if (error_.empty()) error_ = capture([&] { file_->commit(); });
+    if (error_.empty()) keep_first_error(capture([&] { file_->commit(); }));
   }
   const std::string& error() const { return error_; }
 
