@@ -15,7 +15,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -24,6 +26,7 @@
 #endif
 
 #include "fsdp/error.h"
+#include "store_listen.h"
 
 namespace fsdp::dist {
 
@@ -417,16 +420,25 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     so.numWorkers = static_cast<std::size_t>(o.world_size);
     so.waitWorkers = false;  // join() below waits, and names the missing ranks
     so.timeout = o.timeout;
+    // Rank 0's store listens on master_addr only, not on every interface.
+    std::optional<detail::ListenOnly> listen_only;
+    if (so.isServer) listen_only.emplace(o.master_addr, o.master_port);
     try {
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
     } catch (const std::exception& e) {
       throw CollectiveError("fsdp: rendezvous of group '" + o.group_name + "' (rank " +
                                 std::to_string(o.rank) + " of " + std::to_string(o.world_size) + where +
                                 ", timeout " + format_ms(o.timeout) + ") failed: " + reason(e) +
-                                (o.rank == 0 ? " (rank 0 serves the store: is the port free, and did "
-                                               "every rank start?)"
-                                             : " (is rank 0 running and MASTER_ADDR/MASTER_PORT right?)"),
+                                (o.rank == 0 ? " (rank 0 serves the store on " + listen_only->address() +
+                                                   " only: is that an address of this host, is the port "
+                                                   "free, and did every rank start?)"
+                                             : std::string(" (is rank 0 running and MASTER_ADDR/MASTER_PORT right?)")),
                             "rendezvous");
+    }
+    if (listen_only && !listen_only->applied()) {
+      std::cerr << "fsdp: warning: rank 0's rendezvous store on port " << o.master_port
+                << " listens on every interface, not only on " << listen_only->address()
+                << ": this LibTorch's TCPStore bound it where fsdp-cpp cannot redirect it\n";
     }
   }
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(o.group_name, store);

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
@@ -34,6 +35,23 @@ uint32_t crc32(const void* data, size_t n, uint32_t crc) {
   return static_cast<uint32_t>(c);
 }
 
+namespace {
+
+// Touches ever more memory until the kernel's OOM killer ends the process
+// (the tests run it under a memory cgroup's limit); gives up after 4 GiB.
+[[noreturn]] void exhaust_memory() {
+  constexpr size_t kBlock = size_t{64} << 20, kMax = size_t{4} << 30, kPage = 4096;
+  for (size_t total = 0; total < kMax; total += kBlock) {
+    auto* p = static_cast<volatile char*>(std::malloc(kBlock));  // never freed: the point is to hold it
+    if (p == nullptr) break;
+    for (size_t i = 0; i < kBlock; i += kPage) p[i] = 1;
+  }
+  std::fprintf(stderr, "fault injection: no out-of-memory kill after touching 4 GiB\n");
+  std::_Exit(99);
+}
+
+}  // namespace
+
 void crash_point(const char* point, int rank) {
   static const char* spec = std::getenv("FSDP_CKPT_TEST_CRASH");
   if (spec == nullptr) return;
@@ -42,8 +60,9 @@ void crash_point(const char* point, int rank) {
   if (restarts != nullptr && std::string(restarts) != "0") return;
   static std::map<std::string, int> hits;
   const std::string here = std::string(point) + ":" + std::to_string(rank);
-  const int n = ++hits[here];
-  if (std::string(spec) == here + ":" + std::to_string(n)) ::raise(SIGKILL);
+  const std::string hit = here + ":" + std::to_string(++hits[here]);
+  if (spec == hit) ::raise(SIGKILL);
+  if (spec == hit + ":oom") exhaust_memory();
 }
 
 namespace {

@@ -26,9 +26,11 @@ uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 
 // Fault injection for the crash tests: when the environment variable
 // FSDP_CKPT_TEST_CRASH is "<point>:<rank>:<n>" and this is the n-th time
-// this rank reaches that point, the process kills itself with SIGKILL —
-// once: not in a worker that fsdp-run restarted (TORCHELASTIC_RESTART_COUNT
-// above 0). Points: full-after-first-record, full-before-commit,
+// this rank reaches that point, the process kills itself with SIGKILL;
+// with "<point>:<rank>:<n>:oom" it touches ever more memory instead, until
+// the kernel's OOM killer ends it (run it under a memory limit: it gives up
+// with exit status 99 after 4 GiB). Either happens once: not in a worker
+// that fsdp-run restarted (TORCHELASTIC_RESTART_COUNT above 0). Points: full-after-first-record, full-before-commit,
 // sharded-mid-data, sharded-before-index, sharded-after-index, and
 // fsdp-train's train-step (at the start of each step).
 void crash_point(const char* point, int rank);

@@ -4,9 +4,15 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include <atomic>
-#include <future>
+#include <unistd.h>
 
+#include <atomic>
+#include <functional>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "../support/sockets.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/error.h"
 
@@ -110,28 +116,68 @@ TEST(Rendezvous, MissingRankTimesOutWithANamedError) {
   EXPECT_LE(seconds_since(t0), 5.0);
 }
 
-TEST(Rendezvous, TcpStoreBetweenThreads) {
-  // The path real jobs take: rank 0 serves a TCPStore, the others connect.
-  const int port = 20000 + static_cast<int>(getpid() % 20000) + 7;
+// `world` ranks as threads that meet the way real jobs do: rank 0 serves a
+// TCPStore on 127.0.0.1:port, the others connect. Runs fn on each.
+void tcp_ranks(int world, int port, const std::function<void(fsdp::dist::ProcessGroup&)>& fn) {
   std::vector<std::thread> threads;
-  std::atomic<int> ok{0};
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       fsdp::dist::InitOptions o;
       o.rank = r;
-      o.world_size = 3;
+      o.world_size = world;
       o.master_addr = "127.0.0.1";
       o.master_port = port;
       o.timeout = 30s;
-      auto pg = fsdp::dist::init_process_group(o);
-      at::Tensor t = at::full({5}, static_cast<float>(r));
-      pg->all_reduce(t).wait();
-      if (at::equal(t, at::full({5}, 3.0f))) ++ok;
-      pg->barrier();
+      fn(*fsdp::dist::init_process_group(o));
     });
   }
   for (auto& t : threads) t.join();
+}
+
+TEST(Rendezvous, TcpStoreBetweenThreads) {
+  std::atomic<int> ok{0};
+  tcp_ranks(3, 20000 + static_cast<int>(getpid() % 20000) + 7, [&](fsdp::dist::ProcessGroup& pg) {
+    at::Tensor t = at::full({5}, static_cast<float>(pg.rank()));
+    pg.all_reduce(t).wait();
+    if (at::equal(t, at::full({5}, 3.0f))) ++ok;
+    pg.barrier();
+  });
   EXPECT_EQ(ok.load(), 3);
+}
+
+// Rank 0's store listens on MASTER_ADDR only (loopback here), not on every
+// interface, so nothing on another network can reach it.
+TEST(Rendezvous, TheStoreListensOnlyOnMasterAddr) {
+  const int port = 20000 + static_cast<int>(getpid() % 20000) + 11;
+  std::set<std::string> listeners;
+  tcp_ranks(2, port, [&](fsdp::dist::ProcessGroup& pg) {
+    pg.barrier();
+    if (pg.rank() == 0) listeners = fsdp::testing::tcp_listeners(port);
+    pg.barrier();
+  });
+  EXPECT_EQ(listeners, std::set<std::string>{"127.0.0.1"});
+}
+
+// A MASTER_ADDR that is not an address of rank 0's host: rank 0 cannot serve
+// the store there, and its error says so at once.
+TEST(Rendezvous, RankZeroNamesAMasterAddrItCannotListenOn) {
+  fsdp::dist::InitOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.master_addr = "192.0.2.1";  // TEST-NET-1: never a local address
+  o.master_port = 20000 + static_cast<int>(getpid() % 20000) + 13;
+  o.timeout = 5s;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    fsdp::dist::init_process_group(o);
+    FAIL() << "rank 0 served a store on an address of another host";
+  } catch (const CollectiveError& e) {
+    EXPECT_EQ(e.collective(), "rendezvous");
+    EXPECT_NE(std::string(e.what()).find("serves the store on 192.0.2.1 only: is that an address of this host"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LE(seconds_since(t0), 10.0);
 }
 
 TEST(Groups, NewGroupOfSomeRanks) {

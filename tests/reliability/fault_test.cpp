@@ -9,10 +9,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
+#include <sstream>
 #include <fstream>
+#include <set>
+#include <thread>
+#include <tuple>
 
 #include "../fsdp/models.h"
+#include "../support/sockets.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
@@ -27,15 +34,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// fsdp-train on 2 ranks: the tiny preset, a checkpoint every 3 steps.
+// fsdp-train's flags for every run here: the tiny preset, 10 steps, a
+// checkpoint every 3 steps.
+std::vector<std::string> train_flags(const std::string& out) {
+  return {FSDP_TRAIN_PATH, "--preset", "tiny", "--steps", "10", "--batch", "2", "--save-every", "3",
+          "--log-every", "100", "--eval-every", "0", "--out", out};
+}
+
+// fsdp-train on 2 ranks of one node.
 std::vector<std::string> train_command(const std::string& out, const std::vector<std::string>& launcher_flags = {}) {
   std::vector<std::string> cmd{FSDP_RUN_PATH, "--nproc-per-node", "2"};
   cmd.insert(cmd.end(), launcher_flags.begin(), launcher_flags.end());
-  for (const char* a : {"--", FSDP_TRAIN_PATH, "--preset", "tiny", "--steps", "10", "--batch", "2", "--save-every", "3",
-                        "--log-every", "100", "--eval-every", "0", "--out"}) {
-    cmd.emplace_back(a);
-  }
-  cmd.push_back(out);
+  cmd.emplace_back("--");
+  for (auto& f : train_flags(out)) cmd.push_back(f);
   return cmd;
 }
 
@@ -75,6 +86,70 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// A memory cgroup of its own (cgroup v1 or v2) with a memory limit, removed
+// at destruction; `why` says why not where the machine does not allow one.
+class MemoryCgroup {
+ public:
+  explicit MemoryCgroup(int64_t limit_bytes) {
+    // The mount points of the cgroup hierarchies, and where this process sits in them.
+    std::string v1_root, v2_root, v1_path, v2_path;
+    std::ifstream mounts("/proc/self/mountinfo");
+    for (std::string line; std::getline(mounts, line);) {
+      std::istringstream f(line);
+      std::vector<std::string> w{std::istream_iterator<std::string>(f), {}};
+      const auto dash = std::find(w.begin(), w.end(), "-");
+      if (dash == w.end() || dash + 3 >= w.end() || w.size() < 5) continue;
+      if (dash[1] == "cgroup2") v2_root = w[4];
+      if (dash[1] == "cgroup" && (dash[3].find(",memory") != std::string::npos || dash[3].rfind("memory", 0) == 0)) {
+        v1_root = w[4];
+      }
+    }
+    std::ifstream self("/proc/self/cgroup");
+    for (std::string line; std::getline(self, line);) {
+      if (line.rfind("0::", 0) == 0) v2_path = line.substr(3);
+      const auto p = line.find(":memory:");
+      if (p != std::string::npos) v1_path = line.substr(p + 8);
+    }
+    const std::string name = "/fsdp-test-" + std::to_string(getpid());
+    if (!v1_root.empty()) {
+      dir_ = v1_root + v1_path + name;
+      v1_ = true;
+    } else if (!v2_root.empty()) {
+      dir_ = v2_root + v2_path + name;
+    } else {
+      why = "no memory cgroup hierarchy is mounted";
+      return;
+    }
+    if (!fs::create_directory(dir_)) {
+      why = "cannot create the cgroup " + dir_ + " (needs root)";
+      dir_.clear();
+      return;
+    }
+    std::ofstream limit(dir_ + (v1_ ? "/memory.limit_in_bytes" : "/memory.max"));
+    limit << limit_bytes << std::flush;
+    if (!limit) why = "cannot set a memory limit on " + dir_ + " (the memory controller is not enabled for it)";
+  }
+  ~MemoryCgroup() {
+    if (!dir_.empty()) ::rmdir(dir_.c_str());
+  }
+  // Writing a pid here moves that process (and its later children) into the cgroup.
+  std::string procs() const { return dir_ + "/cgroup.procs"; }
+  // How many processes of the cgroup the kernel's OOM killer ended.
+  int oom_kills() const {
+    std::ifstream in(dir_ + (v1_ ? "/memory.oom_control" : "/memory.events"));
+    for (std::string key; in >> key;) {
+      int n = 0;
+      if (in >> n && key == "oom_kill") return n;
+    }
+    return -1;
+  }
+  std::string why;  // empty when the cgroup is ready
+
+ private:
+  std::string dir_;
+  bool v1_ = false;
+};
+
 }  // namespace
 
 // Rank 1 is killed (SIGKILL) at the start of step 8. fsdp-run reports it,
@@ -89,6 +164,27 @@ TEST(DeadRank, KilledInAStepRestartsAndEndsLikeTheUninterruptedRun) {
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step-00000006"), std::string::npos) << r.output;
+  expect_same_weights(dir.path() + "/run/checkpoints/step-00000010");
+}
+
+// Rank 1 runs out of memory at step 8: the whole job runs in a memory cgroup
+// limited to 1 GiB (the two ranks need about 400 MiB), and rank 1 touches
+// ever more memory until the kernel's OOM killer ends it. To fsdp-run that is
+// a SIGKILL like any other: the restart resumes from step 6's checkpoint and
+// ends like the uninterrupted run.
+TEST(DeadRank, OutOfMemoryKillRestartsAndEndsLikeTheUninterruptedRun) {
+  MemoryCgroup cgroup(int64_t{1} << 30);
+  if (!cgroup.why.empty()) GTEST_SKIP() << cgroup.why;
+  reference_weights();
+  TempDir dir;
+  std::vector<std::string> cmd{"sh", "-c", "echo $$ > '" + cgroup.procs() + "' && exec \"$0\" \"$@\""};
+  for (auto& a : train_command(dir.path() + "/run", {"--max-restarts", "1"})) cmd.push_back(a);
+  auto r = run_program(cmd, std::chrono::seconds(300), {"FSDP_CKPT_TEST_CRASH=train-step:1:8:oom"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_EQ(cgroup.oom_kills(), 1) << "the kernel's OOM killer did not end rank 1\n" << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step-00000006"), std::string::npos) << r.output;
   expect_same_weights(dir.path() + "/run/checkpoints/step-00000010");
 }
@@ -124,21 +220,126 @@ TEST(DeadRank, TheSurvivorOnAnotherNodeNamesTheCollective) {
   const pid_t node1 = spawn(node(1), env, &fd1);
   auto r0 = run_program(node(0), std::chrono::seconds(120), env);
   // Node 1: its rank was killed, and its launcher says so.
-  std::string out1;
-  for (char buf[4096];;) {
-    ssize_t n = read(fd1, buf, sizeof buf);
-    if (n <= 0) break;
-    out1.append(buf, static_cast<size_t>(n));
-  }
-  close(fd1);
-  int status1 = 0;
-  waitpid(node1, &status1, 0);
+  const std::string out1 = wait_program(node1, fd1, std::chrono::seconds(60)).output;
   EXPECT_NE(out1.find("SIGKILL"), std::string::npos) << out1;
   // Node 0: an error naming the collective, not a hang, and well within timeout + a few seconds.
   EXPECT_FALSE(r0.timed_out) << r0.output;
   EXPECT_NE(r0.exit_code(), 0) << r0.output;
   EXPECT_NE(r0.output.find("fsdp: collective "), std::string::npos) << r0.output;
   EXPECT_LT(r0.seconds, 60.0) << r0.output;
+}
+
+// Two test hosts on this machine: network namespaces `a` (10.77.0.1) and `b`
+// (10.77.0.2) joined by a veth pair, as two machines joined by one cable.
+// Needs root (CAP_NET_ADMIN), as CI has; skipped with the reason otherwise.
+class TwoHosts : public ::testing::Test {
+ protected:
+  static constexpr int kPort = 29500;  // rank 0's store, on host a
+  void SetUp() override {
+    const std::string id = std::to_string(getpid());
+    a_ = "fsdp-a-" + id;
+    b_ = "fsdp-b-" + id;
+    link_a_ = "fva" + id;
+    const std::string link_b = "fvb" + id;
+    for (const std::string& cmd :
+         {"ip netns add " + a_, "ip netns add " + b_, "ip link add " + link_a_ + " type veth peer name " + link_b,
+          "ip link set " + link_a_ + " netns " + a_, "ip link set " + link_b + " netns " + b_,
+          "ip -n " + a_ + " addr add 10.77.0.1/24 dev " + link_a_, "ip -n " + b_ + " addr add 10.77.0.2/24 dev " + link_b,
+          "ip -n " + a_ + " link set " + link_a_ + " up", "ip -n " + b_ + " link set " + link_b + " up",
+          "ip -n " + a_ + " link set lo up", "ip -n " + b_ + " link set lo up"}) {
+      if (std::system((cmd + " >/dev/null 2>&1").c_str()) != 0) {
+        GTEST_SKIP() << "cannot make two test hosts with ip netns here (needs root and the ip tool): `" << cmd
+                     << "` failed";
+      }
+    }
+  }
+  void TearDown() override {  // deleting a namespace deletes its end of the veth pair, and so both
+    std::system(("ip netns del " + a_ + " >/dev/null 2>&1").c_str());
+    std::system(("ip netns del " + b_ + " >/dev/null 2>&1").c_str());
+  }
+  // fsdp-run for node `rank` (one rank per node) on its host, rank 0's store on host a.
+  std::vector<std::string> node(int rank, const std::vector<std::string>& train) const {
+    std::vector<std::string> cmd{"ip", "netns", "exec", rank == 0 ? a_ : b_, FSDP_RUN_PATH, "--nnodes", "2",
+                                 "--node-rank", std::to_string(rank), "--nproc-per-node", "1", "--master-addr",
+                                 "10.77.0.1", "--master-port", std::to_string(kPort), "--"};
+    cmd.insert(cmd.end(), train.begin(), train.end());
+    return cmd;
+  }
+  void cut_the_link() const {
+    ASSERT_EQ(std::system(("ip -n " + a_ + " link set " + link_a_ + " down").c_str()), 0);
+  }
+
+ private:
+  std::string a_, b_, link_a_;
+};
+
+// fsdp-run's multi-node mode across two hosts trains to the parameters of the
+// same run on one machine, bit for bit (2 ranks with the same threads each:
+// fsdp-run gives a lone rank every core, and another thread count sums in
+// another order; the shared checkpoint directory stands for a shared
+// filesystem). Rank 0's store listens on host a's address given as
+// --master-addr only, not on host a's loopback or any other interface.
+TEST_F(TwoHosts, TrainingAcrossTwoHostsEndsLikeOnOneMachine) {
+  reference_weights();
+  TempDir dir;
+  const auto train = train_flags(dir.path() + "/run");
+  const std::string threads = std::to_string(std::max(1u, std::thread::hardware_concurrency() / 2));
+  const std::vector<std::string> env{"OMP_NUM_THREADS=" + threads, "OPENBLAS_NUM_THREADS=" + threads};
+  int fd0 = -1, fd1 = -1;
+  const pid_t node0 = spawn(node(0, train), env, &fd0);
+  std::set<std::string> listeners;  // on the store's port, in host a (node 0's namespace)
+  for (auto t0 = std::chrono::steady_clock::now();
+       listeners.empty() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60);
+       std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+    listeners = tcp_listeners(kPort, "/proc/" + std::to_string(node0));
+  }
+  const pid_t node1 = spawn(node(1, train), env, &fd1);
+  auto r0 = wait_program(node0, fd0, std::chrono::seconds(240));
+  auto r1 = wait_program(node1, fd1, std::chrono::seconds(30));
+  ASSERT_EQ(r0.exit_code(), 0) << r0.output;
+  ASSERT_EQ(r1.exit_code(), 0) << r1.output;
+  EXPECT_EQ(listeners, std::set<std::string>{"10.77.0.1"});
+  expect_same_weights(dir.path() + "/run/checkpoints/step-00000010");
+}
+
+// The cable is cut mid-training (`ip link set ... down`): no socket closes,
+// packets just stop. Both hosts end with Gloo's timeout error naming the
+// collective, within the collective timeout (10 s here) plus a few seconds,
+// and each fsdp-run reports its failed worker. Never a hang.
+TEST_F(TwoHosts, CuttingTheLinkEndsBothSidesWithATimeoutError) {
+  TempDir dir;
+  std::vector<std::string> train{FSDP_TRAIN_PATH, "--preset", "tiny", "--steps", "100000", "--batch", "2",
+                                 "--log-every", "1", "--eval-every", "0", "--save-every", "0",
+                                 "--out", dir.path() + "/run"};
+  const std::vector<std::string> env{"FSDP_TIMEOUT_S=10"};
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point cut{}, end1{};
+  RunResult r1;
+  int fd1 = -1;
+  const pid_t node1 = spawn(node(1, train), env, &fd1);
+  std::thread collect1([&] {
+    r1 = wait_program(node1, fd1, std::chrono::seconds(240));
+    end1 = Clock::now();
+  });
+  auto r0 = run_program(node(0, train), std::chrono::seconds(240), env, [&](pid_t, const std::string& out) {
+    if (cut == Clock::time_point{} && out.find("step 5/") != std::string::npos) {  // training across the link
+      cut_the_link();
+      cut = Clock::now();
+    }
+  });
+  const auto end0 = Clock::now();
+  collect1.join();
+  ASSERT_NE(cut, Clock::time_point{}) << "training never reached step 5\n" << r0.output << "\n" << r1.output;
+  for (const auto& [r, end, name] : {std::tuple{&r0, end0, "host a"}, std::tuple{&r1, end1, "host b"}}) {
+    SCOPED_TRACE(name);
+    EXPECT_FALSE(r->timed_out) << r->output;
+    EXPECT_EQ(r->exit_code(), 1) << r->output;
+    EXPECT_NE(r->output.find("fsdp: collective "), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find("Timed out waiting 10000ms"), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find("fsdp-run: worker rank"), std::string::npos) << r->output;
+    const double after_cut = std::chrono::duration<double>(end - cut).count();
+    EXPECT_LT(after_cut, 30.0) << "ended " << after_cut << " s after the cut\n" << r->output;
+  }
 }
 
 // A save onto a disk that fills up fails with a message that says so, and

@@ -50,15 +50,13 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::
   return pid;
 }
 
-// Runs to completion (or `deadline`, then SIGKILL). `while_running` is called
-// about every 50 ms with the pid and the output so far.
-inline RunResult run_program(const std::vector<std::string>& argv, std::chrono::milliseconds deadline,
-                             const std::vector<std::string>& extra_env = {},
-                             const std::function<void(pid_t, const std::string&)>& while_running = nullptr) {
+// Collects the output of a process started by spawn() until it exits (or
+// `deadline`, then SIGKILL), and reaps it. `while_running` is called about
+// every 50 ms with the pid and the output so far.
+inline RunResult wait_program(pid_t pid, int fd, std::chrono::milliseconds deadline,
+                              const std::function<void(pid_t, const std::string&)>& while_running = nullptr) {
   RunResult r;
   auto t0 = std::chrono::steady_clock::now();
-  int fd = -1;
-  pid_t pid = spawn(argv, extra_env, &fd);
   bool eof = false;
   while (!eof) {
     pollfd pfd{fd, POLLIN, 0};
@@ -79,6 +77,15 @@ inline RunResult run_program(const std::vector<std::string>& argv, std::chrono::
   waitpid(pid, &r.status, 0);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+// Runs to completion (or `deadline`, then SIGKILL); see wait_program.
+inline RunResult run_program(const std::vector<std::string>& argv, std::chrono::milliseconds deadline,
+                             const std::vector<std::string>& extra_env = {},
+                             const std::function<void(pid_t, const std::string&)>& while_running = nullptr) {
+  int fd = -1;
+  pid_t pid = spawn(argv, extra_env, &fd);
+  return wait_program(pid, fd, deadline, while_running);
 }
 
 // A fresh directory under /tmp, removed at destruction.

@@ -5,7 +5,9 @@
 //   RANK, WORLD_SIZE            required; 0 <= RANK < WORLD_SIZE
 //   LOCAL_RANK, LOCAL_WORLD_SIZE optional; default RANK / WORLD_SIZE
 //   MASTER_ADDR, MASTER_PORT    required when WORLD_SIZE > 1 (the TCPStore
-//                               of rank 0); port in 1..65535
+//                               of rank 0, which listens on MASTER_ADDR only,
+//                               so it must be an address of rank 0's host);
+//                               port in 1..65535
 //   FSDP_BACKEND                optional: "auto" (default), "gloo", "nccl"
 //   FSDP_TIMEOUT_S              optional: collective and rendezvous timeout in
 //                               seconds (default 1800, like PyTorch)

@@ -102,7 +102,11 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 // [collective: rendezvous of all ranks] Creates the world group: connects to
 // (rank 0: serves) the TCPStore at master_addr:master_port unless `store` is
-// given, then connects every pair of ranks. Throws ConfigError for bad options
+// given, then connects every pair of ranks. Rank 0's store listens on
+// master_addr only (its first address, if a name), not on every interface
+// as LibTorch's TCPStore would: fsdp-cpp redirects the server's wildcard
+// bind() while the store starts (src/dist/store_listen.h), and prints a
+// warning if a LibTorch binds where that cannot reach. Throws ConfigError for bad options
 // (unbuilt backend, rank out of range), CollectiveError when rendezvous does
 // not complete within the timeout. Cost: O(world) connections per rank.
 ProcessGroupPtr init_process_group(const InitOptions& options);
