@@ -3,12 +3,13 @@
 # LibTorch (CPU) with c10d, Gloo's headers, an optimized BLAS (Debian's
 # default reference BLAS makes LibTorch about 20x slower), GoogleTest, CMake,
 # CLI11, nlohmann-json and zlib (checkpoints), python3-torch (the tests
-# open checkpoints in Python), and clang with its libFuzzer and sanitizer
-# runtimes (the checkpoint-parser fuzzers).
+# open checkpoints in Python), clang with its libFuzzer and sanitizer
+# runtimes (the checkpoint-parser fuzzers), and iproute2 (the two-host
+# fault tests make network namespaces).
 set -euo pipefail
 
 packages=(cmake g++ make libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev libcli11-dev
-          nlohmann-json3-dev zlib1g-dev python3-torch clang libclang-rt-14-dev)
+          nlohmann-json3-dev zlib1g-dev python3-torch clang libclang-rt-14-dev iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -78,6 +78,12 @@ timeout 150 $B/bin/fsdp-run --nproc-per-node 1 -- $B/bin/fsdp-train --preset 100
 
 step smoke over Gloo on 2 ranks, torch 2.x
 FSDP_BACKEND=gloo timeout 120 $B/bin/fsdp-run --nproc-per-node 2 -- $B/bin/fsdp-smoke 2>&1 | tail -4
+step "rendezvous with torch 2.x's TCPStore (the store listens on MASTER_ADDR only)"
+if cmake --build $B --target fsdp_dist_tests >"$OUT/build-dist.log" 2>&1; then
+  timeout 120 $B/bin/fsdp_dist_tests --gtest_filter='Rendezvous.*' 2>&1 | grep -E "^\[ |Failure|Which|warning" | head -20
+else
+  grep -E "error" "$OUT/build-dist.log" | head -20
+fi
 step "NCCL with 2 ranks on one GPU (NCCL is expected to refuse)"
 FSDP_BACKEND=nccl FSDP_TIMEOUT_S=20 timeout 60 $B/bin/fsdp-run --nproc-per-node 2 -- $B/bin/fsdp-smoke 2>&1 | tail -6
 step done

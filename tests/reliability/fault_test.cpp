@@ -6,6 +6,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -283,7 +284,9 @@ TEST_F(TwoHosts, TrainingAcrossTwoHostsEndsLikeOnOneMachine) {
   reference_weights();
   TempDir dir;
   const auto train = train_flags(dir.path() + "/run");
-  const std::string threads = std::to_string(std::max(1u, std::thread::hardware_concurrency() / 2));
+  cpu_set_t cores;  // what fsdp-run counts: the cores this process may run on
+  const int ncores = sched_getaffinity(0, sizeof cores, &cores) == 0 ? CPU_COUNT(&cores) : 1;
+  const std::string threads = std::to_string(std::max(1, ncores / 2));
   const std::vector<std::string> env{"OMP_NUM_THREADS=" + threads, "OPENBLAS_NUM_THREADS=" + threads};
   int fd0 = -1, fd1 = -1;
   const pid_t node0 = spawn(node(0, train), env, &fd0);
