@@ -146,16 +146,22 @@ TEST(Rendezvous, TcpStoreBetweenThreads) {
 }
 
 // Rank 0's store listens on MASTER_ADDR only (loopback here), not on every
-// interface, so nothing on another network can reach it.
+// interface, so nothing on another network can reach it; nor does any other
+// socket of a group on one machine (Gloo's included).
 TEST(Rendezvous, TheStoreListensOnlyOnMasterAddr) {
   const int port = 20000 + static_cast<int>(getpid() % 20000) + 11;
-  std::set<std::string> listeners;
+  std::set<std::string> store, all;
   tcp_ranks(2, port, [&](fsdp::dist::ProcessGroup& pg) {
     pg.barrier();
-    if (pg.rank() == 0) listeners = fsdp::testing::tcp_listeners(port);
+    if (pg.rank() == 0) {
+      store = fsdp::testing::tcp_listeners(port);
+      all = fsdp::testing::own_tcp_listeners();
+    }
     pg.barrier();
   });
-  EXPECT_EQ(listeners, std::set<std::string>{"127.0.0.1"});
+  EXPECT_EQ(store, std::set<std::string>{"127.0.0.1"});
+  EXPECT_TRUE(all.count("127.0.0.1:" + std::to_string(port))) << "the store's socket is not among this process's";
+  for (const auto& a : all) EXPECT_EQ(a.rfind("127.0.0.1:", 0), 0u) << "listens beyond loopback: " << a;
 }
 
 // A MASTER_ADDR that is not an address of rank 0's host: rank 0 cannot serve

@@ -257,6 +257,7 @@ class TwoHosts : public ::testing::Test {
   void TearDown() override {  // deleting a namespace deletes its end of the veth pair, and so both
     std::system(("ip netns del " + a_ + " >/dev/null 2>&1").c_str());
     std::system(("ip netns del " + b_ + " >/dev/null 2>&1").c_str());
+    std::system(("ip link del " + link_a_ + " >/dev/null 2>&1").c_str());  // if set-up stopped before moving it
   }
   // fsdp-run for node `rank` (one rank per node) on its host, rank 0's store on host a.
   std::vector<std::string> node(int rank, const std::vector<std::string>& train) const {

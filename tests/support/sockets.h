@@ -9,29 +9,35 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace fsdp::testing {
 
-// The addresses of the sockets in LISTEN state on `port`, e.g. {"127.0.0.1"}.
-// An IPv4-mapped IPv6 address is given in its IPv4 form; the wildcard
-// addresses read "0.0.0.0" and "::". `proc` is "/proc/self" or "/proc/<pid>".
-inline std::set<std::string> tcp_listeners(int port, const std::string& proc = "/proc/self") {
-  std::set<std::string> out;
+struct TcpListener {
+  std::string address;  // "127.0.0.1"; an IPv4-mapped IPv6 address in its IPv4 form; "0.0.0.0" or "::" for any
+  int port = 0;
+  std::string inode;  // the socket's inode, as in /proc/<pid>/fd's "socket:[inode]" links
+};
+
+// Every TCP socket in LISTEN state in the network namespace of `proc`
+// ("/proc/self" or "/proc/<pid>").
+inline std::vector<TcpListener> tcp_listen_sockets(const std::string& proc = "/proc/self") {
+  std::vector<TcpListener> out;
   for (const char* table : {"/net/tcp", "/net/tcp6"}) {
     std::ifstream in(proc + table);
     std::string line;
     std::getline(in, line);  // header
     while (std::getline(in, line)) {
       std::istringstream fields(line);
-      std::string slot, local, remote, state;
-      fields >> slot >> local >> remote >> state;
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
       const auto colon = local.find(':');
       if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
-      if (std::strtol(local.substr(colon + 1).c_str(), nullptr, 16) != port) continue;
       const std::string hex = local.substr(0, colon);
       // The kernel prints each 32-bit word of the address in host byte order.
       unsigned char bytes[16] = {0};
@@ -46,8 +52,32 @@ inline std::set<std::string> tcp_listeners(int port, const std::string& proc = "
       if (words == 1) inet_ntop(AF_INET, bytes, buf, sizeof buf);
       else if (IN6_IS_ADDR_V4MAPPED(&a6)) inet_ntop(AF_INET, bytes + 12, buf, sizeof buf);
       else inet_ntop(AF_INET6, bytes, buf, sizeof buf);
-      out.insert(buf);
+      out.push_back({buf, static_cast<int>(std::strtol(local.substr(colon + 1).c_str(), nullptr, 16)), inode});
     }
+  }
+  return out;
+}
+
+// The addresses listening on `port` in the network namespace of `proc`, e.g. {"127.0.0.1"}.
+inline std::set<std::string> tcp_listeners(int port, const std::string& proc = "/proc/self") {
+  std::set<std::string> out;
+  for (const auto& l : tcp_listen_sockets(proc)) {
+    if (l.port == port) out.insert(l.address);
+  }
+  return out;
+}
+
+// The addresses (with ports, "127.0.0.1:29500") this process listens on.
+inline std::set<std::string> own_tcp_listeners() {
+  std::set<std::string> mine;  // socket inodes of this process's descriptors
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) mine.insert(target.substr(8, target.size() - 9));
+  }
+  std::set<std::string> out;
+  for (const auto& l : tcp_listen_sockets()) {
+    if (mine.count(l.inode)) out.insert(l.address + ":" + std::to_string(l.port));
   }
   return out;
 }
