@@ -30,9 +30,10 @@ uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 // with "<point>:<rank>:<n>:oom" it touches ever more memory instead, until
 // the kernel's OOM killer ends it (run it under a memory limit: it gives up
 // with exit status 99 after 4 GiB). Either happens once: not in a worker
-// that fsdp-run restarted (TORCHELASTIC_RESTART_COUNT above 0). Points: full-after-first-record, full-before-commit,
-// sharded-mid-data, sharded-before-index, sharded-after-index, and
-// fsdp-train's train-step (at the start of each step).
+// that fsdp-run restarted (TORCHELASTIC_RESTART_COUNT above 0). Points:
+// full-after-first-record, full-before-commit, sharded-mid-data,
+// sharded-before-index, sharded-after-index, and fsdp-train's train-step
+// (at the start of each step).
 void crash_point(const char* point, int rank);
 
 // "float32", "bfloat16", "int64", ... (ConfigError naming `where` for others).

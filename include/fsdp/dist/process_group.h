@@ -106,9 +106,11 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // master_addr only (its first address, if a name), not on every interface
 // as LibTorch's TCPStore would: fsdp-cpp redirects the server's wildcard
 // bind() while the store starts (src/dist/store_listen.h), and prints a
-// warning if a LibTorch binds where that cannot reach. Throws ConfigError for bad options
-// (unbuilt backend, rank out of range), CollectiveError when rendezvous does
-// not complete within the timeout. Cost: O(world) connections per rank.
+// warning if a LibTorch binds where that cannot reach. Throws ConfigError
+// for bad options (unbuilt backend, rank out of range; on rank 0, a
+// master_addr that does not resolve), CollectiveError when rendezvous does
+// not complete within the timeout (or, on rank 0, when master_addr is not
+// an address of this host). Cost: O(world) connections per rank.
 ProcessGroupPtr init_process_group(const InitOptions& options);
 
 // init_process_group(InitOptions::from_env(read_dist_env())).
