@@ -43,7 +43,7 @@ cmake -S "$DEPS/googletest" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Rele
 
 step configure
 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;/tmp/deps;$DEPS/prefix" \
+  -DFSDP_LIBTORCH=find -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;/tmp/deps;$DEPS/prefix" \
   -DZLIB_INCLUDE_DIR="$DEPS/prefix/include" -DZLIB_LIBRARY="$DEPS/prefix/lib/libz.a" \
   -DCMAKE_CXX_FLAGS="$EXTRA_FLAGS" -DFSDP_EXTRA_LIBS="$NCCL_SO" ${FSDP_CMAKE_ARGS:-} 2>&1 | tee "$OUT/configure.log" | grep -E "fsdp:|Error|error" 
 [ -f $B/build.ninja ] || { tail -40 "$OUT/configure.log"; exit 1; }

@@ -4,12 +4,16 @@
 # directory is runs/latest: metrics.jsonl and checkpoints/), then generates
 # text from the final checkpoint. Extra arguments go to fsdp-train (e.g.
 # --preset tiny, --steps 50, --state-dict-type full, --resume).
+# FSDP_LIBTORCH=debian builds and runs against Debian's LibTorch 1.13
+# (build-debian/) instead of the torch wheel's 2.x (build/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 scripts/build.sh
+bin=build/bin
+[ "${FSDP_LIBTORCH:-wheel}" = debian ] && bin=build-debian/bin
 out=runs/latest
-build/bin/fsdp-run --nproc-per-node 2 -- build/bin/fsdp-train --out "$out" --log-every 25 "$@"
+$bin/fsdp-run --nproc-per-node 2 -- $bin/fsdp-train --out "$out" --log-every 25 "$@"
 ckpt=$(ls -d "$out"/checkpoints/step-* | tail -n 1)
 echo "--- generated from $ckpt:"
-build/bin/fsdp-run --nproc-per-node 1 --no-rank-prefix -- build/bin/fsdp-train generate --checkpoint "$ckpt" --prompt "the old man "
+$bin/fsdp-run --nproc-per-node 1 --no-rank-prefix -- $bin/fsdp-train generate --checkpoint "$ckpt" --prompt "the old man "

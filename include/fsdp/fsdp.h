@@ -95,9 +95,9 @@ AutoWrapPolicy transformer_auto_wrap_policy() {
 // reduce_dtype (default: param_dtype) and handed to the optimizer in the
 // master dtype. Floating-point tensor arguments of every unit's forward are
 // cast to param_dtype. Buffers are cast to buffer_dtype at the first forward
-// and stay so (unset: left alone). LibTorch 1.13 has no float16 kernels on
-// CPU (matmul, tanh, ...), so float16 param_dtype needs a CUDA build there;
-// float16 reduce_dtype works everywhere.
+// and stay so (unset: left alone). float16 param_dtype on CPU needs a
+// LibTorch with CPU float16 kernels (2.x; not 1.13: see
+// float16_compute_available); float16 reduce_dtype works everywhere.
 struct MixedPrecision {
   std::optional<at::ScalarType> param_dtype;
   std::optional<at::ScalarType> reduce_dtype;
@@ -349,6 +349,13 @@ struct MemoryStats {
   int64_t largest_unit_bytes = 0;     // largest unit's full (padded) size
 };
 MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module);
+
+// [local] Whether this LibTorch computes in float16 on `device_type`: the
+// kernels a transformer needs (matmul, GELU, tanh, softmax, layer norm,
+// cross-entropy) run on a tiny float16 tensor. CPU LibTorch 2.x has them,
+// 1.13 has none. The first call per device type costs a few milliseconds;
+// later calls return the cached answer.
+bool float16_compute_available(at::DeviceType device_type);
 
 // [local] This process's resident memory right now, in MiB (from
 // /proc/self/statm; 0 where that does not exist).

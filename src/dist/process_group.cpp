@@ -20,6 +20,8 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #ifdef FSDP_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -81,6 +83,51 @@ at::Tensor wire(const at::Tensor& t, Backend backend) {
   if (t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
   if (t.scalar_type() == at::kBool) return t.view(at::kByte);
   return t;
+}
+
+// c10d's Gloo group in LibTorch 2.x implements the one-tensor all-gather and
+// reduce-scatter itself (all_gather_single / reduce_scatter_single, called
+// _allgather_base / _reduce_scatter_base before 2.15); in 1.13 they throw.
+// Whether ProcessGroupGloo declares one is read off the class that owns the
+// member (an inherited default belongs to the base class).
+template <class C, class R, class... A>
+C owner_of(R (C::*)(A...));
+
+#define FSDP_DECLARES(trait, member)                                                                       \
+  template <class G, class = void>                                                                       \
+  struct trait : std::false_type {};                                                                     \
+  template <class G>                                                                                     \
+  struct trait<G, std::void_t<decltype(owner_of(&G::member))>>                                           \
+      : std::is_same<decltype(owner_of(&G::member)), G> {};
+FSDP_DECLARES(DeclaresAllGatherSingle, all_gather_single)
+FSDP_DECLARES(DeclaresAllGatherBase, _allgather_base)
+FSDP_DECLARES(DeclaresReduceScatterSingle, reduce_scatter_single)
+FSDP_DECLARES(DeclaresReduceScatterBase, _reduce_scatter_base)
+#undef FSDP_DECLARES
+
+constexpr bool kGlooAllGather = DeclaresAllGatherSingle<c10d::ProcessGroupGloo>::value ||
+                                DeclaresAllGatherBase<c10d::ProcessGroupGloo>::value;
+constexpr bool kGlooReduceScatter = DeclaresReduceScatterSingle<c10d::ProcessGroupGloo>::value ||
+                                    DeclaresReduceScatterBase<c10d::ProcessGroupGloo>::value;
+
+// The one-tensor collectives under this LibTorch's name for them.
+template <class B>
+c10::intrusive_ptr<c10d::Work> all_gather_single(B& pg, at::Tensor& out, at::Tensor& in) {
+  if constexpr (DeclaresAllGatherSingle<B>::value || DeclaresAllGatherSingle<c10d::ProcessGroupGloo>::value) {
+    return pg.all_gather_single(out, in);
+  } else {
+    return pg._allgather_base(out, in);
+  }
+}
+
+template <class B>
+c10::intrusive_ptr<c10d::Work> reduce_scatter_single(B& pg, at::Tensor& out, at::Tensor& in,
+                                                     const c10d::ReduceScatterOptions& opts) {
+  if constexpr (DeclaresReduceScatterSingle<c10d::ProcessGroupGloo>::value) {
+    return pg.reduce_scatter_single(out, in, opts);
+  } else {
+    return pg._reduce_scatter_base(out, in, opts);
+  }
 }
 
 // The address of the local interface that routes to `host` (how the Gloo
@@ -378,6 +425,17 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(const c10::intrusive_ptr<c10d::Sto
   return impl;
 }
 
+// LibTorch 2.x's TCPStoreOptions::masterListenFd, where this LibTorch has it.
+template <class Options, class = void>
+struct HasListenFd : std::false_type {};
+template <class Options>
+struct HasListenFd<Options, std::void_t<decltype(std::declval<Options&>().masterListenFd)>> : std::true_type {};
+
+template <class Options>
+void pass_listen_socket(Options& so, detail::ListenOnly& listen_only) {
+  if constexpr (HasListenFd<Options>::value) so.masterListenFd = listen_only.listen_socket();
+}
+
 }  // namespace
 
 InitOptions InitOptions::from_env(const DistEnv& env) {
@@ -420,10 +478,13 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     so.numWorkers = static_cast<std::size_t>(o.world_size);
     so.waitWorkers = false;  // join() below waits, and names the missing ranks
     so.timeout = o.timeout;
-    // Rank 0's store listens on master_addr only, not on every interface.
+    // Rank 0's store listens on master_addr only, not on every interface:
+    // through a socket made here where LibTorch takes one (2.x), else by
+    // redirecting its server's wildcard bind (1.13).
     std::optional<detail::ListenOnly> listen_only;
     if (so.isServer) listen_only.emplace(o.master_addr, o.master_port);
     try {
+      if (listen_only) pass_listen_socket(so, *listen_only);
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
     } catch (const std::exception& e) {
       throw CollectiveError("fsdp: rendezvous of group '" + o.group_name + "' (rank " +
@@ -476,6 +537,10 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 at::Device ProcessGroup::device() const { return impl_->device; }
 uint64_t ProcessGroup::sequence_number() const { return impl_->seq; }
 uint64_t ProcessGroup::bytes_sent() const { return impl_->bytes_sent.load(); }
+bool ProcessGroup::native_all_gather() const {
+  return impl_->backend == Backend::kNccl || (impl_->backend == Backend::kGloo && kGlooAllGather);
+}
+bool ProcessGroup::native_reduce_scatter() const { return impl_->backend == Backend::kGloo && kGlooReduceScatter; }
 
 Work ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input) {
   const char* op = "all_gather";
@@ -491,10 +556,10 @@ Work ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input)
   }
   const Backend b = impl_->backend;
   impl_->bytes_sent += static_cast<uint64_t>((n - 1) * c * output.element_size());
-  if (b == Backend::kNccl && total == c * n) {
+  if (total == c * n && native_all_gather()) {
     return impl_->issue(op, [&] {
-      at::Tensor o = out, i = in;
-      return impl_->pg->_allgather_base(o, i);
+      at::Tensor o = wire(out, b), i = wire(in, b);
+      return all_gather_single(*impl_->pg, o, i);
     });
   }
   // Gloo (or uneven sizes): gather equal chunks of c elements into a padded
@@ -536,6 +601,23 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& in
   }
   const Backend b = impl_->backend;
   impl_->bytes_sent += static_cast<uint64_t>((total - mine.numel) * input.element_size());
+  // Gloo's own reduce-scatter (LibTorch 2.x) for equal chunks of 32- and
+  // 64-bit numbers; it has no average (a sum, divided here). 16-bit floats
+  // take the path below, which accumulates them in float32.
+  if (native_reduce_scatter() && total == n * mine.numel && !is_low_precision(in.scalar_type()) &&
+      in.scalar_type() != at::kBool) {
+    std::function<void()> finish;
+    if (rop == ReduceOp::kAvg) finish = [out, n] { out.div_(n); };
+    return impl_->issue(
+        op,
+        [&] {
+          c10d::ReduceScatterOptions opts;
+          opts.reduceOp = to_c10d(rop == ReduceOp::kAvg ? ReduceOp::kSum : rop);
+          at::Tensor o = out, i = in;
+          return reduce_scatter_single(*impl_->pg, o, i, opts);
+        },
+        std::move(finish));
+  }
   // Received rows: one chunk from each rank, reduced locally (in float32 for
   // 16-bit floats, so the result does not depend on the order of arrival).
   const int64_t k = mine.numel;

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "fsdp/error.h"
 
@@ -82,6 +83,22 @@ ListenOnly::ListenOnly(const std::string& host, int port) {
 
 ListenOnly::~ListenOnly() {
   t_target = outer_;
+}
+
+int ListenOnly::listen_socket() {
+  const ListenTarget& t = *target_;
+  const int fd = ::socket(t.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket() for " + numeric_);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (libc_bind(fd, reinterpret_cast<const sockaddr*>(&t.addr), t.len) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::system_error(err, std::generic_category(),
+                            "listening on " + numeric_ + ":" + std::to_string(t.port));
+  }
+  target_->applied = true;
+  return fd;
 }
 
 bool ListenOnly::applied() const { return target_->applied; }

@@ -1,10 +1,11 @@
 // Makes rank 0's TCPStore listen only on MASTER_ADDR instead of on every
 // interface. LibTorch's TCPStore takes no listen address: its server binds
 // the wildcard address (0.0.0.0 or ::) of its port, so the store of a run
-// meant for one machine is reachable from the whole network. PyTorch 2.x
-// adds TCPStoreOptions::masterListenFd for this; LibTorch 1.13 has nothing.
+// meant for one machine is reachable from the whole network.
 //
-// While a ListenOnly lives, a bind() of the wildcard address on `port` made
+// LibTorch 2.x takes a socket that already listens (TCPStoreOptions::
+// masterListenFd): listen_socket() makes one on the address. LibTorch 1.13
+// has nothing of the kind, so there, while a ListenOnly lives, a bind() of the wildcard address on `port` made
 // by *this thread* binds `host`'s address instead: the first address
 // getaddrinfo gives, in its IPv4-mapped form (::ffff:a.b.c.d) on an IPv6
 // socket; an IPv6 address on an IPv4 socket fails with EADDRNOTAVAIL, so
@@ -32,7 +33,14 @@ class ListenOnly {
   ListenOnly(const ListenOnly&) = delete;
   ListenOnly& operator=(const ListenOnly&) = delete;
 
-  // True once a wildcard bind on the port was redirected to the address.
+  // A TCP socket bound to the address and port and listening, for
+  // TCPStoreOptions::masterListenFd (whose server then owns it); counts as
+  // applied(). Throws std::system_error (the port is taken, the address is
+  // not this host's) naming the address and port.
+  int listen_socket();
+
+  // True once listen_socket() made the socket, or a wildcard bind on the
+  // port was redirected to the address.
   bool applied() const;
   // The numeric address listened on, e.g. "127.0.0.1".
   const std::string& address() const { return numeric_; }

@@ -133,7 +133,7 @@ class CheckpointNode : public torch::autograd::Node {
 
 std::vector<at::Tensor> run_checkpointed(CheckpointFn fn, std::vector<at::Tensor> inputs) {
   if (!at::GradMode::is_enabled()) return fn(inputs);
-  auto node = std::make_shared<CheckpointNode>(fn, inputs);  // takes the RNG state before the run
+  auto node = make_node<CheckpointNode>(fn, inputs);  // takes the RNG state before the run
   std::vector<at::Tensor> outs;
   {
     at::NoGradGuard no_grad;

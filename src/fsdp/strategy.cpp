@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cctype>
@@ -309,11 +310,12 @@ FSDPOptions FSDPStrategy::fsdp_options() const {
 bool FSDPStrategy::begin_setup(const std::shared_ptr<torch::nn::Module>& module) {
   require_group("setup_module");
   if (!module) throw ConfigError("FSDPStrategy::setup_module: the module is null");
-  if (at::Device(at::kCPU) == group_->device() &&
-      ((precision_.mixed && precision_.mixed->param_dtype == at::kHalf) || precision_.model_dtype == at::kHalf)) {
-    throw ConfigError("FSDPStrategy: precision '" + precision_.name +
-                      "' computes in float16, which CPU LibTorch 1.13 has no kernels for (matmul, tanh, ...): use "
-                      "\"bf16-mixed\" or \"bf16-true\" on CPU, or a CUDA build");
+  if (((precision_.mixed && precision_.mixed->param_dtype == at::kHalf) || precision_.model_dtype == at::kHalf) &&
+      !float16_compute_available(group_->device().type())) {
+    throw ConfigError("FSDPStrategy: precision '" + precision_.name + "' computes in float16, which this LibTorch " +
+                      TORCH_VERSION + " has no " + c10::DeviceTypeName(group_->device().type()) +
+                      " kernels for (matmul, tanh, ...): use \"bf16-mixed\" or \"bf16-true\", LibTorch 2.x, or a "
+                      "CUDA build");
   }
   if (precision_.model_dtype) detail::module_to(*module, std::nullopt, *precision_.model_dtype);
   if (!fsdp_modules(module).empty()) {

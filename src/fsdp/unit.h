@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd_node.h"
 #include "fsdp/detail/unit.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp.h"
@@ -168,7 +169,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   at::Tensor pending_input_;  // master-dtype full parameters while summoned with mixed precision
 
   // Backward bookkeeping.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<NodePtr> accumulators_;
   int grads_expected_ = 0;
   int grads_ready_ = 0;
   bool in_backward_ = false;      // pre_backward ran, post_backward not yet

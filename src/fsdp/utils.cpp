@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <unordered_set>
 
@@ -115,6 +117,28 @@ void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torc
   throw ConfigError(
       "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer after "
       "setting up the model.");
+}
+
+bool float16_compute_available(at::DeviceType device_type) {
+  static std::mutex mu;
+  static std::map<at::DeviceType, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device_type);
+  if (it != known.end()) return it->second;
+  bool ok = true;
+  try {
+    at::AutoGradMode grad(true);  // backward kernels too
+    const auto opts = at::TensorOptions().dtype(at::kHalf).device(device_type);
+    at::Tensor x = at::ones({2, 4}, opts);
+    at::Tensor w = at::ones({4, 4}, opts).requires_grad_(true);
+    at::Tensor h = at::gelu(at::matmul(x, w)).tanh();
+    h = at::layer_norm(at::softmax(h, -1), {4}, at::ones({4}, opts), at::zeros({4}, opts));
+    at::cross_entropy_loss(h, at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device_type))).backward();
+  } catch (const std::exception&) {
+    ok = false;  // "... not implemented for 'Half'"
+  }
+  known[device_type] = ok;
+  return ok;
 }
 
 double resident_memory_mib() {

@@ -3,6 +3,7 @@
 // computed on each rank from all ranks' (deterministic) inputs.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <tuple>
 
@@ -129,6 +130,25 @@ INSTANTIATE_TEST_SUITE_P(WorldAndDtype, Collectives,
                            return "world" + std::to_string(std::get<0>(info.param)) + "_" +
                                   std::string(c10::toString(std::get<1>(info.param)));
                          });
+
+// LibTorch 2.15's Gloo has its own one-tensor all-gather and reduce-scatter,
+// and the group uses them (the Collectives cases above, with sizes that
+// divide by the world, check their results); 1.13's has neither, and the
+// fallbacks carry every case.
+TEST(CollectivesNative, GlooUsesItsOwnOneTensorCollectivesWhereLibTorchHasThem) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    ASSERT_EQ(pg.backend(), fsdp::dist::Backend::kGloo);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+    EXPECT_TRUE(pg.native_all_gather());
+    EXPECT_TRUE(pg.native_reduce_scatter());
+#elif TORCH_VERSION_MAJOR < 2
+    EXPECT_FALSE(pg.native_all_gather());
+    EXPECT_FALSE(pg.native_reduce_scatter());
+#else
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << ": not checked which Gloo collectives it has";
+#endif
+  });
+}
 
 TEST(CollectivesBytes, BroadcastAndAllGatherRawBytes) {
   run_ranks(3, [](ProcessGroup& pg) {

@@ -29,7 +29,7 @@ def same(a, b, where):
 
 
 def main(d):
-    full = torch.load(os.path.join(d, "full.pt"))
+    full = torch.load(os.path.join(d, "full.pt"), weights_only=False)  # the default from torch 2.6 on is True
     # weights_only=True (no code runs on load): PyTorch 1.13's safe unpickler
     # lacks the float opcode (hyper-parameters, float values); 2.x has it.
     major = int(torch.__version__.split(".")[0])

@@ -104,9 +104,11 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // (rank 0: serves) the TCPStore at master_addr:master_port unless `store` is
 // given, then connects every pair of ranks. Rank 0's store listens on
 // master_addr only (its first address, if a name), not on every interface
-// as LibTorch's TCPStore would: fsdp-cpp redirects the server's wildcard
-// bind() while the store starts (src/dist/store_listen.h), and prints a
-// warning if a LibTorch binds where that cannot reach. Throws ConfigError
+// as LibTorch's TCPStore would: with LibTorch 2.x fsdp-cpp hands the store a
+// socket listening there (TCPStoreOptions::masterListenFd); with 1.13 it
+// redirects the server's wildcard bind() while the store starts
+// (src/dist/store_listen.h), and prints a warning if a LibTorch binds where
+// that cannot reach. Throws ConfigError
 // for bad options (unbuilt backend, rank out of range; on rank 0, a
 // master_addr that does not resolve), CollectiveError when rendezvous does
 // not complete within the timeout (or, on rank 0, when master_addr is not
@@ -150,6 +152,16 @@ class ProcessGroup {
   // Traffic per rank: about (size-1)/size of input (no all-reduce inside).
   Work reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                       ReduceOp op = ReduceOp::kSum);
+
+  // Whether all_gather / reduce_scatter of equal chunks go through the
+  // backend's own one-tensor collective (c10d's all_gather_single /
+  // reduce_scatter_single) instead of fsdp-cpp's fallbacks (an all-gather of
+  // chunks; an all-to-all reduced locally). all_gather: NCCL, and Gloo where
+  // LibTorch's Gloo has one (2.x; not 1.13). reduce_scatter: Gloo where it has
+  // one (2.x), for 32- and 64-bit numbers (16-bit floats take the all-to-all,
+  // which accumulates in float32); NCCL uses the all-to-all for now.
+  bool native_all_gather() const;
+  bool native_reduce_scatter() const;
 
   // [collective] Reduces `tensor` in place over the ranks.
   Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
