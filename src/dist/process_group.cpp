@@ -85,11 +85,13 @@ at::Tensor wire(const at::Tensor& t, Backend backend) {
   return t;
 }
 
-// c10d's Gloo group in LibTorch 2.x implements the one-tensor all-gather and
-// reduce-scatter itself (all_gather_single / reduce_scatter_single, called
-// _allgather_base / _reduce_scatter_base before 2.15); in 1.13 they throw.
-// Whether ProcessGroupGloo declares one is read off the class that owns the
-// member (an inherited default belongs to the base class).
+// c10d's Gloo group implements the one-tensor all-gather and reduce-scatter
+// itself from LibTorch 2.15 on (all_gather_single / reduce_scatter_single,
+// which Backend forwards to from the older _allgather_base /
+// _reduce_scatter_base names). 1.13's ProcessGroupGloo declares
+// _allgather_base only to throw, so only the new names count. Whether
+// ProcessGroupGloo declares one is read off the class that owns the member
+// (an inherited default belongs to the base class).
 template <class C, class R, class... A>
 C owner_of(R (C::*)(A...));
 
@@ -100,20 +102,17 @@ C owner_of(R (C::*)(A...));
   struct trait<G, std::void_t<decltype(owner_of(&G::member))>>                                           \
       : std::is_same<decltype(owner_of(&G::member)), G> {};
 FSDP_DECLARES(DeclaresAllGatherSingle, all_gather_single)
-FSDP_DECLARES(DeclaresAllGatherBase, _allgather_base)
 FSDP_DECLARES(DeclaresReduceScatterSingle, reduce_scatter_single)
-FSDP_DECLARES(DeclaresReduceScatterBase, _reduce_scatter_base)
 #undef FSDP_DECLARES
 
-constexpr bool kGlooAllGather = DeclaresAllGatherSingle<c10d::ProcessGroupGloo>::value ||
-                                DeclaresAllGatherBase<c10d::ProcessGroupGloo>::value;
-constexpr bool kGlooReduceScatter = DeclaresReduceScatterSingle<c10d::ProcessGroupGloo>::value ||
-                                    DeclaresReduceScatterBase<c10d::ProcessGroupGloo>::value;
+constexpr bool kGlooAllGather = DeclaresAllGatherSingle<c10d::ProcessGroupGloo>::value;
+constexpr bool kGlooReduceScatter = DeclaresReduceScatterSingle<c10d::ProcessGroupGloo>::value;
 
-// The one-tensor collectives under this LibTorch's name for them.
+// The one-tensor collectives under this LibTorch's name for them (NCCL's
+// _allgather_base before 2.15).
 template <class B>
 c10::intrusive_ptr<c10d::Work> all_gather_single(B& pg, at::Tensor& out, at::Tensor& in) {
-  if constexpr (DeclaresAllGatherSingle<B>::value || DeclaresAllGatherSingle<c10d::ProcessGroupGloo>::value) {
+  if constexpr (DeclaresAllGatherSingle<B>::value || kGlooAllGather) {
     return pg.all_gather_single(out, in);
   } else {
     return pg._allgather_base(out, in);
@@ -123,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> all_gather_single(B& pg, at::Tensor& out, at::Ten
 template <class B>
 c10::intrusive_ptr<c10d::Work> reduce_scatter_single(B& pg, at::Tensor& out, at::Tensor& in,
                                                      const c10d::ReduceScatterOptions& opts) {
-  if constexpr (DeclaresReduceScatterSingle<c10d::ProcessGroupGloo>::value) {
+  if constexpr (DeclaresReduceScatterSingle<B>::value || kGlooReduceScatter) {
     return pg.reduce_scatter_single(out, in, opts);
   } else {
     return pg._reduce_scatter_base(out, in, opts);

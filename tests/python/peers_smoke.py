@@ -107,6 +107,7 @@ def run_torchrun(name):
     else:
         raise SystemExit(f"unknown peer {name!r}")
     check_and_report(name, losses, digest)
+    dist.barrier()  # no rank tears its group down while another still talks to it
     dist.destroy_process_group()
 
 

@@ -157,9 +157,9 @@ class ProcessGroup {
   // backend's own one-tensor collective (c10d's all_gather_single /
   // reduce_scatter_single) instead of fsdp-cpp's fallbacks (an all-gather of
   // chunks; an all-to-all reduced locally). all_gather: NCCL, and Gloo where
-  // LibTorch's Gloo has one (2.x; not 1.13). reduce_scatter: Gloo where it has
-  // one (2.x), for 32- and 64-bit numbers (16-bit floats take the all-to-all,
-  // which accumulates in float32); NCCL uses the all-to-all for now.
+  // LibTorch's Gloo has one (2.15 on; not 1.13). reduce_scatter: Gloo where it
+  // has one (2.15 on), for 32- and 64-bit numbers (16-bit floats take the
+  // all-to-all, which accumulates in float32); NCCL uses the all-to-all for now.
   bool native_all_gather() const;
   bool native_reduce_scatter() const;
 
