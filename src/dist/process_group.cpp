@@ -600,7 +600,7 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& in
   }
   const Backend b = impl_->backend;
   impl_->bytes_sent += static_cast<uint64_t>((total - mine.numel) * input.element_size());
-  // Gloo's own reduce-scatter (LibTorch 2.x) for equal chunks of 32- and
+  // Gloo's own reduce-scatter (LibTorch 2.15 on) for equal chunks of 32- and
   // 64-bit numbers; it has no average (a sum, divided here). 16-bit floats
   // take the path below, which accumulates them in float32.
   if (native_reduce_scatter() && total == n * mine.numel && !is_low_precision(in.scalar_type()) &&

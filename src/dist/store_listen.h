@@ -5,14 +5,14 @@
 //
 // LibTorch 2.x takes a socket that already listens (TCPStoreOptions::
 // masterListenFd): listen_socket() makes one on the address. LibTorch 1.13
-// has nothing of the kind, so there, while a ListenOnly lives, a bind() of the wildcard address on `port` made
-// by *this thread* binds `host`'s address instead: the first address
-// getaddrinfo gives, in its IPv4-mapped form (::ffff:a.b.c.d) on an IPv6
-// socket; an IPv6 address on an IPv4 socket fails with EADDRNOTAVAIL, so
-// the server falls through to its other socket. Every other bind() -
-// other ports, other threads, any specific address - goes to libc's bind()
-// unchanged. The library defines bind() for this (see
-// store_listen.cpp); an executable linked with fsdp exports it, so
+// has nothing of the kind, so there, while a ListenOnly lives, a bind() of
+// the wildcard address on `port` made by *this thread* binds `host`'s
+// address instead: the first address getaddrinfo gives, in its IPv4-mapped
+// form (::ffff:a.b.c.d) on an IPv6 socket; an IPv6 address on an IPv4
+// socket fails with EADDRNOTAVAIL, so the server falls through to its other
+// socket. Every other bind() - other ports, other threads, any specific
+// address - goes to libc's bind() unchanged. The library defines bind() for
+// this (see store_listen.cpp); an executable linked with fsdp exports it, so
 // LibTorch's call resolves to it. Whether it took effect is reported by
 // applied(), so a caller can say so when it did not.
 #pragma once
