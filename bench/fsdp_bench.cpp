@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
   fsdp::models::GPTConfig cfg;
   int64_t batch = 8;
   int steps = 5, warmup = 2;
+  int reductions_in_flight = fsdp::FSDPOptions{}.max_reductions_in_flight;
   bool use_orig = false, forward_prefetch = false, bf16 = false, trace_memory = false, checkpointing = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
@@ -148,6 +149,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   app.add_flag("--use-orig-params", use_orig, "expose original parameters to the optimizer");
+  app.add_option("--max-reductions-in-flight", reductions_in_flight,
+                 "gradient reductions in flight at once (0: each waited where issued)")->capture_default_str();
   app.add_flag("--forward-prefetch", forward_prefetch, "prefetch the next unit in forward");
   app.add_flag("--bf16", bf16, "mixed precision: bfloat16 compute and reduction");
   app.add_flag("--activation-checkpointing", checkpointing, "checkpoint every transformer block");
@@ -190,6 +193,7 @@ int main(int argc, char** argv) {
       }
       o.auto_wrap_policy = fsdp::transformer_auto_wrap_policy<fsdp::models::GPTBlockImpl>();
       o.use_orig_params = use_orig;
+      o.max_reductions_in_flight = reductions_in_flight;
       o.forward_prefetch = forward_prefetch;
       if (bf16) o.mixed_precision.param_dtype = torch::kBFloat16;
       model = std::make_shared<fsdp::FullyShardedDataParallel<fsdp::models::GPTImpl>>(gpt, o);
@@ -230,6 +234,7 @@ int main(int argc, char** argv) {
       if (step >= warmup) times.push_back(dt);
       trace("after step " + std::to_string(step));
     }
+    const fsdp::RuntimeStats rt = local ? fsdp::RuntimeStats{} : fsdp::runtime_stats(model->ptr());
     const uint64_t bytes_per_step = steps > 0 ? (comm_bytes() - bytes_before) / static_cast<uint64_t>(steps) : 0;
     std::sort(times.begin(), times.end());
     const double median = times.empty() ? 0 : times[times.size() / 2];
@@ -253,7 +258,14 @@ int main(int argc, char** argv) {
          << (median > 0 ? static_cast<double>(batch * cfg.context * pg->size()) / median : 0)
          << ",\"peak_rss_mb\":[";
       for (size_t i = 0; i < rss.size(); ++i) js << (i ? "," : "") << rss[i];
-      js << "],\"bytes_sent_per_step\":" << bytes_per_step << ",\"loss\":" << last_loss << checkpoint_json << "}";
+      js << "],\"runtime\":{\"all_gathers\":" << rt.all_gathers << ",\"prefetches\":" << rt.prefetches
+         << ",\"peak_all_gathers_in_flight\":" << rt.peak_all_gathers_in_flight
+         << ",\"peak_units_unsharded\":" << rt.peak_units_unsharded << ",\"reductions\":" << rt.reductions
+         << ",\"peak_reductions_in_flight\":" << rt.peak_reductions_in_flight
+         << ",\"max_reductions_in_flight\":" << reductions_in_flight
+         << ",\"all_gather_wait_s_per_step\":" << rt.all_gather_wait_s / std::max(1, warmup + steps)
+         << ",\"reduction_wait_s_per_step\":" << rt.reduction_wait_s / std::max(1, warmup + steps) << "}";
+      js << ",\"bytes_sent_per_step\":" << bytes_per_step << ",\"loss\":" << last_loss << checkpoint_json << "}";
       std::cout << js.str() << std::endl;
     }
     return 0;

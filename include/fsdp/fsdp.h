@@ -153,6 +153,18 @@ struct FSDPOptions {
   // Prefetch only while fewer than two units (besides the root) hold full
   // parameters, bounding memory.
   bool limit_all_gathers = true;
+  // Gradient reductions run while backward goes on: a unit's reduce-scatter
+  // (NO_SHARD: all-reduce; HYBRID_SHARD: reduce-scatter, then the replicate
+  // all-reduce) is issued as soon as its gradients are ready and completed
+  // later: when more than this many are in flight (the oldest is waited),
+  // and at the latest when backward ends, before loss.backward() returns.
+  // (A post-backward hook issues its unit's reduction first, then waits for
+  // the oldest until at most this many remain: backward computes with at
+  // most this many in flight.)
+  // The optimizer only ever sees reduced gradients. Each reduction in flight
+  // holds one unit-sized full-gradient buffer. 0: every reduction is waited
+  // where it is issued (no overlap, least memory).
+  int max_reductions_in_flight = 2;
 };
 
 // EMPTY INIT (Lightning's module_init_context(empty_init=True)). While an
@@ -349,6 +361,28 @@ struct MemoryStats {
   int64_t largest_unit_bytes = 0;     // largest unit's full (padded) size
 };
 MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module);
+
+// [local] What the FSDP runtime did on this rank for one wrapped model since
+// its first forward (or the last reset_runtime_stats): the collectives it
+// issued for its units, and how many were in flight at once. "In flight":
+// issued and not yet waited by this rank (the backend may have finished).
+// Counters cost nothing measurable; they exist for tests and benchmarks.
+struct RuntimeStats {
+  int64_t all_gathers = 0;              // parameter all-gathers issued (forward, backward, prefetch)
+  int64_t prefetches = 0;               // of them, issued ahead of the unit's own use
+  int all_gathers_in_flight = 0;        // now
+  int peak_all_gathers_in_flight = 0;
+  int peak_units_unsharded = 0;         // units other than the root holding (or gathering) full parameters at once
+  int64_t reductions = 0;               // gradient reductions issued (one per unit and synced backward)
+  int reductions_in_flight = 0;         // now
+  int peak_reductions_in_flight = 0;   // at the end of each post-backward hook (see max_reductions_in_flight)
+  double all_gather_wait_s = 0;        // time this rank's host blocked waiting for all-gathers
+  double reduction_wait_s = 0;         // ... and for reductions
+};
+// All zero for a model that has not run forward yet (or has no unit).
+RuntimeStats runtime_stats(const std::shared_ptr<torch::nn::Module>& model);
+// Sets the counters and peaks to zero (what is in flight now stays counted).
+void reset_runtime_stats(const std::shared_ptr<torch::nn::Module>& model);
 
 // [local] Whether this LibTorch computes in float16 on `device_type`: the
 // kernels a transformer needs (matmul, GELU, tanh, softmax, layer norm,

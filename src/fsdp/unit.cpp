@@ -5,8 +5,9 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <c10/util/strides.h>
+#include <chrono>
 
+#include "buffer_pool.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
@@ -30,121 +31,84 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
   std::weak_ptr<UnitState> unit_;
 };
 
-c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
-
-// A tensor on `flat`'s storage at `offset` with `sizes`, contiguous, that
-// autograd does not consider a view (optimizers detach_() gradients, which
-// views refuse).
-at::Tensor storage_view(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-  at::Tensor t = at::empty({0}, flat.options());
-  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-  return t;
-}
-
 }  // namespace
 
-UnitState::UnitState(torch::nn::Module* module, std::vector<ParamInfo> params, UnitConfig config)
-    : module_(module), params_(std::move(params)), config_(std::move(config)) {
-  if (config_.shard_group) {
-    shard_size_ = config_.shard_group->size();
-    shard_rank_ = config_.shard_group->rank();
+const char* to_string(TrainingState s) {
+  switch (s) {
+    case TrainingState::kIdle: return "idle";
+    case TrainingState::kForward: return "forward";
+    case TrainingState::kPreBackward: return "pre-backward";
+    case TrainingState::kPostBackward: return "post-backward";
+    case TrainingState::kSummoned: return "summoned";
   }
-  at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
-  if (!params_.empty()) options = params_[0].param.options().requires_grad(false);
-  for (auto& p : params_) {
-    if (p.param.scalar_type() != options.dtype().toScalarType() || p.param.device() != options.device()) {
-      throw ConfigError("FSDP: parameter '" + p.name + "' is " + std::string(c10::toString(p.param.scalar_type())) +
-                        " on " + p.param.device().str() + ", but '" + params_[0].name + "' of the same unit is " +
-                        std::string(c10::toString(options.dtype().toScalarType())) + " on " +
-                        options.device().str() + ": a unit's parameters must share dtype and device");
-    }
-    p.offset = numel_;
-    p.numel = p.param.numel();
-    p.shape = p.param.sizes().vec();
-    p.requires_grad = p.param.requires_grad();
-    numel_ += p.numel;
+  return "?";
+}
+
+UnitState::UnitState(torch::nn::Module* module, std::vector<ParamInfo> params, UnitConfig config)
+    : module_(module),
+      config_(std::move(config)),
+      handle_(module->name(), std::move(params), config_.shard_group, config_.param_dtype, config_.use_orig_params) {
+  for (const auto& p : handle_.params()) {
     if (p.requires_grad) ++grads_expected_;
   }
-  shard_numel_ = (numel_ + shard_size_ - 1) / shard_size_;
-  padded_numel_ = shard_numel_ * shard_size_;
-
-  compute_dtype_ = config_.param_dtype.value_or(options.dtype().toScalarType());
-  aliased_ = shard_size_ == 1 && compute_dtype_ == options.dtype().toScalarType();
-
-  at::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({padded_numel_}, options);
-  for (auto& p : params_) flat.narrow(0, p.offset, p.numel).copy_(p.param.detach().reshape({-1}));
-  if (aliased_) {
-    // Nothing to gather or cast: the full parameter is the shard, always materialised.
-    flat_shard_ = flat;
-    full_ = flat;
-    for (auto& p : params_) p.param.set_data(sharded_view(full_, p));
-    unsharded_ = true;
-  } else {
-    flat_shard_ = shard_size_ == 1 ? flat : flat.narrow(0, shard_begin(), shard_numel_).clone();
-    full_ = at::empty({padded_numel_}, options.dtype(compute_dtype_));
-    unsharded_ = true;
-    reshard();
-  }
-  shard_options_ = flat_shard_.options();
-  accumulators_.resize(params_.size());
+  accumulators_.resize(handle_.params().size());
 }
 
 UnitState::~UnitState() = default;
 
-at::Tensor UnitState::sharded_view(const at::Tensor& flat, const ParamInfo& p) const {
-  if (shard_size_ == 1) return storage_view(flat, p.offset, p.shape);
-  const int64_t lo = std::max(p.offset, shard_begin());
-  const int64_t hi = std::min(p.offset + p.numel, shard_begin() + shard_numel_);
-  if (hi <= lo) return storage_view(flat, 0, {0});
-  return storage_view(flat, lo - shard_begin(), {hi - lo});
+void UnitState::transition(std::initializer_list<TrainingState> from, TrainingState to) {
+  for (TrainingState f : from) {
+    if (state_ == f) {
+      state_ = to;
+      return;
+    }
+  }
+  throw Error(std::string("FSDP internal error: the unit at module ") + module_->name() + " cannot go from " +
+              to_string(state_) + " to " + to_string(to));
 }
 
-void UnitState::alloc_full() {
-  c10::StorageImpl* st = storage_of(full_);
-  const size_t bytes = static_cast<size_t>(padded_numel_) * full_.element_size();
-  if (st->nbytes() >= bytes) return;
-  st->set_data_ptr_noswap(st->allocator()->allocate(bytes));
-  st->set_nbytes(bytes);
-}
-
-void UnitState::free_full() {
-  c10::StorageImpl* st = storage_of(full_);
-  st->set_data_ptr_noswap(c10::DataPtr(nullptr, full_.device()));
-  st->set_nbytes(0);
+int UnitState::units_unsharded() const {
+  auto root = root_.lock();
+  if (!root) return 0;
+  int live = 0;
+  for (auto& weak : root->tree_) {
+    auto u = weak.lock();
+    if (u && u != root && !u->handle_.aliased() && (u->handle_.unsharded() || u->handle_.gathering())) ++live;
+  }
+  return live;
 }
 
 void UnitState::start_unshard() {
-  if (unsharded_ || gathering_) return;
+  if (handle_.unsharded() || handle_.gathering()) return;
   follow_module_to();
-  alloc_full();
-  at::NoGradGuard no_grad;
-  if (shard_size_ == 1) {
-    full_.copy_(flat_shard_);  // cast only
-    return;
-  }
-  if (padded_numel_ == 0) return;  // a unit without parameters: nothing to gather (on every rank alike)
-  pending_input_ = flat_shard_.scalar_type() == compute_dtype_ ? flat_shard_ : flat_shard_.to(compute_dtype_);
-  pending_gather_ = config_.shard_group->all_gather(full_, pending_input_);
-  gathering_ = true;
+  if (!handle_.start_unshard() || !shared_) return;
+  RuntimeStats& st = shared_->stats;
+  ++st.all_gathers;
+  st.peak_all_gathers_in_flight = std::max(st.peak_all_gathers_in_flight, ++st.all_gathers_in_flight);
+  st.peak_units_unsharded = std::max(st.peak_units_unsharded, units_unsharded());
 }
 
 void UnitState::finish_unshard() {
-  if (gathering_) {
-    gathering_ = false;
-    dist::Work work = std::move(pending_gather_);
-    pending_input_ = at::Tensor();
-    work.wait();
+  if (!handle_.gathering() || !shared_) {
+    handle_.finish_unshard();
+    return;
   }
-  if (unsharded_) return;
-  for (auto& p : params_) p.param.set_data(param_view(full_, p));
-  unsharded_ = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  handle_.finish_unshard();
+  RuntimeStats& st = shared_->stats;
+  st.all_gather_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  --st.all_gathers_in_flight;
 }
 
 void UnitState::unshard() {
-  if (unsharded_) return;
+  if (handle_.unsharded()) return;
   start_unshard();
   finish_unshard();
+}
+
+void UnitState::reshard() {
+  if (handle_.gathering()) finish_unshard();  // the backend is still writing into the full buffer
+  handle_.reshard();
 }
 
 std::shared_ptr<UnitState> UnitState::neighbour(int step) const {
@@ -162,119 +126,29 @@ std::shared_ptr<UnitState> UnitState::neighbour(int step) const {
 
 void UnitState::prefetch(int step) {
   auto next = neighbour(step);
-  if (!next || next.get() == this || next->unsharded_ || next->gathering_) return;
-  if (config_.limit_all_gathers) {
-    auto root = root_.lock();
-    int live = 0;
-    for (auto& weak : root->tree_) {
-      auto u = weak.lock();
-      if (u && u != root && !u->aliased_ && (u->unsharded_ || u->gathering_)) ++live;
-    }
-    if (live >= 2) return;
-  }
+  if (!next || next.get() == this || next->handle_.unsharded() || next->handle_.gathering()) return;
+  if (config_.limit_all_gathers && units_unsharded() >= 2) return;
+  const int64_t before = shared_ ? shared_->stats.all_gathers : 0;
   next->start_unshard();
-}
-
-void UnitState::set_sharded_data() {
-  for (auto& p : params_) {
-    if (config_.use_orig_params || aliased_) {
-      p.param.set_data(sharded_view(flat_shard_, p));
-    } else {
-      p.param.set_data(at::empty({0}, flat_shard_.options()));
-    }
-  }
-}
-
-void UnitState::reshard() {
-  if (gathering_) finish_unshard();  // the backend is still writing into full_
-  if (!unsharded_ || aliased_) return;
-  set_sharded_data();
-  free_full();
-  unsharded_ = false;
+  if (shared_ && shared_->stats.all_gathers > before) ++shared_->stats.prefetches;
 }
 
 void UnitState::follow_module_to() {
-  if (summoned_ || gathering_ || in_backward_) return;
-  at::NoGradGuard no_grad;
-  if (config_.use_orig_params) {
-    // Module::to() gave each original parameter data of its own.
-    const at::Tensor& home = unsharded_ && !aliased_ ? full_ : flat_shard_;
-    std::optional<at::TensorOptions> moved;
-    for (const auto& p : params_) {
-      if (p.param.is_alias_of(home)) continue;
-      if (moved && (moved->dtype() != p.param.dtype() || moved->device() != p.param.device())) {
-        throw ConfigError("FSDP: the parameters of the unit at module " + module_->name() +
-                          " were moved to different dtypes or devices; expected one dtype and device per unit");
-      }
-      moved = p.param.options();
-    }
-    if (!moved) return;
-    if (unsharded_ && !aliased_) {
-      throw ConfigError("FSDP: Module::to() on the unit at module " + module_->name() +
-                        " while its full parameters are in use (between forward and backward)");
-    }
-    at::Tensor shard = at::zeros({shard_numel_}, moved->requires_grad(false));
-    for (const auto& p : params_) {
-      at::Tensor dst = sharded_view(shard, p);
-      if (!p.param.is_alias_of(home)) {
-        dst.copy_(p.param.reshape(dst.sizes()));
-      } else {
-        dst.copy_(sharded_view(flat_shard_, p));
-      }
-    }
-    flat_shard_ = shard;
-  } else if (flat_shard_.dtype() == shard_options_.dtype() && flat_shard_.device() == shard_options_.device()) {
-    return;
-  }
-  // The flat parameter (a TensorImpl the optimizer references) has new data.
-  shard_options_ = flat_shard_.options();
-  compute_dtype_ = config_.param_dtype.value_or(flat_shard_.scalar_type());
-  aliased_ = shard_size_ == 1 && compute_dtype_ == flat_shard_.scalar_type();
-  if (aliased_) {
-    full_ = flat_shard_;
-    set_sharded_data();
-    unsharded_ = true;
-  } else {
-    full_ = at::empty({padded_numel_}, shard_options_.dtype(compute_dtype_).requires_grad(false));
-    free_full();
-    set_sharded_data();
-    unsharded_ = false;
-  }
+  if (state_ == TrainingState::kSummoned || state_ == TrainingState::kPreBackward) return;
+  handle_.follow_module_to(module_->name());
 }
 
 bool UnitState::awaiting_backward() const {
   auto root = root_.lock();
-  return in_backward_ || (root && root->awaiting_backward_);
+  return state_ == TrainingState::kPreBackward || (root && root->awaiting_backward_);
 }
 
 int UnitState::world_rank() const {
   const int rank = config_.shard_group ? config_.shard_group->rank() : 0;
-  return config_.replicate_group ? config_.replicate_group->rank() * shard_size_ + rank : rank;
+  return config_.replicate_group ? config_.replicate_group->rank() * shard_size() + rank : rank;
 }
 
-void UnitState::register_original_params() {
-  if (config_.use_orig_params || params_.empty()) return;
-  parameters_of(*module_).erase("flat_param");
-  for (const auto& p : params_) {
-    for (const auto& [owner, key] : p.places) parameters_of(*owner).insert(key, p.param);
-  }
-}
-
-void UnitState::register_flat_param() {
-  if (config_.use_orig_params || params_.empty()) return;
-  for (const auto& p : params_) {
-    for (const auto& [owner, key] : p.places) parameters_of(*owner).erase(key);
-  }
-  parameters_of(*module_).insert("flat_param", flat_shard_);
-}
-
-at::Tensor UnitState::gather_master() const {
-  at::NoGradGuard no_grad;
-  if (shard_size_ == 1 || padded_numel_ == 0) return flat_shard_.clone();
-  at::Tensor full = at::empty({padded_numel_}, flat_shard_.options().requires_grad(false));
-  config_.shard_group->all_gather_unbuffered(full, flat_shard_.detach());  // one unit of memory, not two
-  return full;
-}
+at::Tensor UnitState::gather_master() const { return handle_.gather_master(); }
 
 void UnitState::lazy_init_root() {
   if (config_.buffer_dtype) {
@@ -288,6 +162,8 @@ void UnitState::lazy_init_root() {
   }
   is_root_ = true;
   root_ = weak_from_this();
+  shared_ = std::make_shared<RootShared>();
+  shared_->pool = std::make_shared<BufferPool>();
   tree_.clear();
   std::vector<const torch::nn::Module*> seen;
   for (const auto& m : module_->modules(/*include_self=*/true)) {
@@ -296,16 +172,19 @@ void UnitState::lazy_init_root() {
     auto slot = find_slot(m.get());
     if (!slot || !slot->unit) continue;
     tree_.push_back(slot->unit);
-    if (slot->unit.get() != this) {
-      slot->unit->is_root_ = false;
-      slot->unit->root_ = weak_from_this();
-      slot->unit->tree_.clear();
+    UnitState& u = *slot->unit;
+    u.shared_ = shared_;
+    u.handle_.set_pool(shared_->pool);
+    if (&u != this) {
+      u.is_root_ = false;
+      u.root_ = weak_from_this();
+      u.tree_.clear();
     }
   }
 }
 
 void UnitState::pre_forward() {
-  if (summoned_) {
+  if (state_ == TrainingState::kSummoned) {
     throw ConfigError("FSDP: forward of the unit at module " + module_->name() +
                       " inside summon_full_params: leave the SummonFullParams scope first");
   }
@@ -314,20 +193,25 @@ void UnitState::pre_forward() {
   if (!is_root_ && root_.expired()) lazy_init_root();
   if (auto root = root_.lock()) {
     if (is_root_ && tl_forward_depth == 0) {  // a new iteration: keep the last order for prefetching
+      recover_from_unfinished_backward();
       if (!root->order_.empty()) root->last_order_ = std::move(root->order_);
       root->order_.clear();
       root->awaiting_backward_ = false;
     }
     root->order_.push_back(weak_from_this());
   }
+  // A forward re-run by activation checkpointing inside the unit's backward
+  // keeps the backward state (and its full parameters).
+  if (state_ != TrainingState::kPreBackward) transition({TrainingState::kIdle}, TrainingState::kForward);
   unshard();
   if (config_.forward_prefetch) prefetch(+1);
 }
 
 void UnitState::hook_accumulators() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].requires_grad) continue;
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i].param);
+  auto& params = handle_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].requires_grad) continue;
+    auto acc = torch::autograd::impl::grad_accumulator(params[i].param);
     if (acc && acc != accumulators_[i]) {
       acc->add_post_hook(std::make_unique<GradReadyHook>(weak_from_this()));
       accumulators_[i] = acc;  // held, so that the hook stays on the node the next forwards use
@@ -336,6 +220,11 @@ void UnitState::hook_accumulators() {
 }
 
 void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (state_ == TrainingState::kPreBackward) {  // a re-run inside this unit's own backward
+    if (at::GradMode::is_enabled()) hook_accumulators();
+    return;
+  }
+  transition({TrainingState::kForward}, TrainingState::kIdle);
   const bool grad_mode = at::GradMode::is_enabled() && grads_expected_ > 0;
   bool hooked = false;
   if (grad_mode) {
@@ -366,18 +255,22 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
     pre_backward();
     return;
   }
-  if (in_backward_) return;  // a re-run inside this unit's own backward
   const auto s = config_.strategy;
   if (s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard) reshard();
 }
 
 void UnitState::forward_failed() {
-  if (!in_backward_) reshard();
+  if (state_ == TrainingState::kForward) {
+    state_ = TrainingState::kIdle;
+    reshard();
+  }
 }
 
 void UnitState::pre_backward() {
-  if (in_backward_) return;
-  in_backward_ = true;
+  // Already in backward, or done with it for this pass (the unit's outputs
+  // were used more than once): nothing to do.
+  if (state_ == TrainingState::kPreBackward || state_ == TrainingState::kPostBackward) return;
+  transition({TrainingState::kIdle}, TrainingState::kPreBackward);
   auto root = root_.lock();
   if (!root) root = shared_from_this();
   if (!root->callback_queued_) {
@@ -395,8 +288,8 @@ void UnitState::pre_backward() {
   // on the parameters' current accumulators: make sure they are hooked.
   hook_accumulators();
   if (full_grad_.defined()) return;  // accumulated under no_sync: keep adding to it
-  full_grad_ = at::zeros({padded_numel_}, full_.options());
-  for (auto& p : params_) {
+  full_grad_ = handle_.new_full_buffer_zeroed();
+  for (auto& p : handle_.params()) {
     if (!p.requires_grad) continue;
     p.saved_grad = p.param.grad();
     p.param.mutable_grad() = param_view(full_grad_, p);
@@ -404,47 +297,100 @@ void UnitState::pre_backward() {
 }
 
 void UnitState::on_grad_ready() {
-  if (!in_backward_) return;
+  if (state_ != TrainingState::kPreBackward) return;
   if (++grads_ready_ == grads_expected_) post_backward();
 }
 
 void UnitState::post_backward() {
-  if (!in_backward_) return;
-  in_backward_ = false;
+  if (state_ != TrainingState::kPreBackward) return;
+  transition({TrainingState::kPreBackward}, TrainingState::kPostBackward);
   if (config_.backward_prefetch == BackwardPrefetch::kBackwardPost) prefetch(-1);
   if (grads_expected_ == 0) {
     reshard();
     return;
   }
   at::NoGradGuard no_grad;
-  for (auto& p : params_) {
+  for (auto& p : handle_.params()) {
     if (!p.requires_grad) continue;
     const at::Tensor& g = p.param.grad();
     at::Tensor slot = full_grad_.narrow(0, p.offset, p.numel);
     // Autograd accumulates into our view; if something replaced it, copy.
     if (g.defined() && g.data_ptr() != slot.data_ptr()) slot.copy_(g.reshape({-1}));
   }
-  if (no_sync_) {  // keep the full gradient; the next synced backward reduces it
-    reshard();
+  if (!no_sync_) issue_reduction();  // else keep the full gradient: the next synced backward reduces it
+  reshard();
+}
+
+void UnitState::issue_reduction() {
+  const at::ScalarType reduce_dtype = config_.reduce_dtype.value_or(compute_dtype());
+  PendingReduction r;
+  r.unit = shared_from_this();
+  r.input = full_grad_.scalar_type() == reduce_dtype ? full_grad_ : full_grad_.to(reduce_dtype);
+  full_grad_ = at::Tensor();
+  // Until the reduced shard arrives the parameters have no gradient: nothing
+  // may see the unreduced one.
+  for (auto& p : handle_.params()) {
+    if (p.requires_grad) p.param.mutable_grad() = at::Tensor();
+  }
+  const bool replicate = config_.replicate_group && config_.replicate_group->size() > 1;
+  if (shard_size() > 1) {
+    r.output = at::empty({shard_numel()}, r.input.options());
+    r.work = config_.shard_group->reduce_scatter(r.output, r.input, dist::ReduceOp::kAvg);
+    r.replicate_next = replicate;
+  } else if (replicate) {
+    r.output = r.input;
+    r.work = config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg);
+  } else {
+    r.output = r.input;  // nothing to reduce: one rank
+  }
+  if (!shared_) {  // a unit that never ran forward under a root (cannot reach here): complete at once
+    r.work.wait();
+    if (r.replicate_next) config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg).wait();
+    accept_gradient(r.output);
     return;
   }
-  const at::ScalarType reduce_dtype = config_.reduce_dtype.value_or(compute_dtype_);
-  at::Tensor to_reduce = full_grad_.scalar_type() == reduce_dtype ? full_grad_ : full_grad_.to(reduce_dtype);
-  at::Tensor shard_grad;
-  if (shard_size_ > 1) {
-    shard_grad = at::empty({shard_numel_}, to_reduce.options());
-    config_.shard_group->reduce_scatter(shard_grad, to_reduce, dist::ReduceOp::kAvg).wait();
-  } else {
-    shard_grad = to_reduce;
+  RuntimeStats& st = shared_->stats;
+  ++st.reductions;
+  ++st.reductions_in_flight;
+  shared_->pending.push_back(std::move(r));
+  while (static_cast<int>(shared_->pending.size()) > config_.max_reductions_in_flight) complete_oldest_reduction();
+  st.peak_reductions_in_flight = std::max(st.peak_reductions_in_flight, st.reductions_in_flight);
+}
+
+void UnitState::complete_oldest_reduction() {
+  PendingReduction r = std::move(shared_->pending.front());
+  shared_->pending.pop_front();
+  const auto t0 = std::chrono::steady_clock::now();
+  r.work.wait();
+  r.input = at::Tensor();  // back to the pool
+  if (r.replicate_next) r.unit->config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg).wait();
+  RuntimeStats& st = shared_->stats;
+  st.reduction_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  --st.reductions_in_flight;
+  r.unit->accept_gradient(std::move(r.output));
+}
+
+void UnitState::drain_reductions() {
+  if (!shared_ || shared_->pending.empty()) return;
+  // HYBRID_SHARD: issue every replicate all-reduce before waiting for any,
+  // in issue order (the same on every rank).
+  for (auto& r : shared_->pending) {
+    if (!r.replicate_next) continue;
+    r.work.wait();
+    r.input = at::Tensor();
+    r.replicate_next = false;
+    r.work = r.unit->config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg);
   }
-  if (config_.replicate_group && config_.replicate_group->size() > 1) {
-    config_.replicate_group->all_reduce(shard_grad, dist::ReduceOp::kAvg).wait();
-  }
-  full_grad_ = at::Tensor();
+  while (!shared_->pending.empty()) complete_oldest_reduction();
+}
+
+void UnitState::accept_gradient(at::Tensor shard_grad) {
+  at::NoGradGuard no_grad;
+  const at::Tensor& flat_shard = handle_.flat_shard();
   // The optimizer steps the master shard, in its own dtype.
-  if (shard_grad.scalar_type() != flat_shard_.scalar_type()) shard_grad = shard_grad.to(flat_shard_.scalar_type());
+  if (shard_grad.scalar_type() != flat_shard.scalar_type()) shard_grad = shard_grad.to(flat_shard.scalar_type());
   if (config_.use_orig_params) {
-    for (auto& p : params_) {
+    for (auto& p : handle_.params()) {
       if (!p.requires_grad) continue;
       at::Tensor g = sharded_view(shard_grad, p);
       if (p.saved_grad.defined() && p.saved_grad.numel() == g.numel()) g.add_(p.saved_grad.reshape(g.sizes()));
@@ -452,47 +398,66 @@ void UnitState::post_backward() {
       p.saved_grad = at::Tensor();
     }
   } else {
-    for (auto& p : params_) {
+    for (auto& p : handle_.params()) {
       p.param.mutable_grad() = at::Tensor();
       p.saved_grad = at::Tensor();
     }
-    at::Tensor& fg = flat_shard_.mutable_grad();
+    at::Tensor& fg = handle_.flat_shard().mutable_grad();
     if (fg.defined()) {
       fg.add_(shard_grad);
     } else {
       fg = shard_grad;
     }
   }
-  reshard();
+}
+
+void UnitState::recover_from_unfinished_backward() {
+  // A backward that threw never ran the end-of-backward callback: complete
+  // what it issued (every rank issued the same), forget the rest.
+  drain_reductions();
+  callback_queued_ = false;
+  for (auto& weak : tree_) {
+    auto u = weak.lock();
+    if (!u || (u->state_ != TrainingState::kPreBackward && u->state_ != TrainingState::kPostBackward)) continue;
+    u->state_ = TrainingState::kIdle;
+    u->full_grad_ = at::Tensor();
+    u->reshard();
+  }
 }
 
 void UnitState::finish_backward() {
   callback_queued_ = false;
   awaiting_backward_ = false;
+  std::vector<std::shared_ptr<UnitState>> units;
   for (auto& weak : tree_) {
-    auto u = weak.lock();
-    if (!u) continue;
-    if (u->in_backward_) {
-      u->post_backward();
-    } else {
-      u->reshard();
-    }
+    if (auto u = weak.lock()) units.push_back(u);
   }
-  if (tree_.empty()) {  // a root that never ran lazy init (cannot happen) or a lone unit
-    if (in_backward_) post_backward();
+  if (units.empty()) units.push_back(shared_from_this());  // a lone unit
+  // Units whose gradients never all arrived (unused parameters) reduce what they have.
+  for (auto& u : units) {
+    if (u->state_ == TrainingState::kPreBackward) u->post_backward();
+  }
+  drain_reductions();
+  for (auto& u : units) {
+    if (u->state_ == TrainingState::kPostBackward) u->state_ = TrainingState::kIdle;
+    if (u->state_ == TrainingState::kIdle) u->reshard();
   }
 }
 
 void UnitState::summon(const SummonOptions& o) {
-  if (summoned_) throw ConfigError("FSDP: summon_full_params inside summon_full_params of the same unit");
-  if (in_backward_) throw ConfigError("FSDP: summon_full_params during backward");
+  if (state_ == TrainingState::kSummoned) {
+    throw ConfigError("FSDP: summon_full_params inside summon_full_params of the same unit");
+  }
+  if (state_ == TrainingState::kPreBackward || state_ == TrainingState::kPostBackward) {
+    throw ConfigError("FSDP: summon_full_params during backward");
+  }
   follow_module_to();
-  summon_was_unsharded_ = unsharded_;
-  summoned_ = true;
+  summon_was_unsharded_ = handle_.unsharded();
+  transition({TrainingState::kIdle}, TrainingState::kSummoned);
   const bool keep = !o.rank0_only || world_rank() == 0;
-  if (aliased_) {  // whole parameters, used in place (offload_to_cpu too: they are on CPU)
-    if (!o.writeback) summon_snapshot_ = flat_shard_.clone();
-    register_original_params();
+  if (handle_.aliased()) {  // whole parameters, used in place (offload_to_cpu too: they are on CPU)
+    if (!o.writeback) summon_snapshot_ = handle_.flat_shard().clone();
+    handle_.register_original_params(*module_);
     return;
   }
   // Full parameters in the master dtype (so that writeback loses nothing
@@ -500,58 +465,55 @@ void UnitState::summon(const SummonOptions& o) {
   at::Tensor full = gather_master();
   if (!keep) return;
   summon_full_ = full;
-  for (auto& p : params_) p.param.set_data(param_view(full, p));
-  register_original_params();
+  for (auto& p : handle_.params()) p.param.set_data(param_view(full, p));
+  handle_.register_original_params(*module_);
 }
 
 void UnitState::unsummon(const SummonOptions& o) {
-  if (!summoned_) return;
-  summoned_ = false;
+  if (state_ != TrainingState::kSummoned) return;
+  state_ = TrainingState::kIdle;
   at::NoGradGuard no_grad;
-  if (aliased_ || summon_full_.defined()) register_flat_param();
-  if (aliased_) {
-    if (summon_snapshot_.defined()) flat_shard_.copy_(summon_snapshot_);
+  if (handle_.aliased() || summon_full_.defined()) handle_.register_flat_param(*module_);
+  if (handle_.aliased()) {
+    if (summon_snapshot_.defined()) handle_.flat_shard().copy_(summon_snapshot_);
     summon_snapshot_ = at::Tensor();
     return;
   }
-  if (summon_full_.defined() && o.writeback) flat_shard_.copy_(summon_full_.narrow(0, shard_begin(), shard_numel_));
+  if (summon_full_.defined() && o.writeback) {
+    handle_.flat_shard().copy_(summon_full_.narrow(0, shard_begin(), shard_numel()));
+  }
   summon_full_ = at::Tensor();
   if (summon_was_unsharded_) {
     // Back to the compute-dtype full parameters the forward was using; refresh
     // them if the shard changed.
-    unsharded_ = false;
+    handle_.reshard();
     unshard();
   } else {
-    set_sharded_data();
+    handle_.set_sharded_data();
   }
 }
 
 std::vector<at::Tensor> UnitState::sharded_grads() const {
   std::vector<at::Tensor> out;
   if (config_.use_orig_params) {
-    for (const auto& p : params_) {
+    for (const auto& p : params()) {
       if (p.param.grad().defined()) out.push_back(p.param.grad());
     }
-  } else if (flat_shard_.grad().defined()) {
-    out.push_back(flat_shard_.grad());
+  } else if (flat_shard().grad().defined()) {
+    out.push_back(flat_shard().grad());
   }
   return out;
-}
-
-int64_t UnitState::live_full_param_bytes() const {
-  if (aliased_) return 0;
-  return static_cast<int64_t>(storage_of(full_)->nbytes());
 }
 
 int64_t UnitState::live_grad_bytes() const {
   int64_t bytes = full_grad_.defined() ? full_grad_.numel() * full_grad_.element_size() : 0;
   if (config_.use_orig_params) {
-    for (const auto& p : params_) {
+    for (const auto& p : params()) {
       const auto& g = p.param.grad();
       if (g.defined() && !full_grad_.defined()) bytes += g.numel() * g.element_size();
     }
-  } else if (flat_shard_.grad().defined()) {
-    bytes += flat_shard_.grad().numel() * flat_shard_.grad().element_size();
+  } else if (flat_shard().grad().defined()) {
+    bytes += flat_shard().grad().numel() * flat_shard().grad().element_size();
   }
   return bytes;
 }

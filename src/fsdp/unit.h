@@ -5,37 +5,19 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "autograd_node.h"
+#include "flat_param.h"
 #include "fsdp/detail/unit.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/state_dict.h"
 
 namespace fsdp::detail {
-
-// One original parameter inside a unit's flat parameter.
-struct ParamInfo {
-  at::Tensor param;                // the original parameter; its TensorImpl never changes
-  std::string name;                // path relative to the unit's module
-  std::vector<std::string> aliases;  // further names of a tied parameter (relative)
-  // Where the parameter was registered: (module, key) for the name and each
-  // alias, in the unwrapped model's order.
-  std::vector<std::pair<torch::nn::Module*, std::string>> places;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;              // in the unpadded flat parameter
-  int64_t numel = 0;
-  bool requires_grad = true;
-  at::Tensor saved_grad;           // sharded gradient from before this backward
-};
-
-// Parameter `p`'s place in a full (unsharded) flat buffer, in its shape.
-inline at::Tensor param_view(const at::Tensor& flat, const ParamInfo& p) {
-  return flat.narrow(0, p.offset, p.numel).view(p.shape);
-}
 
 // Per-unit configuration resolved by wrap().
 struct UnitConfig {
@@ -49,6 +31,38 @@ struct UnitConfig {
   bool forward_prefetch = false;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool limit_all_gathers = true;
+  int max_reductions_in_flight = 2;
+};
+
+class BufferPool;
+class UnitState;
+
+// A unit's training state. Transitions (anything else is an internal error):
+//   kIdle -> kForward (pre-forward) -> kIdle (post-forward; or kPreBackward
+//     when the outputs carry no tensor to hook the backward on);
+//   kIdle -> kPreBackward (the backward reached the unit's outputs; a forward
+//     re-run by activation checkpointing stays there) -> kPostBackward (all
+//     its gradients are ready: the reduction is issued) -> kIdle (end of
+//     backward: the reduction is complete);
+//   kIdle -> kSummoned -> kIdle (summon_full_params).
+enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward, kSummoned };
+const char* to_string(TrainingState s);
+
+// One unit's gradient reduction, issued and not yet complete.
+struct PendingReduction {
+  std::shared_ptr<UnitState> unit;
+  dist::Work work;         // the collective in flight
+  at::Tensor input;        // what it reads: kept alive until it finished
+  at::Tensor output;       // this rank's reduced gradient (reduce dtype)
+  bool replicate_next = false;  // HYBRID_SHARD: the replicate all-reduce is still to issue
+};
+
+// What the units of one root share: the buffer pool, the counters, and the
+// reductions in flight (in issue order, the same on every rank).
+struct RootShared {
+  std::shared_ptr<BufferPool> pool;
+  RuntimeStats stats;
+  std::deque<PendingReduction> pending;
 };
 
 class UnitState : public std::enable_shared_from_this<UnitState> {
@@ -69,9 +83,11 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void forward_failed();
   void pre_backward();
   void on_grad_ready();
-  // [collective] Reduces the full gradient into the shard, reshards.
+  // [collective] Issues the reduction of the full gradient (waited at the
+  // latest by finish_backward), reshards.
   void post_backward();
-  // End of backward for the root: finishes every unit of its tree.
+  // End of backward for the root: issues what is left, completes every
+  // pending reduction of its tree, reshards.
   void finish_backward();
 
   // no_sync: keep full gradients, reduce at the next synced backward.
@@ -95,7 +111,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // True from a forward that will be differentiated until its backward ends
   // (or the next forward of the root starts).
   bool awaiting_backward() const;
-  bool summoned() const { return summoned_; }
+  bool summoned() const { return state_ == TrainingState::kSummoned; }
   // Rank in the unit's whole world (replicate rank * shard size + shard rank).
   int world_rank() const;
   // Buffers cast by mixed precision, with their original dtypes (root only).
@@ -107,72 +123,67 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   StateDictConfig state_dict_config = FullStateDictConfig{};
 
   torch::nn::Module* module() const { return module_; }
-  const std::vector<ParamInfo>& params() const { return params_; }
+  const FlatParamHandle& handle() const { return handle_; }
+  const std::vector<ParamInfo>& params() const { return handle_.params(); }
   const UnitConfig& config() const { return config_; }
-  int64_t numel() const { return numel_; }
-  int64_t padded_numel() const { return padded_numel_; }
-  int64_t shard_numel() const { return shard_numel_; }
-  int shard_size() const { return shard_size_; }
-  int shard_rank() const { return shard_rank_; }
-  bool is_unsharded() const { return unsharded_; }
-  at::ScalarType compute_dtype() const { return compute_dtype_; }
-  const at::Tensor& flat_shard() const { return flat_shard_; }
+  TrainingState training_state() const { return state_; }
+  int64_t numel() const { return handle_.numel(); }
+  int64_t padded_numel() const { return handle_.padded_numel(); }
+  int64_t shard_numel() const { return handle_.shard_numel(); }
+  int shard_size() const { return handle_.shard_size(); }
+  int shard_rank() const { return handle_.shard_rank(); }
+  bool is_unsharded() const { return handle_.unsharded(); }
+  at::ScalarType compute_dtype() const { return handle_.compute_dtype(); }
+  const at::Tensor& flat_shard() const { return handle_.flat_shard(); }
   // Bytes of full parameters / full gradients alive right now.
-  int64_t live_full_param_bytes() const;
+  int64_t live_full_param_bytes() const { return handle_.live_full_bytes(); }
   int64_t live_grad_bytes() const;
+  // The root's shared runtime (null before the root's first forward).
+  const std::shared_ptr<RootShared>& shared() const { return shared_; }
 
-  // This rank's part of parameter i, as its data outside forward: a 1-D
+  // This rank's part of parameter p, as its data outside forward: a 1-D
   // slice of the shard (shard size 1: the whole parameter, in shape).
-  at::Tensor sharded_view(const at::Tensor& flat, const ParamInfo& p) const;
+  at::Tensor sharded_view(const at::Tensor& flat, const ParamInfo& p) const { return handle_.sharded_view(flat, p); }
   // The range of the unpadded flat parameter this rank holds.
-  int64_t shard_begin() const { return shard_rank_ * shard_numel_; }
+  int64_t shard_begin() const { return handle_.shard_begin(); }
 
  private:
-  void alloc_full();
-  void set_sharded_data();
-  // Asynchronous unshard: start issues the all-gather, finish waits for it.
+  void transition(std::initializer_list<TrainingState> from, TrainingState to);
+  // The unit's all-gather: start issues it (counted), finish waits for it.
   void start_unshard();
   void finish_unshard();
   // The unit that ran `step` places after this one in the last recorded
   // forward order (+1: next forward, -1: next backward).
   std::shared_ptr<UnitState> neighbour(int step) const;
   void prefetch(int step);
-  void free_full();
   void hook_accumulators();
-  // Summon with use_orig_params=false: the original parameters take the
-  // flat parameter's place in the modules' registries, and back.
-  void register_original_params();
-  void register_flat_param();
+  // Issues the reduction of full_grad_ (post-backward), bounded by
+  // max_reductions_in_flight over the root's tree.
+  void issue_reduction();
+  // The reduced shard of this unit's gradient, for the optimizer.
+  void accept_gradient(at::Tensor shard_grad);
+  // Root: waits for the oldest pending reduction and hands its gradient over.
+  void complete_oldest_reduction();
+  // Root: completes every pending reduction, in issue order.
+  void drain_reductions();
+  // Root, at a new iteration: cleans up after a backward that threw.
+  void recover_from_unfinished_backward();
+  int units_unsharded() const;
 
   torch::nn::Module* module_;
-  std::vector<ParamInfo> params_;
   UnitConfig config_;
-  int shard_size_ = 1;
-  int shard_rank_ = 0;
-  at::ScalarType compute_dtype_ = at::kFloat;
-  bool aliased_ = false;  // shard size 1 and no cast: full_ is flat_shard_, never freed
-  at::TensorOptions shard_options_;  // the shard's dtype and device, as last seen
-  int64_t numel_ = 0;
-  int64_t padded_numel_ = 0;
-  int64_t shard_numel_ = 0;
-  at::Tensor flat_shard_;  // [shard_numel_]; for use_orig_params=false the registered flat_param
-  at::Tensor full_;        // [padded_numel_]; its storage is freed while resharded (shard size > 1)
-  at::Tensor full_grad_;   // [padded_numel_] during backward
-  bool unsharded_ = false;
+  FlatParamHandle handle_;
+  TrainingState state_ = TrainingState::kIdle;
+  at::Tensor full_grad_;  // [padded_numel] from pre-backward until the reduction is issued
   bool no_sync_ = false;
-  bool summoned_ = false;
   bool summon_was_unsharded_ = false;
   at::Tensor summon_snapshot_;
   at::Tensor summon_full_;
-  bool gathering_ = false;       // an all-gather into full_ is in flight
-  dist::Work pending_gather_;
-  at::Tensor pending_input_;  // master-dtype full parameters while summoned with mixed precision
 
   // Backward bookkeeping.
   std::vector<NodePtr> accumulators_;
   int grads_expected_ = 0;
   int grads_ready_ = 0;
-  bool in_backward_ = false;      // pre_backward ran, post_backward not yet
 
   // Root only.
   bool awaiting_backward_ = false;
@@ -183,6 +194,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<std::weak_ptr<UnitState>> order_;       // forward order of this iteration
   std::vector<std::weak_ptr<UnitState>> last_order_;  // ... and of the previous one (for prefetching)
   std::weak_ptr<UnitState> root_;
+  std::shared_ptr<RootShared> shared_;  // set at the root's lazy init, for every unit of its tree
 };
 
 // The units of `model`'s tree, pre-order (wrap.cpp).

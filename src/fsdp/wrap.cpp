@@ -300,6 +300,11 @@ UnitConfig resolve_groups(const FSDPOptions& o) {
   c.forward_prefetch = o.forward_prefetch;
   c.backward_prefetch = o.backward_prefetch;
   c.limit_all_gathers = o.limit_all_gathers;
+  if (o.max_reductions_in_flight < 0) {
+    throw ConfigError("FSDP: max_reductions_in_flight=" + std::to_string(o.max_reductions_in_flight) +
+                      " is negative: expected 0 (wait for each reduction where it is issued) or more");
+  }
+  c.max_reductions_in_flight = o.max_reductions_in_flight;
   const std::string strategy = to_string(o.sharding_strategy);
   if (o.process_group && o.device_mesh) {
     throw ConfigError("FSDP: process_group and device_mesh are mutually exclusive: pass only one of them");
@@ -477,6 +482,30 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::share
     out.emplace_back(item.key(), p.detach().clone());
   }
   return out;
+}
+
+namespace {
+std::shared_ptr<detail::RootShared> shared_of(const std::shared_ptr<torch::nn::Module>& model) {
+  for (auto& u : detail::units_of(model)) {
+    if (u->shared()) return u->shared();
+  }
+  return nullptr;
+}
+}  // namespace
+
+RuntimeStats runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
+  auto shared = shared_of(model);
+  return shared ? shared->stats : RuntimeStats{};
+}
+
+void reset_runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
+  auto shared = shared_of(model);
+  if (!shared) return;
+  RuntimeStats& st = shared->stats;
+  const int gathers = st.all_gathers_in_flight, reductions = st.reductions_in_flight;
+  st = RuntimeStats{};
+  st.all_gathers_in_flight = st.peak_all_gathers_in_flight = gathers;
+  st.reductions_in_flight = st.peak_reductions_in_flight = reductions;
 }
 
 MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module) {

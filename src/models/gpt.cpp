@@ -6,6 +6,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
+#include <torch/version.h>
+
 #include <cmath>
 
 #include "fsdp/error.h"
@@ -40,11 +42,20 @@ at::Tensor GPTBlockImpl::forward(at::Tensor x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = config_.heads;
   auto qkv = qkv_(ln1_(x)).view({B, T, 3, H, C / H}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, C/H]
   auto q = qkv[0], k = qkv[1], v = qkv[2];
+  const double attn_dropout = is_training() ? config_.dropout : 0.0;
+#if TORCH_VERSION_MAJOR >= 2
+  // LibTorch's fused attention (flash attention on CPU and CUDA where it
+  // applies): no [T, T] score matrix per head kept for backward.
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, attn_dropout, /*is_causal=*/true)
+               .transpose(1, 2)
+               .reshape({B, T, C});
+#else
   auto att = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(C / H));
   auto causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
   att = att.masked_fill(causal, -std::numeric_limits<float>::infinity()).softmax(-1);
-  if (config_.dropout > 0) att = F::dropout(att, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
+  if (attn_dropout > 0) att = F::dropout(att, F::DropoutFuncOptions().p(attn_dropout).training(true));
   auto y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+#endif
   y = proj_(y);
   if (config_.dropout > 0) y = F::dropout(y, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
   x = x + y;
