@@ -86,6 +86,22 @@ TEST_P(Parity, TrainingMatchesSingleProcess) {
   });
 }
 
+// AdamW stepping each unit's flat shard in one go (use_orig_params=false: one
+// flat parameter per unit) is exactly AdamW stepping every original
+// parameter's slice (use_orig_params=true): bit for bit, not just close.
+TEST(FlatShardOptimizer, AdamWOverTheFlatShardIsExact) {
+  const auto batches = make_batches(kSteps, kGlobalBatch, 7);
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      const Case c{strategy, 2};
+      auto flat = train_fsdp(pg, c, Opt::kAdamW, false, Nesting::kAutoWrap, batches);
+      auto per_param = train_fsdp(pg, c, Opt::kAdamW, true, Nesting::kAutoWrap, batches);
+      ASSERT_EQ(flat.size(), per_param.size());
+      for (const auto& [name, t] : flat) EXPECT_TRUE(torch::equal(t, per_param.at(name))) << to_string(strategy) << " " << name;
+    });
+  }
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
