@@ -8,7 +8,7 @@
 #   bench/compare.sh 100m            # width 1024, 8 layers, 8 heads, batch 2
 #   ROUNDS=3 STEPS=5 bench/compare.sh
 #
-# Every JSON record goes to $OUT (default bench/compare-<shape>.jsonl) as well.
+# Every JSON record goes to $OUT (default build/compare-<shape>.jsonl) as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shape=${1:-default}
@@ -20,7 +20,7 @@ case "$shape" in
   100m) args=(--dim 1024 --layers 8 --heads 8 --ctx 128 --batch 2); steps=${STEPS:-3}; warmup=${WARMUP:-1} ;;
   *) echo "compare.sh: unknown shape '$shape' (expected default or 100m)" >&2; exit 2 ;;
 esac
-out=${OUT:-bench/compare-$shape.jsonl}
+out=${OUT:-build/compare-$shape.jsonl}
 run=build/bin/fsdp-run
 bench=build/bin/fsdp-bench
 py=.venv/bin/python
@@ -31,12 +31,17 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 : > "$out"
 
 # name | command; each prints one JSON line.
+# fsdp-run preloads tcmalloc by default (--allocator auto); the Python peers
+# run with glibc's malloc as PyTorch does, and DDP once more with tcmalloc
+# preloaded, so that the allocator's share of the difference shows.
 runs=(
   "fsdp-cpp FULL_SHARD|$run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy FULL_SHARD"
+  "fsdp-cpp FULL_SHARD, glibc malloc|$run --nproc-per-node 2 --no-rank-prefix --allocator system -- $bench --strategy FULL_SHARD"
   "fsdp-cpp SHARD_GRAD_OP|$run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy SHARD_GRAD_OP"
   "fsdp-cpp NO_SHARD|$run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy NO_SHARD"
   "fsdp-cpp 1 process|$run --nproc-per-node 1 --no-rank-prefix -- $bench --strategy local"
   "PyTorch DDP|.venv/bin/torchrun --standalone --nproc-per-node 2 bench/peers_bench.py --mode ddp"
+  "PyTorch DDP, tcmalloc|env LD_PRELOAD=libtcmalloc_minimal.so.4 .venv/bin/torchrun --standalone --nproc-per-node 2 bench/peers_bench.py --mode ddp"
   "PyTorch FSDP1|.venv/bin/torchrun --standalone --nproc-per-node 2 bench/peers_bench.py --mode fsdp1"
   "PyTorch FSDP2|.venv/bin/torchrun --standalone --nproc-per-node 2 bench/peers_bench.py --mode fsdp2"
   "PyTorch 1 process|$py bench/peers_bench.py --mode local"

@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
   int64_t batch = 8;
   int steps = 5, warmup = 2;
   int reductions_in_flight = fsdp::FSDPOptions{}.max_reductions_in_flight;
-  bool use_orig = false, forward_prefetch = false, bf16 = false, trace_memory = false, checkpointing = false;
+  bool eager_init = false;
+  bool use_orig = false, forward_prefetch = fsdp::FSDPOptions{}.forward_prefetch, bf16 = false, trace_memory = false, checkpointing = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
   app.add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
@@ -151,7 +152,9 @@ int main(int argc, char** argv) {
   app.add_flag("--use-orig-params", use_orig, "expose original parameters to the optimizer");
   app.add_option("--max-reductions-in-flight", reductions_in_flight,
                  "gradient reductions in flight at once (0: each waited where issued)")->capture_default_str();
-  app.add_flag("--forward-prefetch", forward_prefetch, "prefetch the next unit in forward");
+  app.add_flag("--eager-init", eager_init, "build the whole model before sharding it (default: built sharded)");
+  app.add_flag("--forward-prefetch,!--no-forward-prefetch", forward_prefetch,
+               "prefetch the next unit in forward (default: on)");
   app.add_flag("--bf16", bf16, "mixed precision: bfloat16 compute and reduction");
   app.add_flag("--activation-checkpointing", checkpointing, "checkpoint every transformer block");
   app.add_flag("--trace-memory", trace_memory, "print each rank's resident memory after each phase to stderr");
@@ -169,7 +172,13 @@ int main(int argc, char** argv) {
     auto pg = fsdp::dist::init_process_group_from_env();
     if (local && pg->size() != 1) throw fsdp::ConfigError("--strategy local runs one process: use --nproc-per-node 1");
     torch::manual_seed(0);
-    auto gpt = std::make_shared<fsdp::models::GPTImpl>(cfg);
+    // Built sharded (empty_init): each block gets its memory when FSDP shards
+    // it, so the whole model never exists on a rank.
+    std::shared_ptr<fsdp::models::GPTImpl> gpt;
+    {
+      fsdp::EmptyInitGuard empty(!local && !eager_init);
+      gpt = std::make_shared<fsdp::models::GPTImpl>(cfg);
+    }
     int64_t params = 0;
     for (auto& p : gpt->parameters()) params += p.numel();
 
@@ -263,6 +272,7 @@ int main(int argc, char** argv) {
          << ",\"peak_units_unsharded\":" << rt.peak_units_unsharded << ",\"reductions\":" << rt.reductions
          << ",\"peak_reductions_in_flight\":" << rt.peak_reductions_in_flight
          << ",\"max_reductions_in_flight\":" << reductions_in_flight
+         << ",\"forward_prefetch\":" << (forward_prefetch ? "true" : "false")
          << ",\"all_gather_wait_s_per_step\":" << rt.all_gather_wait_s / std::max(1, warmup + steps)
          << ",\"reduction_wait_s_per_step\":" << rt.reduction_wait_s / std::max(1, warmup + steps) << "}";
       js << ",\"bytes_sent_per_step\":" << bytes_per_step << ",\"loss\":" << last_loss << checkpoint_json << "}";

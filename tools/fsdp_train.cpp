@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", c.log_every, "steps between log lines (when not on a terminal)")->capture_default_str();
   app.add_option("--eval-every", c.eval_every, "held-out loss every N steps (0: never)")->capture_default_str();
   app.add_option("--mesh", c.mesh, "R,S: HYBRID_SHARD over R replicas of S-rank shard groups (R*S = world)");
-  app.add_flag("--forward-prefetch", c.forward_prefetch, "gather the next unit while this one computes");
+  app.add_flag("--forward-prefetch,!--no-forward-prefetch", c.forward_prefetch,
+               "gather the next unit while this one computes (default: on)");
   app.add_option("--backward-prefetch", c.backward_prefetch, "pre, post or none")->capture_default_str();
   bool no_limit = false;
   app.add_flag("--no-limit-all-gathers", no_limit, "let prefetching gather more than two units at once");

@@ -31,6 +31,8 @@
 // 1/N of the unit plus padding; a unit's full parameters exist from its
 // pre-forward to its post-forward (FULL_SHARD) or to its post-backward
 // (SHARD_GRAD_OP), and again from its pre-backward to its post-backward.
+// Backward also holds one full-gradient buffer per unit being reduced (at
+// most FSDPOptions::max_reductions_in_flight, plus the computing unit's).
 //
 // OPTIMIZERS. Build any torch::optim optimizer on `model->parameters()`
 // after wrapping. use_orig_params=false exposes one flat parameter per unit
@@ -148,7 +150,10 @@ struct FSDPOptions {
   CPUOffload cpu_offload;
   // Start the next unit's all-gather (in the order of the previous
   // iteration) when a unit's forward starts, so it overlaps this compute.
-  bool forward_prefetch = false;
+  // On by default here (PyTorch's default is off): measured to cut the time
+  // forward waits for all-gathers by a third to a half at 100 M parameters,
+  // at no memory cost under limit_all_gathers (docs/performance.md).
+  bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   // Prefetch only while fewer than two units (besides the root) hold full
   // parameters, bounding memory.

@@ -539,7 +539,9 @@ uint64_t ProcessGroup::bytes_sent() const { return impl_->bytes_sent.load(); }
 bool ProcessGroup::native_all_gather() const {
   return impl_->backend == Backend::kNccl || (impl_->backend == Backend::kGloo && kGlooAllGather);
 }
-bool ProcessGroup::native_reduce_scatter() const { return impl_->backend == Backend::kGloo && kGlooReduceScatter; }
+bool ProcessGroup::native_reduce_scatter() const {
+  return impl_->backend == Backend::kNccl || (impl_->backend == Backend::kGloo && kGlooReduceScatter);
+}
 
 Work ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input) {
   const char* op = "all_gather";
@@ -600,11 +602,14 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& in
   }
   const Backend b = impl_->backend;
   impl_->bytes_sent += static_cast<uint64_t>((total - mine.numel) * input.element_size());
-  // Gloo's own reduce-scatter (LibTorch 2.15 on) for equal chunks of 32- and
-  // 64-bit numbers; it has no average (a sum, divided here). 16-bit floats
-  // take the path below, which accumulates them in float32.
-  if (native_reduce_scatter() && total == n * mine.numel && !is_low_precision(in.scalar_type()) &&
-      in.scalar_type() != at::kBool) {
+  // The backend's own reduce-scatter for equal chunks: NCCL's for every
+  // dtype (16-bit floats reduced by NCCL itself, as PyTorch's FSDP does),
+  // Gloo's (LibTorch 2.15 on) for 32- and 64-bit numbers. Neither is asked
+  // for an average (a sum, divided here). Gloo's 16-bit floats take the path
+  // below, which accumulates them in float32.
+  const bool native_dtype =
+      in.scalar_type() != at::kBool && (b == Backend::kNccl || !is_low_precision(in.scalar_type()));
+  if (native_reduce_scatter() && total == n * mine.numel && native_dtype) {
     std::function<void()> finish;
     if (rop == ReduceOp::kAvg) finish = [out, n] { out.div_(n); };
     return impl_->issue(

@@ -1,3 +1,4 @@
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -184,6 +185,8 @@ std::vector<std::string> Group::worker_env(const Worker& w) const {
   for (const char* var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
     if (env[var].empty()) env[var] = threads;  // a value the user set is kept
   }
+  const std::string lib = allocator_library(o_.allocator);
+  if (!lib.empty()) env["LD_PRELOAD"] = env["LD_PRELOAD"].empty() ? lib : lib + ":" + env["LD_PRELOAD"];
   std::vector<std::string> out;
   for (auto& [k, v] : env) out.push_back(k + "=" + v);
   return out;
@@ -413,6 +416,18 @@ class SignalScope {
 
 int launch(const LaunchOptions& o) {
   if (o.command.empty()) throw ConfigError("fsdp-run: no program given");
+  if (const std::string lib = allocator_library(o.allocator); !lib.empty()) {
+    // The loader would only warn and run the workers with glibc's malloc.
+    // (dlopen may refuse an allocator for other reasons, e.g. jemalloc's
+    // static TLS, which preloading does not hit: only a missing file counts.)
+    void* handle = dlopen(lib.c_str(), RTLD_LAZY | RTLD_LOCAL);
+    const char* why = handle == nullptr ? dlerror() : nullptr;
+    if (handle != nullptr) dlclose(handle);
+    if (why != nullptr && std::strstr(why, "cannot open shared object file") != nullptr) {
+      throw ConfigError("fsdp-run: --allocator " + o.allocator + ": " + lib +
+                        " is not installed (Debian: libjemalloc2, libtcmalloc-minimal4 or libmimalloc2.0)");
+    }
+  }
   SignalScope signals;
   for (int attempt = 0;; ++attempt) {
     const int port = o.master_port != 0 ? o.master_port : pick_free_port();

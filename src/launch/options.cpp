@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -27,6 +29,11 @@ options:
   --log-dir DIR        also write each worker's output to
                        DIR/attempt_<k>/rank_<N>.log
   --no-rank-prefix     print worker output as is, without "[rankN]: "
+  --allocator NAME     the workers' malloc: auto (default: tcmalloc where
+                       libtcmalloc-minimal4 is installed, else glibc's),
+                       system (glibc's), jemalloc, tcmalloc or mimalloc
+                       (Debian's libjemalloc2, libtcmalloc-minimal4,
+                       libmimalloc2.0; preloaded with LD_PRELOAD)
   --stop-grace-s S     seconds between SIGTERM and SIGKILL when stopping
                        workers (default 5)
   --standalone         accepted for torchrun compatibility (single node)
@@ -36,6 +43,23 @@ OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to cores / nproc-per-node
 (at least 1) unless already set. Workers see TORCHELASTIC_RESTART_COUNT (the
 attempt number, from 0).
 )";
+}
+
+std::string allocator_library(const std::string& name) {
+  if (name == "auto") {
+    // Preloading needs no more than the file: look for it where the loader does.
+    for (const char* dir : {"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"}) {
+      if (::access((std::string(dir) + "/libtcmalloc_minimal.so.4").c_str(), R_OK) == 0) {
+        return "libtcmalloc_minimal.so.4";
+      }
+    }
+    return "";
+  }
+  if (name == "system") return "";
+  if (name == "jemalloc") return "libjemalloc.so.2";
+  if (name == "tcmalloc") return "libtcmalloc_minimal.so.4";
+  if (name == "mimalloc") return "libmimalloc.so.2";
+  throw ConfigError("fsdp-run: --allocator='" + name + "' is not known: expected auto, system, jemalloc, tcmalloc or mimalloc");
 }
 
 namespace {
@@ -112,6 +136,9 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
       if (o.log_dir.empty()) throw ConfigError("fsdp-run: --log-dir is empty: expected a directory");
     } else if (name == "--stop-grace-s") {
       o.stop_grace = std::chrono::seconds(parse_int(name, take(), 0, 3600, "whole seconds in 0..3600"));
+    } else if (name == "--allocator") {
+      o.allocator = take();
+      allocator_library(o.allocator);  // a bad name is an error here, not at launch
     } else if (name == "--no-rank-prefix") {
       flag(o.rank_prefix, false);
     } else if (name == "--standalone") {

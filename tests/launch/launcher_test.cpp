@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "../support/subprocess.h"
+#include "fsdp/launch/launcher.h"
 
 using fsdp::testing::process_alive;
 using fsdp::testing::read_file;
@@ -81,6 +82,28 @@ TEST(Launcher, KeepsThreadCountsTheUserSet) {
                        {"OMP_NUM_THREADS=5", "OPENBLAS_NUM_THREADS=3"});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("O=5 B=3"), std::string::npos) << r.output;
+}
+
+// --allocator preloads the library into every worker, before what the user
+// preloads; scripts/deps.sh installs all three.
+TEST(Launcher, AllocatorIsPreloadedIntoEveryWorker) {
+  for (const char* name : {"jemalloc", "tcmalloc", "mimalloc"}) {
+    const std::string lib = fsdp::launch::allocator_library(name);
+    auto r = run_program(fsdp_run({"--nproc-per-node", "2", "--allocator", name},
+                                  "echo \"P=$LD_PRELOAD\"; grep -c '" + lib + "' /proc/$$/maps"),
+                         30s, {"LD_PRELOAD=libz.so.1"});
+    ASSERT_EQ(r.exit_code(), 0) << name << ": " << r.output;
+    EXPECT_NE(r.output.find("[rank0]: P=" + lib + ":libz.so.1"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("[rank1]: P=" + lib + ":libz.so.1"), std::string::npos) << r.output;
+    // Mapped into the worker's own process.
+    EXPECT_EQ(r.output.find("[rank0]: 0"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("[rank1]: 0"), std::string::npos) << r.output;
+  }
+  auto plain = run_program(fsdp_run({"--allocator", "system"}, "echo \"P=$LD_PRELOAD.\""), 30s);
+  EXPECT_NE(plain.output.find("P=."), std::string::npos) << plain.output;
+  // The default: tcmalloc, which scripts/deps.sh installs.
+  auto preset = run_program(fsdp_run({}, "echo \"P=$LD_PRELOAD.\""), 30s);
+  EXPECT_NE(preset.output.find("P=libtcmalloc_minimal.so.4."), std::string::npos) << preset.output;
 }
 
 TEST(Launcher, NoRankPrefixAndLogDir) {

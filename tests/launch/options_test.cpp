@@ -47,6 +47,8 @@ TEST(LaunchOptions, Defaults) {
   EXPECT_EQ(o.master_addr, "127.0.0.1");
   EXPECT_EQ(o.master_port, 0);
   EXPECT_TRUE(o.rank_prefix);
+  EXPECT_EQ(o.allocator, "auto");
+  EXPECT_EQ(parse_launch_args({"--allocator=jemalloc", "prog"}).allocator, "jemalloc");
   EXPECT_TRUE(parse_launch_args({"--help"}).help);
 }
 
@@ -75,4 +77,6 @@ TEST(LaunchOptions, BadInputNamesTheOptionAndTheExpectation) {
                 .find("--max-restarts needs --nnodes 1"),
             std::string::npos);
   EXPECT_EQ(error_of({"--no-rank-prefix=1", "prog"}), "fsdp-run: option --no-rank-prefix takes no value, got '1'");
+  EXPECT_EQ(error_of({"--allocator", "hoard", "prog"}),
+            "fsdp-run: --allocator='hoard' is not known: expected auto, system, jemalloc, tcmalloc or mimalloc");
 }

@@ -21,7 +21,8 @@
 // broadcast also take tensors on another device (a loss or norm on CPU under
 // NCCL), which travel through a copy on the group's device. Supported:
 // float32, float64, bfloat16, float16, int64, int32, uint8, int8, bool (no
-// reductions on bool). Reductions of bfloat16/float16 accumulate in float32.
+// reductions on bool). Reductions of bfloat16/float16 accumulate in float32,
+// except NCCL's reduce-scatter (see native_reduce_scatter).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -156,10 +157,11 @@ class ProcessGroup {
   // Whether all_gather / reduce_scatter of equal chunks go through the
   // backend's own one-tensor collective (c10d's all_gather_single /
   // reduce_scatter_single) instead of fsdp-cpp's fallbacks (an all-gather of
-  // chunks; an all-to-all reduced locally). all_gather: NCCL, and Gloo where
-  // LibTorch's Gloo has one (2.15 on; not 1.13). reduce_scatter: Gloo where it
-  // has one (2.15 on), for 32- and 64-bit numbers (16-bit floats take the
-  // all-to-all, which accumulates in float32); NCCL uses the all-to-all for now.
+  // chunks; an all-to-all reduced locally). NCCL: both, for every dtype (its
+  // reduce-scatter sums 16-bit floats in their own precision, as PyTorch's
+  // FSDP does). Gloo: where LibTorch's Gloo has them (2.15 on; not 1.13);
+  // its reduce-scatter for 32- and 64-bit numbers only (16-bit floats take
+  // the all-to-all, which accumulates in float32).
   bool native_all_gather() const;
   bool native_reduce_scatter() const;
 

@@ -36,9 +36,21 @@ struct LaunchOptions {
   bool rank_prefix = true;          // --no-rank-prefix turns it off
   std::string log_dir;              // --log-dir; empty: no log files
   std::chrono::milliseconds stop_grace{5000};  // --stop-grace-s: SIGTERM -> SIGKILL
+  // --allocator: "auto" (the default: tcmalloc where Debian's
+  // libtcmalloc-minimal4 is installed, else glibc's malloc), "system"
+  // (glibc's malloc) or jemalloc, tcmalloc, mimalloc (Debian's libjemalloc2,
+  // libtcmalloc-minimal4, libmimalloc2.0), preloaded into every worker
+  // (LD_PRELOAD). launch() throws ConfigError when a library named
+  // explicitly is not installed. Why tcmalloc: docs/performance.md.
+  std::string allocator = "auto";
   bool help = false;                // --help / -h
   std::vector<std::string> command; // program and its arguments
 };
+
+// The shared library --allocator NAME preloads ("" for "system"; for
+// "auto", tcmalloc's where it is installed, else ""); throws ConfigError for
+// an unknown name.
+std::string allocator_library(const std::string& name);
 
 // Usage text for --help.
 std::string usage();

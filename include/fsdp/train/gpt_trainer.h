@@ -33,7 +33,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t eval_every = 50;          // held-out loss every N steps (and at the end); 0: never
   std::string mesh;                 // "R,S": HYBRID_SHARD's (replicate, shard) sizes
-  bool forward_prefetch = false;
+  bool forward_prefetch = true;  // as FSDPOptions (on; PyTorch: off)
   std::string backward_prefetch = "pre";  // pre, post, none
   bool limit_all_gathers = true;
 };
