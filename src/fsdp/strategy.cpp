@@ -68,15 +68,26 @@ at::Tensor ShardedGradScaler::scale(const at::Tensor& loss) const { return loss 
 void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (unscaled_) return;
   at::NoGradGuard no_grad;
-  bool bad = false;
+  // One 0-dim "found a non-finite gradient" flag per device, kept on that
+  // device: no read back to the host per parameter (on CUDA each would be a
+  // synchronisation); one per device at the end.
+  std::vector<at::Tensor> found;
   for (auto& g : optimizer.param_groups()) {
     for (auto& p : g.params()) {
       if (!p.grad().defined()) continue;
       p.mutable_grad().mul_(1.0 / scale_);
-      if (p.grad().numel() > 0 && !at::isfinite(p.grad()).all().item<bool>()) bad = true;
+      if (p.grad().numel() == 0) continue;
+      at::Tensor bad = at::isfinite(p.grad()).all().logical_not();
+      auto it = std::find_if(found.begin(), found.end(), [&](const at::Tensor& f) { return f.device() == bad.device(); });
+      if (it == found.end()) {
+        found.push_back(bad);
+      } else {
+        *it = it->logical_or(bad);
+      }
     }
   }
-  at::Tensor flag = at::full({1}, bad ? 1.0 : 0.0, at::kFloat);
+  at::Tensor flag = at::zeros({1}, at::kFloat);
+  for (const auto& f : found) flag = at::maximum(flag, f.to(at::kCPU, at::kFloat).reshape({1}));
   if (group_ && group_->size() > 1) group_->all_reduce(flag, dist::ReduceOp::kMax).wait();  // [collective]
   found_inf_ = flag.item<float>() > 0;
   unscaled_ = true;
