@@ -5,7 +5,6 @@
 
 #include "buffer_pool.h"
 #include "fsdp/error.h"
-#include "unit.h"  // parameters_of
 
 namespace fsdp::detail {
 

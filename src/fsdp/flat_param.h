@@ -20,6 +20,10 @@ namespace fsdp::detail {
 
 class BufferPool;
 
+// The parameter registry of any module (torch::nn::Module keeps it
+// protected; wrap.cpp).
+torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m);
+
 // One original parameter inside a unit's flat parameter.
 struct ParamInfo {
   at::Tensor param;                  // the original parameter; its TensorImpl never changes

@@ -78,14 +78,16 @@ int UnitState::units_unsharded() const {
   return live;
 }
 
-void UnitState::start_unshard() {
-  if (handle_.unsharded() || handle_.gathering()) return;
+bool UnitState::start_unshard() {
+  if (handle_.unsharded() || handle_.gathering()) return false;
   follow_module_to();
-  if (!handle_.start_unshard() || !shared_) return;
+  if (!handle_.start_unshard()) return false;
+  if (!shared_) return true;
   RuntimeStats& st = shared_->stats;
   ++st.all_gathers;
   st.peak_all_gathers_in_flight = std::max(st.peak_all_gathers_in_flight, ++st.all_gathers_in_flight);
   st.peak_units_unsharded = std::max(st.peak_units_unsharded, units_unsharded());
+  return true;
 }
 
 void UnitState::finish_unshard() {
@@ -128,9 +130,7 @@ void UnitState::prefetch(int step) {
   auto next = neighbour(step);
   if (!next || next.get() == this || next->handle_.unsharded() || next->handle_.gathering()) return;
   if (config_.limit_all_gathers && units_unsharded() >= 2) return;
-  const int64_t before = shared_ ? shared_->stats.all_gathers : 0;
-  next->start_unshard();
-  if (shared_ && shared_->stats.all_gathers > before) ++shared_->stats.prefetches;
+  if (next->start_unshard() && shared_) ++shared_->stats.prefetches;
 }
 
 void UnitState::follow_module_to() {
@@ -343,12 +343,8 @@ void UnitState::issue_reduction() {
   } else {
     r.output = r.input;  // nothing to reduce: one rank
   }
-  if (!shared_) {  // a unit that never ran forward under a root (cannot reach here): complete at once
-    r.work.wait();
-    if (r.replicate_next) config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg).wait();
-    accept_gradient(r.output);
-    return;
-  }
+  // Every unit that reaches backward ran a forward, which gave it its root's runtime.
+  if (!shared_) throw Error("FSDP internal error: the unit at module " + module_->name() + " reduces without a root");
   RuntimeStats& st = shared_->stats;
   ++st.reductions;
   ++st.reductions_in_flight;
@@ -361,13 +357,20 @@ void UnitState::complete_oldest_reduction() {
   PendingReduction r = std::move(shared_->pending.front());
   shared_->pending.pop_front();
   const auto t0 = std::chrono::steady_clock::now();
+  if (r.replicate_next) start_replicate_stage(r);
   r.work.wait();
   r.input = at::Tensor();  // back to the pool
-  if (r.replicate_next) r.unit->config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg).wait();
   RuntimeStats& st = shared_->stats;
   st.reduction_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   --st.reductions_in_flight;
   r.unit->accept_gradient(std::move(r.output));
+}
+
+void UnitState::start_replicate_stage(PendingReduction& r) {
+  r.work.wait();  // the reduce-scatter over the shard group
+  r.input = at::Tensor();
+  r.replicate_next = false;
+  r.work = r.unit->config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg);
 }
 
 void UnitState::drain_reductions() {
@@ -375,11 +378,7 @@ void UnitState::drain_reductions() {
   // HYBRID_SHARD: issue every replicate all-reduce before waiting for any,
   // in issue order (the same on every rank).
   for (auto& r : shared_->pending) {
-    if (!r.replicate_next) continue;
-    r.work.wait();
-    r.input = at::Tensor();
-    r.replicate_next = false;
-    r.work = r.unit->config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg);
+    if (r.replicate_next) start_replicate_stage(r);
   }
   while (!shared_->pending.empty()) complete_oldest_reduction();
 }

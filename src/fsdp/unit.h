@@ -149,8 +149,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
 
  private:
   void transition(std::initializer_list<TrainingState> from, TrainingState to);
-  // The unit's all-gather: start issues it (counted), finish waits for it.
-  void start_unshard();
+  // The unit's all-gather: start issues it (counted; returns whether it
+  // issued one), finish waits for it.
+  bool start_unshard();
   void finish_unshard();
   // The unit that ran `step` places after this one in the last recorded
   // forward order (+1: next forward, -1: next backward).
@@ -164,6 +165,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void accept_gradient(at::Tensor shard_grad);
   // Root: waits for the oldest pending reduction and hands its gradient over.
   void complete_oldest_reduction();
+  // HYBRID_SHARD: waits for r's reduce-scatter and issues its all-reduce
+  // over the replicate group.
+  static void start_replicate_stage(PendingReduction& r);
   // Root: completes every pending reduction, in issue order.
   void drain_reductions();
   // Root, at a new iteration: cleans up after a backward that threw.
@@ -213,8 +217,6 @@ void interpose_sequential_elements(torch::nn::Module& root);
 // True when `t` is the flat parameter (shard) of some FSDP unit (wrap.cpp).
 bool is_flat_param(const at::Tensor& t);
 
-// The parameter registry of any module (torch::nn::Module keeps it protected).
-torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m);
 
 // Parameters of `model` that no unit owns (ignored modules), each once.
 std::vector<at::Tensor> unowned_params(const std::shared_ptr<torch::nn::Module>& model);
