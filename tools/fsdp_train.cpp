@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   app.add_flag("--activation-checkpointing", c.activation_checkpointing, "recompute each block's activations in backward");
   app.add_flag("--cpu-offload", c.cpu_offload, "keep shards on CPU (no-op on CPU builds)");
   app.add_option("--seed", c.seed, "data and initialisation seed")->capture_default_str();
+  bool eager_init = false;
+  app.add_flag("--eager-init", eager_init,
+               "build the whole model on every rank before sharding (default: each block gets its memory when "
+               "sharded; the same initial values)");
   app.add_option("--log-every", c.log_every, "steps between log lines (when not on a terminal)")->capture_default_str();
   app.add_option("--eval-every", c.eval_every, "held-out loss every N steps (0: never)")->capture_default_str();
   app.add_option("--mesh", c.mesh, "R,S: HYBRID_SHARD over R replicas of S-rank shard groups (R*S = world)");
@@ -65,6 +69,7 @@ int main(int argc, char** argv) {
       c.resume = true;
     }
     c.limit_all_gathers = !no_limit;
+    c.empty_init = !eager_init;
     c.model = fsdp::train::preset(c.preset);
     if (dim) c.model.dim = dim;
     if (layers) c.model.layers = layers;

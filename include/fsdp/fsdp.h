@@ -178,10 +178,15 @@ struct FSDPOptions {
 // once (shapes, dtypes and devices stay). Wrapping rebuilds each such module
 // from copies of its arguments right before it shards the unit that holds
 // it, so peak memory while building and wrapping a model is the shards plus
-// about one unit, instead of the whole model on every rank. Initial values
-// are drawn at wrapping, unit by unit, so they differ from an eager build with
-// the same seed; every rank draws the same ones when seeded alike (the
-// strategy seeds every rank). Modules built any other way (plain members,
+// about one unit, instead of the whole model on every rank. The initial
+// values are an eager build's with the same seed: each rebuild replays the
+// default CPU generator from the state it had when the module was first
+// built (under a process-wide lock, restoring the generator afterwards), so
+// they do not depend on when, or on which thread, wrapping runs. (Modules
+// whose constructors draw from a CUDA generator are not replayed: build on
+// CPU and let FSDP move them. Ranks that are threads of one process share
+// the generator: let no rank draw from it while another wraps, e.g. a
+// barrier before and after setup.) Modules built any other way (plain members,
 // Unit(std::make_shared<M>(...))) are allocated as usual. A deferred module
 // run before it is materialised (wrapping, or fsdp::materialize) throws:
 // ConfigError through its Unit holder, LibTorch's "data is not allocated"
@@ -232,9 +237,8 @@ class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
         auto init = [args]() -> std::shared_ptr<torch::nn::Module> {
           return std::apply([](const auto&... a) { return std::make_shared<ModuleImpl>(a...); }, *args);
         };
-        this->impl_ = std::static_pointer_cast<ModuleImpl>(init());
+        this->impl_ = std::static_pointer_cast<ModuleImpl>(detail::build_deferred(std::move(init)));
         attach();
-        detail::defer_init(this->impl_, std::move(init));
         return;
       }
     }

@@ -3,9 +3,11 @@
 #include "empty_init.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "fsdp/error.h"
@@ -69,13 +71,47 @@ bool is_unallocated(const at::Tensor& t) {
   return t.defined() && t.numel() > 0 && t.has_storage() && t.storage().nbytes() == 0;
 }
 
-void defer_init(const std::shared_ptr<torch::nn::Module>& module,
-                std::function<std::shared_ptr<torch::nn::Module>()> init) {
-  at::NoGradGuard no_grad;
-  for_each_tensor(*module, [](const std::string&, at::Tensor& t) {
-    if (t.numel() > 0) t.set_data(unallocated(t.sizes(), t.options()));
-  });
-  slot_for(module.get())->deferred_init = std::move(init);
+std::shared_ptr<torch::nn::Module> build_deferred(std::function<std::shared_ptr<torch::nn::Module>()> init) {
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  at::Tensor before;
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    before = cpu.get_state();
+  }
+  std::shared_ptr<torch::nn::Module> module = init();
+  {
+    at::NoGradGuard no_grad;
+    for_each_tensor(*module, [](const std::string&, at::Tensor& t) {
+      if (t.numel() > 0) t.set_data(unallocated(t.sizes(), t.options()));
+    });
+  }
+  // The rebuild draws what this build drew: the generator is set to `before`
+  // for it and given back its own state after. Rebuilds of every thread take
+  // one lock, so thread ranks wrapping at once do not interleave draws.
+  slot_for(module.get())->deferred_init = [before, init = std::move(init)]() {
+    static std::mutex replay_mutex;
+    std::lock_guard<std::mutex> replay(replay_mutex);
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor current;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      current = gen.get_state();
+      gen.set_state(before);
+    }
+    auto restore = [&] {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(current);
+    };
+    try {
+      auto fresh = init();
+      restore();
+      return fresh;
+    } catch (...) {
+      restore();
+      throw;
+    }
+  };
+  return module;
 }
 
 void check_materialized(const Slot& slot) {

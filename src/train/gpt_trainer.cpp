@@ -236,15 +236,24 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
 
   // The initial weights come from the seed alone: built under a process-wide
   // lock right after seeding, so that ranks that are threads of one process
-  // (LibTorch's generator is global) build identical weights too.
+  // (LibTorch's generator is global) build identical weights too. Under
+  // empty_init the blocks are rebuilt at wrapping from the generator state
+  // they were first built from: the same values.
   std::shared_ptr<models::GPTImpl> net;
+  strategy.barrier();  // setup_environment seeded the generator on every rank; thread ranks share it
   {
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(c.seed);
+    auto deferred = strategy.module_init_context(c.empty_init);
     net = std::make_shared<models::GPTImpl>(c.model);
   }
+  // Thread ranks share the generator: no rank wraps (rebuilding its blocks
+  // from replayed generator states) while another still builds, and none
+  // trains (dropout draws) while another still wraps.
+  strategy.barrier();
   auto model = strategy.setup_module(net);
+  strategy.barrier();
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr));
   strategy.setup_optimizer(opt);
   const std::string ckpt_dir = (fs::path(c.out) / "checkpoints").string();

@@ -53,12 +53,12 @@ TEST(EmptyInitProcesses, RanksMaterialiseTheSameValues) {
   c.context = 16;
   c.dim = 64;
   c.layers = 4;
-  auto build = [&](bool empty_init) {
-    torch::manual_seed(8);
+  auto build = [&](bool empty_init, uint64_t seed) {
+    torch::manual_seed(seed);
     fsdp::EmptyInitGuard guard(empty_init);
     return std::make_shared<fsdp::models::GPTImpl>(c);
   };
-  auto reference = build(true);
+  auto reference = build(true, 8);
   fsdp::materialize(reference);
   fsdp::FSDPStrategy s(fsdp::FSDPStrategyOptions().world(pg).seed(8).auto_wrap_module_types<fsdp::models::GPTBlockImpl>());
   s.setup_environment();
@@ -74,8 +74,10 @@ TEST(EmptyInitProcesses, RanksMaterialiseTheSameValues) {
     ASSERT_TRUE(want.contains(name)) << name;
     EXPECT_TRUE(torch::equal(t, want[name])) << name;
   }
-  // Not a tautology: another seed gives other values.
-  auto other = build(false);
+  // They are an eager build's from the same seed; another seed gives others.
+  auto eager = build(false, 8);
+  for (const auto& p : eager->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), want[p.key()])) << p.key();
+  auto other = build(false, 9);
   EXPECT_FALSE(torch::equal(other->named_parameters()["blocks.0.fc.weight"], want["blocks.0.fc.weight"]));
 }
 

@@ -605,3 +605,33 @@ TEST(StrategyEmptyInit, ValuesComeFromTheRebuildAndUseBeforeSetupIsRefused) {
     expect_close(to_map(full_parameters(model.ptr())), want, 0.0, "empty_init");
   });
 }
+
+// Ranks that are threads of one process share LibTorch's generator, and
+// their wrapping (each unit's rebuild) runs at once. Each rebuild replays the
+// generator state its block was first built from, so every rank's model has
+// exactly an eager build's values from the same seed.
+TEST(StrategyEmptyInit, ThreadRanksWrappingAtOnceGetAnEagerBuildsValues) {
+  const auto c = deep_gpt();
+  std::map<std::string, torch::Tensor> want;
+  {
+    std::lock_guard<std::mutex> lock(rng_mutex());
+    torch::manual_seed(9);
+    models::GPTImpl eager(c);
+    want = named_params(eager);
+  }
+  run_ranks(3, [&](dist::ProcessGroup& pg) {
+    FSDPStrategy s(FSDPStrategyOptions().world(borrow(pg)).auto_wrap_module_types<models::GPTBlockImpl>());
+    s.setup_environment();  // seeds the (shared) generator: no rank builds before every rank has
+    pg.barrier();
+    std::shared_ptr<models::GPTImpl> net;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex());
+      torch::manual_seed(9);
+      auto init = s.module_init_context(true);
+      net = std::make_shared<models::GPTImpl>(c);
+    }
+    pg.barrier();  // every rank wraps at once
+    auto model = s.setup_module(net);
+    expect_close(to_map(full_parameters(model.ptr())), want, 0.0, "empty_init on rank " + std::to_string(pg.rank()));
+  });
+}

@@ -59,6 +59,27 @@ TEST(GptTrainer, TinyRunLossFalls) {
   EXPECT_TRUE(fs::is_directory(dir.path() + "/checkpoints/step-00000040"));
 }
 
+// fsdp-train builds the model sharded by default; the run is the eager
+// build's run, step for step (the same initial values, so the same losses).
+TEST(GptTrainer, ShardedBuildTrainsExactlyAsTheEagerBuild) {
+  TempDir dir;
+  for (const bool empty : {true, false}) {
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      auto c = tiny(dir.path() + (empty ? "/sharded" : "/eager"), 4);
+      c.empty_init = empty;
+      train::train(c, borrow(pg));
+    });
+  }
+  EXPECT_TRUE(train::TrainConfig().empty_init) << "the default";
+  auto ms = metrics(dir.path() + "/sharded"), me = metrics(dir.path() + "/eager");
+  ASSERT_EQ(ms.size(), 4u);
+  ASSERT_EQ(me.size(), 4u);
+  for (size_t i = 0; i < ms.size(); ++i) EXPECT_DOUBLE_EQ(ms[i].second, me[i].second) << "step " << i + 1;
+  auto ws = weights_of(dir.path() + "/sharded/checkpoints/step-00000004");
+  auto we = weights_of(dir.path() + "/eager/checkpoints/step-00000004");
+  for (auto& [k, v] : we) EXPECT_TRUE(torch::equal(v, ws.at(k))) << k;
+}
+
 TEST(GptTrainer, LogsHeldOutLossDrawsTheCurveAndRunsOnAMesh) {
   TempDir dir;
   run_ranks(4, [&](dist::ProcessGroup& pg) {

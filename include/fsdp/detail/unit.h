@@ -35,10 +35,12 @@ struct Slot {
 // True while an fsdp::EmptyInitGuard is alive on this thread.
 bool empty_init_active();
 
-// Frees `module`'s parameters and buffers (keeping their shapes, dtypes and
-// devices) and records `init` in its slot for materialisation.
-void defer_init(const std::shared_ptr<torch::nn::Module>& module,
-                std::function<std::shared_ptr<torch::nn::Module>()> init);
+// Builds a module with `init` now, frees its parameters and buffers
+// (keeping their shapes, dtypes and devices) and records in its slot, for
+// materialisation, a rebuild that replays the default CPU generator from the
+// state it had before this build, so the rebuilt values are those of this
+// build (an eager build's) whenever and on whichever thread it runs.
+std::shared_ptr<torch::nn::Module> build_deferred(std::function<std::shared_ptr<torch::nn::Module>()> init);
 
 // ConfigError unless the module of `slot` is materialised.
 void check_materialized(const Slot& slot);

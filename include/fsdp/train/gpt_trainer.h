@@ -30,6 +30,10 @@ struct TrainConfig {
   bool activation_checkpointing = false;
   bool cpu_offload = false;
   uint64_t seed = 0;
+  // Built sharded (EmptyInitGuard): each block gets its memory when FSDP
+  // shards it, with the values an eager build from `seed` has. false: the
+  // whole model is built on every rank first.
+  bool empty_init = true;
   int64_t log_every = 10;
   int64_t eval_every = 50;          // held-out loss every N steps (and at the end); 0: never
   std::string mesh;                 // "R,S": HYBRID_SHARD's (replicate, shard) sizes
