@@ -9,7 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-scripts/build.sh
+# Only the two programs it runs (and the library they link), not the tests.
+targets="fsdp-run fsdp-train"
+# shellcheck disable=SC2086  # a list of targets
+scripts/build.sh --target $targets
 bin=build/bin
 [ "${FSDP_LIBTORCH:-wheel}" = debian ] && bin=build-debian/bin
 out=runs/latest

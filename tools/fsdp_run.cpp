@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
       std::cout << fsdp::launch::usage();
       return 0;
     }
+    for (const auto& w : options.warnings) std::cerr << w << "\n";
     return fsdp::launch::launch(options);
   } catch (const fsdp::ConfigError& e) {
     std::cerr << e.what() << "\n";

@@ -3,6 +3,7 @@
 //   fsdp-run --nproc-per-node 2 -- fsdp-train --preset tiny --steps 100 --out runs/tiny
 //   fsdp-run --nproc-per-node 1 -- fsdp-train generate --checkpoint runs/tiny/checkpoints/step-00000100 --prompt "the"
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -21,7 +22,10 @@ int main(int argc, char** argv) {
   app.add_option("--context", context, "tokens per sample (overrides the preset)");
   app.add_option("--steps", c.steps, "training steps")->capture_default_str();
   app.add_option("--batch", c.batch, "sequences per rank per step")->capture_default_str();
-  app.add_option("--lr", c.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--lr", c.lr, "AdamW's peak learning rate (on --resume: applies from the resumed step)")
+      ->capture_default_str();
+  app.add_option("--warmup-steps", c.warmup_steps, "steps of linear warm-up to --lr; default: a fifth of --steps");
+  app.add_option("--min-lr", c.min_lr, "learning rate at the last step (cosine decay from --lr); default: a tenth of --lr");
   app.add_option("--out", c.out, "run directory (metrics.jsonl, checkpoints/)")->capture_default_str();
   app.add_option("--data", c.data, "text file to train on (default: a generated corpus)");
   app.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end only)")->capture_default_str();
@@ -50,17 +54,18 @@ int main(int argc, char** argv) {
 
   auto* gen = app.add_subcommand("generate", "continue a prompt with a trained checkpoint");
   std::string checkpoint, prompt = "the ";
-  int64_t tokens = 200;
-  uint64_t seed = 0;
+  fsdp::train::GenerateOptions go;
   gen->add_option("--checkpoint", checkpoint, "checkpoint file or directory")->required();
   gen->add_option("--prompt", prompt, "text to continue")->capture_default_str();
-  gen->add_option("--tokens", tokens, "bytes to generate")->capture_default_str();
-  gen->add_option("--seed", seed, "sampling seed")->capture_default_str();
+  gen->add_option("--tokens", go.tokens, "bytes to generate")->capture_default_str();
+  gen->add_option("--temperature", go.temperature, "sampling temperature; 0: greedy")->capture_default_str();
+  gen->add_option("--top-k", go.top_k, "sample among the k most likely bytes; 0: all")->capture_default_str();
+  gen->add_option("--seed", go.seed, "sampling seed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     auto world = fsdp::dist::init_process_group_from_env();
     if (gen->parsed()) {
-      const std::string text = fsdp::train::generate(checkpoint, prompt, tokens, seed, world);
+      const std::string text = fsdp::train::generate(checkpoint, prompt, go, world);
       if (world->rank() == 0) std::cout << text << std::endl;
       return 0;
     }
@@ -77,6 +82,9 @@ int main(int argc, char** argv) {
     if (context) c.model.context = context;
     fsdp::train::train(c, world);
     return 0;
+  } catch (const c10::Error& e) {
+    std::cerr << "fsdp-train: " << e.what_without_backtrace() << std::endl;  // no LibTorch stack trace
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "fsdp-train: " << e.what() << std::endl;
     return 1;

@@ -22,7 +22,13 @@
 // Crash safety: nothing is written under the final name before it is
 // complete and synced (temporary file + rename; sharded: new data files next
 // to the old ones, the index replaced by rename, old files removed after).
-// An interrupted save leaves the previous checkpoint loadable.
+// An interrupted save leaves the previous checkpoint loadable. A checkpoint
+// of the other format at the path (a sharded directory under a full save, a
+// file under a sharded one) is replaced, as Lightning does, but crash-safely:
+// the new checkpoint is saved complete at "<path>.fsdp-new-<id>", swapped
+// with the old one in one step (renameat2 RENAME_EXCHANGE, Linux 3.15+ on
+// local file systems; elsewhere the save fails saying so, the old checkpoint
+// intact), and the old one is removed only then.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -106,7 +112,8 @@ struct CheckpointOptions {
 // exactly one model with FSDP units (optimizers belong to it; other models
 // are saved whole, from rank 0). ConfigError, with Lightning's words, for no
 // FSDP model or several, or a full save onto a directory that is not a
-// checkpoint; Error naming the file for I/O failures (a full disk included),
+// checkpoint, or an async save that would replace a checkpoint of the other
+// format; Error naming the file for I/O failures (a full disk included),
 // with the previous checkpoint at `path` left intact.
 void save_checkpoint(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
                      const CheckpointOptions& options = {});

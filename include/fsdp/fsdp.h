@@ -181,7 +181,8 @@ struct FSDPOptions {
 // about one unit, instead of the whole model on every rank. The initial
 // values are an eager build's with the same seed: each rebuild replays the
 // default CPU generator from the state it had when the module was first
-// built (under a process-wide lock, restoring the generator afterwards), so
+// built, under the default dtype it was built under (under a process-wide
+// lock, restoring both afterwards), so
 // they do not depend on when, or on which thread, wrapping runs. (Modules
 // whose constructors draw from a CUDA generator are not replayed: build on
 // CPU and let FSDP move them. Ranks that are threads of one process share
@@ -213,6 +214,17 @@ void materialize(const std::shared_ptr<torch::nn::Module>& module, std::optional
 // module's forward. Register it like any holder:
 //   block = register_module("block", fsdp::Unit<BlockImpl>(args...));
 // and call it as block(x) or block.forward(x) (not block->forward(x)).
+namespace detail {
+// A module, a module holder (torch::nn::Linear, ...) or a shared_ptr to a
+// module: an argument that shares state with the module it builds.
+template <class T>
+struct is_module_argument
+    : std::bool_constant<std::is_base_of_v<torch::nn::Module, T> ||
+                         std::is_base_of_v<torch::detail::ModuleHolderIndicator, T>> {};
+template <class T>
+struct is_module_argument<std::shared_ptr<T>> : std::is_base_of<torch::nn::Module, T> {};
+}  // namespace detail
+
 template <class ModuleImpl>
 class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
   using Base = torch::nn::ModuleHolder<ModuleImpl>;
@@ -222,22 +234,28 @@ class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
   /* implicit */ Unit(std::shared_ptr<ModuleImpl> module) : Base(std::move(module)) { attach(); }
   /* implicit */ Unit(const torch::nn::ModuleHolder<ModuleImpl>& holder) : Base(holder.ptr()) { attach(); }
   // Constructs the module from its constructor arguments. Under an
-  // EmptyInitGuard (and with copyable arguments) the module is built, then
-  // its memory freed at once; FSDP rebuilds it from copies of the arguments
-  // when it shards this unit (see EmptyInitGuard).
+  // EmptyInitGuard (and with copyable arguments that are not modules) the
+  // module is built, then its memory freed at once; FSDP rebuilds it from
+  // copies of the arguments when it shards this unit (see EmptyInitGuard).
+  // Arguments that are modules (e.g. Sequential's elements) were built, with
+  // their memory, before the Unit: such a unit is built as usual.
   template <class Head, class... Tail,
             class = std::enable_if_t<!std::is_convertible_v<Head, std::shared_ptr<ModuleImpl>> &&
                                      !std::is_base_of_v<torch::nn::ModuleHolder<ModuleImpl>, std::decay_t<Head>>>>
   explicit Unit(Head&& head, Tail&&... tail) : Base(nullptr) {
     if constexpr (std::conjunction_v<std::is_copy_constructible<std::decay_t<Head>>,
-                                      std::is_copy_constructible<std::decay_t<Tail>>...>) {
+                                      std::is_copy_constructible<std::decay_t<Tail>>...> &&
+                  !std::disjunction_v<detail::is_module_argument<std::decay_t<Head>>,
+                                      detail::is_module_argument<std::decay_t<Tail>>...>) {
       if (detail::empty_init_active()) {
         auto args = std::make_shared<std::tuple<std::decay_t<Head>, std::decay_t<Tail>...>>(
             std::forward<Head>(head), std::forward<Tail>(tail)...);
         auto init = [args]() -> std::shared_ptr<torch::nn::Module> {
           return std::apply([](const auto&... a) { return std::make_shared<ModuleImpl>(a...); }, *args);
         };
-        this->impl_ = std::static_pointer_cast<ModuleImpl>(detail::build_deferred(std::move(init)));
+        // LibTorch's modules reach Module as a virtual base (through
+        // Cloneable): a dynamic cast, not a static one.
+        this->impl_ = std::dynamic_pointer_cast<ModuleImpl>(detail::build_deferred(std::move(init)));
         attach();
         return;
       }

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/typeid.h>
+
 #include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
@@ -134,6 +136,25 @@ class FSDPStrategyOptions {
   bool use_orig_params_ = true;
 };
 
+// What FSDPStrategy::module_init_context returns: while it lives, modules
+// built on this thread are deferred (empty_init, see EmptyInitGuard) and,
+// under a "-true" precision, created in that dtype (Lightning's
+// module_init_context: half the initialisation memory for bf16-true). The
+// dtype is LibTorch's default dtype, which is process-wide (as
+// torch.set_default_dtype): ranks that are threads of one process see it
+// too. It is restored when the context ends.
+class ModuleInitContext {
+ public:
+  ModuleInitContext(bool empty_init, std::optional<at::ScalarType> dtype);
+  ~ModuleInitContext();
+  ModuleInitContext(const ModuleInitContext&) = delete;
+  ModuleInitContext& operator=(const ModuleInitContext&) = delete;
+
+ private:
+  EmptyInitGuard empty_;
+  std::optional<caffe2::TypeMeta> previous_dtype_;
+};
+
 class FSDPStrategy {
  public:
   // Validates the options (ConfigError with the seed's messages: hybrid
@@ -142,9 +163,13 @@ class FSDPStrategy {
   explicit FSDPStrategy(FSDPStrategyOptions options = {});
 
   // [collective] Joins the job described by the environment (fsdp-run /
-  // torchrun variables), with the options' backend and timeout, sets the
-  // seed on every rank, and builds the device mesh. A world group given in
-  // the options is used instead of joining.
+  // torchrun variables; none set: a single process, rank 0 of 1), with the
+  // options' backend and timeout, sets the seed on every rank, and builds the
+  // device mesh. A world group given in the options is used instead of
+  // joining; so is the one another strategy of this process joined while it
+  // is still held (as Lightning reuses an initialised default group; its
+  // backend and timeout stay) — ConfigError if the environment's rank or
+  // world size disagree with it.
   void setup_environment();
 
   dist::ProcessGroup& group() const;
@@ -164,24 +189,55 @@ class FSDPStrategy {
   SamplerArgs distributed_sampler_kwargs() const;
   const PrecisionConfig& precision() const { return precision_; }
   const std::string& state_dict_type() const { return options_.state_dict_type_; }
+  // The effective FSDP settings, as Lightning's attributes of the same names:
+  // the sharding strategy, the MixedPrecision the model is wrapped with (an
+  // explicit mixed_precision, else the precision name's; none for "-true"
+  // and "32"), and the CPU offload.
+  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy_; }
+  std::optional<MixedPrecision> mixed_precision_config() const;
+  CPUOffload cpu_offload() const { return options_.cpu_offload_; }
+  // Lightning's module_sharded_context: the FSDP options this strategy wraps
+  // with (sharding strategy, mixed precision, CPU offload, groups, device,
+  // pass-through options), without its auto-wrap policy, for wrapping
+  // submodules by hand:
+  //   block = strategy.wrap(block);   // or FullyShardedDataParallel<M>(m, strategy.module_sharded_options())
+  // then setup_module(model) wraps the root around them. Local; requires
+  // setup_environment.
+  FSDPOptions module_sharded_options() const;
+  // [collective] FullyShardedDataParallel<M>(module, module_sharded_options()).
+  template <class ModuleImpl>
+  Unit<ModuleImpl> wrap(std::shared_ptr<ModuleImpl> module) const {
+    FullyShardedDataParallel<ModuleImpl> wrapped(std::move(module), module_sharded_options());
+    return wrapped;
+  }
 
   // Lightning's module_init_context(empty_init): build the model while the
-  // returned guard lives. empty_init=true: every fsdp::Unit<M>(args...) built
-  // on this thread holds no memory until setup_module materialises it, unit
-  // by unit, right before sharding it — peak memory during setup is the
-  // shards plus about one unit (see EmptyInitGuard in fsdp/fsdp.h; initial
-  // values then differ from an eager build with the same seed). false:
-  // nothing changes. Local; each rank (thread) builds under its own guard.
-  EmptyInitGuard module_init_context(bool empty_init = true) const { return EmptyInitGuard(empty_init); }
+  // returned context lives. empty_init=true: every fsdp::Unit<M>(args...)
+  // built on this thread holds no memory until setup_module materialises it,
+  // unit by unit, right before sharding it — peak memory during setup is the
+  // shards plus about one unit, with the values of an eager build (see
+  // EmptyInitGuard in fsdp/fsdp.h). Under "bf16-true" / "16-true" the
+  // parameters are created in that dtype (see ModuleInitContext). Local.
+  ModuleInitContext module_init_context(bool empty_init = true) const {
+    return ModuleInitContext(empty_init, precision_.model_dtype);
+  }
 
   // [collective] Wraps `module` (FSDP with the options and the auto-wrap
-  // policy), then applies activation checkpointing. A model already holding
-  // FSDP units is not wrapped again: the policy is ignored with a warning.
-  // A model that already has checkpointed layers keeps them (warning).
+  // policy), then applies activation checkpointing. A model that already has
+  // checkpointed layers keeps them (warning).
+  // Manual wrapping: when submodules are already FSDP units (wrapped by hand,
+  // e.g. with wrap() above; members or Sequential elements), the policy is
+  // ignored (warning) and only the root is wrapped around them, owning the
+  // parameters no unit holds. DIFFERENCE FROM LIGHTNING, on purpose:
+  // Lightning leaves such a root unwrapped, so parameters outside the units
+  // would neither be sharded nor have their gradients reduced (ranks would
+  // drift apart), and clip_gradients_norm / no_backward_sync would refuse the
+  // model; with the root wrapped, manual wrapping trains and checkpoints as
+  // auto-wrapping does. A root that is itself a unit is left as it is.
   template <class ModuleImpl>
   Unit<ModuleImpl> setup_module(std::shared_ptr<ModuleImpl> module) {
-    if (begin_setup(module)) {
-      FullyShardedDataParallel<ModuleImpl> wrapped(module, fsdp_options());
+    if (auto options = begin_setup(module)) {
+      FullyShardedDataParallel<ModuleImpl> wrapped(module, *options);
     }
     after_wrap(module);
     return Unit<ModuleImpl>(module);
@@ -230,6 +286,12 @@ class FSDPStrategy {
   // The same, unscaling `optimizer`'s gradients first when a gradient scaler is in use.
   at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, torch::optim::Optimizer& optimizer,
                                  double max_norm, double norm_type = 2.0) const;
+  // Lightning's clip_gradients_value: clamps every gradient of `optimizer`'s
+  // parameters to [-clip_value, clip_value], unscaling them first under a
+  // gradient scaler. Local: an element's clamp needs no other element, so
+  // clamping each rank's shard is clamping the full gradient. ConfigError
+  // for a clip_value that is not positive.
+  void clip_gradients_value(torch::optim::Optimizer& optimizer, double clip_value) const;
   // Lightning's backward: loss.backward(), the loss scaled first under
   // "16-mixed" (its gradient scaler). Local; the unit hooks it triggers are
   // collectives.
@@ -252,6 +314,9 @@ class FSDPStrategy {
                        std::function<bool(const std::string&, const std::string&)> filter = nullptr) const;
   std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
                                                          bool strict = true) const;
+  // [collective] The model of a single-file (full) checkpoint into `module`
+  // (Lightning's module-only load); a sharded checkpoint's directory is
+  // refused with Lightning's message (load it through a CheckpointState).
   void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
                        bool strict = true) const;
   // Lightning: "Loading a single optimizer object from a checkpoint is not
@@ -259,9 +324,11 @@ class FSDPStrategy {
   void load_checkpoint(const std::string& path, torch::optim::Optimizer& optimizer) const;
 
  private:
-  // Checks the set-up, converts a "-true" precision's model; false (with a
-  // warning when a policy is set) if the model already holds FSDP units.
-  bool begin_setup(const std::shared_ptr<torch::nn::Module>& module);
+  // Checks the set-up, converts a "-true" precision's model, and returns the
+  // options to wrap the root with: the policy's, or none (warning when a
+  // policy is set) if submodules are already FSDP units; nullopt when the
+  // root itself is already one.
+  std::optional<FSDPOptions> begin_setup(const std::shared_ptr<torch::nn::Module>& module);
   FSDPOptions fsdp_options() const;
   void after_wrap(const std::shared_ptr<torch::nn::Module>& module);
   void check_joint_setup() const;

@@ -69,7 +69,8 @@ std::string require(const EnvLookup& lookup, const std::string& name, const std:
   auto v = lookup(name);
   if (!v) {
     throw ConfigError("environment variable " + name + " is not set: expected " + hint +
-                      " (torchrun and fsdp-run set it)");
+                      " (torchrun and fsdp-run set it; with none of RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, "
+                      "MASTER_ADDR, MASTER_PORT set, the process runs alone as rank 0 of 1)");
   }
   return *v;
 }
@@ -79,6 +80,29 @@ std::string require(const EnvLookup& lookup, const std::string& name, const std:
 DistEnv read_dist_env(const EnvLookup& lookup) {
   constexpr long kMaxInt = std::numeric_limits<int>::max();
   DistEnv env;
+  auto read_options = [&] {
+    if (auto v = lookup("FSDP_BACKEND")) {
+      env.backend = parse_backend(*v, "FSDP_BACKEND");
+    }
+    if (auto v = lookup("FSDP_TIMEOUT_S")) {
+      env.timeout = std::chrono::seconds(
+          parse_int("FSDP_TIMEOUT_S", *v, 1, 7 * 24 * 3600, "a timeout in whole seconds, 1..604800"));
+    }
+    if (auto v = lookup("FSDP_RENDEZVOUS_TIMEOUT_S")) {
+      env.rendezvous_timeout = std::chrono::seconds(parse_int("FSDP_RENDEZVOUS_TIMEOUT_S", *v, 1, 7 * 24 * 3600,
+                                                              "a timeout in whole seconds, 1..604800"));
+    }
+  };
+  // No launcher: a single process, as torch.distributed and Lightning run one.
+  bool any = false;
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    any = any || lookup(name).has_value();
+  }
+  if (!any) {
+    read_options();
+    return env;
+  }
+  env.launched = true;
   env.world_size = static_cast<int>(parse_int(
       "WORLD_SIZE", require(lookup, "WORLD_SIZE", "the number of ranks, e.g. WORLD_SIZE=2"), 1,
       kMaxInt, "an integer >= 1"));
@@ -109,13 +133,7 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
         "MASTER_PORT", require(lookup, "MASTER_PORT", "the TCP port of rank 0's store, e.g. 29500"),
         1, 65535, "a TCP port number in 1..65535"));
   }
-  if (auto v = lookup("FSDP_BACKEND")) {
-    env.backend = parse_backend(*v, "FSDP_BACKEND");
-  }
-  if (auto v = lookup("FSDP_TIMEOUT_S")) {
-    env.timeout = std::chrono::seconds(
-        parse_int("FSDP_TIMEOUT_S", *v, 1, 7 * 24 * 3600, "a timeout in whole seconds, 1..604800"));
-  }
+  read_options();
   return env;
 }
 

@@ -389,8 +389,9 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(const c10::intrusive_ptr<c10d::Sto
                                               int size, Backend backend, int local_rank,
                                               std::chrono::milliseconds timeout, const std::string& name,
                                               std::shared_ptr<::gloo::transport::Device> gloo_device,
-                                              const std::string& rendezvous_where) {
-  join(store, rank, size, timeout, name, rendezvous_where);
+                                              const std::string& rendezvous_where,
+                                              std::chrono::milliseconds join_timeout) {
+  join(store, rank, size, join_timeout, name, rendezvous_where);
   auto impl = std::make_unique<ProcessGroup::Impl>();
   impl->store = store;
   impl->backend = backend;
@@ -446,6 +447,7 @@ InitOptions InitOptions::from_env(const DistEnv& env) {
   o.master_port = env.master_port;
   o.backend = env.backend;
   o.timeout = env.timeout;
+  o.rendezvous_timeout = env.rendezvous_timeout;
   return o;
 }
 
@@ -456,6 +458,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
         "init_process_group: rank=" + std::to_string(o.rank) + " is out of range: expected 0 <= rank < world_size=" +
             std::to_string(o.world_size));
   check(o.timeout.count() > 0, "init_process_group: timeout must be positive, got " + format_ms(o.timeout));
+  check(o.rendezvous_timeout.count() > 0,
+        "init_process_group: rendezvous_timeout must be positive, got " + format_ms(o.rendezvous_timeout));
   check(!o.group_name.empty(), "init_process_group: group_name must not be empty");
   const Backend backend = resolve_backend(o.backend);
 
@@ -476,7 +480,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     so.isServer = o.rank == 0;
     so.numWorkers = static_cast<std::size_t>(o.world_size);
     so.waitWorkers = false;  // join() below waits, and names the missing ranks
-    so.timeout = o.timeout;
+    so.timeout = o.rendezvous_timeout;  // connecting; collectives' own once joined
     // Rank 0's store listens on master_addr only, not on every interface:
     // through a socket made here where LibTorch takes one (2.x), else by
     // redirecting its server's wildcard bind (1.13).
@@ -488,7 +492,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     } catch (const std::exception& e) {
       throw CollectiveError("fsdp: rendezvous of group '" + o.group_name + "' (rank " +
                                 std::to_string(o.rank) + " of " + std::to_string(o.world_size) + where +
-                                ", timeout " + format_ms(o.timeout) + ") failed: " + reason(e) +
+                                ", timeout " + format_ms(o.rendezvous_timeout) + ") failed: " + reason(e) +
                                 (o.rank == 0 ? " (rank 0 serves the store on " + listen_only->address() +
                                                    " only: is that an address of this host, is the port "
                                                    "free, and did every rank start?)"
@@ -504,8 +508,11 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(o.group_name, store);
   std::shared_ptr<::gloo::transport::Device> device;
   if (backend == Backend::kGloo) device = make_gloo_device(o.store ? "" : o.master_addr);
-  return std::make_shared<ProcessGroup>(make_impl(prefixed, o.rank, o.world_size, backend, o.local_rank,
-                                                  o.timeout, o.group_name, std::move(device), where));
+  auto group = std::make_shared<ProcessGroup>(make_impl(prefixed, o.rank, o.world_size, backend, o.local_rank,
+                                                        o.timeout, o.group_name, std::move(device), where,
+                                                        o.rendezvous_timeout));
+  store->setTimeout(o.timeout);  // every rank has joined: store waits from now on are the collectives'
+  return group;
 }
 
 ProcessGroupPtr init_process_group_from_env() {
@@ -775,7 +782,7 @@ ProcessGroupPtr ProcessGroup::new_group(const std::vector<int>& ranks, const std
   auto store = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(id), impl_->store);
   return std::make_shared<ProcessGroup>(make_impl(store, sub_rank, static_cast<int>(ranks.size()), impl_->backend,
                                                   impl_->local_rank, impl_->timeout, sub_name, impl_->gloo_device,
-                                                  ""));
+                                                  "", impl_->timeout));
 }
 
 DeviceMesh init_device_mesh(const ProcessGroupPtr& group, int replicate_size, int shard_size) {

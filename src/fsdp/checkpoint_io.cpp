@@ -7,7 +7,12 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -318,11 +323,7 @@ void save_full(const std::string& path, const CheckpointState& state,
                const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                const CheckpointOptions& options) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    if (is_sharded_checkpoint(path)) {
-      throw ConfigError("save_checkpoint: " + path + " holds a sharded checkpoint; a full one would have to replace "
-                        "it before being complete. Save to another path (or remove the directory first).");
-    }
+  if (fs::is_directory(path, ec)) {  // (a sharded checkpoint there was replaced by save_checkpoint)
     throw ConfigError("save_checkpoint: The checkpoint path exists and is a directory: " + path);
   }
   const bool writer = group.rank() == 0;
@@ -402,12 +403,7 @@ struct ShardedJob {
 ShardedJob stage_sharded(const std::string& path, const CheckpointState& state,
                          const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                          const CheckpointOptions& options, bool copy) {
-  std::error_code ec;
-  if (fs::exists(path, ec) && !fs::is_directory(path, ec)) {
-    throw ConfigError("save_checkpoint: " + path + " is a file (a full checkpoint?); a sharded checkpoint is a "
-                      "directory: save to another path (or remove the file first)");
-  }
-  std::string error;
+  std::string error;  // (a file at `path` was replaced by save_checkpoint)
   if (group.rank() == 0) error = capture([&] { fs::create_directories(path); });
   agree(group, error, "save_checkpoint: creating " + path);
   ShardedJob job;
@@ -740,10 +736,62 @@ CheckpointValue read_value(const Source& src, const ck::EntryRecord& e) {
 
 }  // namespace
 
+namespace {
+
+// Swaps what `a` and `b` name, atomically (a file and a directory included:
+// Linux's renameat2 RENAME_EXCHANGE), then syncs their directory.
+void exchange_paths(const std::string& a, const std::string& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+    const int err = errno;
+    throw Error("save_checkpoint: cannot swap " + a + " and " + b + " in one step (renameat2 RENAME_EXCHANGE: " +
+                std::strerror(err) + ")" +
+                (err == EINVAL || err == ENOSYS ? ": this file system cannot; remove the old checkpoint first" : ""));
+  }
+  ck::sync_dir(fs::path(b).parent_path().empty() ? "." : fs::path(b).parent_path().string());
+}
+
+}  // namespace
+
 void save_checkpoint(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
                      const CheckpointOptions& options) {
   auto [name, model] = the_fsdp_model(state, "save");
   wait_for_checkpoint(group);  // one save at a time
+  // A checkpoint of the other format at `path` (Lightning replaces it): the
+  // new one is saved complete beside it, swapped in atomically, and only
+  // then is the old one removed. An interruption leaves one of the two at
+  // `path`, whole.
+  std::string other;
+  if (group.rank() == 0) {
+    std::error_code ec;
+    // What a killed replacement left beside `path` is not a checkpoint: gone.
+    const fs::path target(path);
+    const std::string stale = target.filename().string() + ".fsdp-new-";
+    const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+    for (const auto& e : fs::directory_iterator(parent, ec)) {
+      if (e.path().filename().string().rfind(stale, 0) == 0) fs::remove_all(e.path(), ec);
+    }
+    const bool full = options.format == CheckpointFormat::kFull;
+    if (full ? is_sharded_checkpoint(path) : (fs::exists(path, ec) && !fs::is_directory(path, ec))) other = "1";
+  }
+  if (!group.broadcast_bytes(other, 0).empty()) {  // [collective]
+    if (options.async_save) {
+      throw ConfigError("save_checkpoint: " + path + " holds a checkpoint of the other format; replacing it is done "
+                        "synchronously: save with async_save=false (or to another path)");
+    }
+    const std::string staging = path + ".fsdp-new-" + group.broadcast_bytes(ck::new_save_id(), 0);
+    save_checkpoint(staging, state, group, options);  // [collective] complete and committed there
+    std::string error;
+    if (group.rank() == 0) {
+      error = capture([&] {
+        ck::crash_point("replace-before-exchange", 0);
+        exchange_paths(staging, path);  // the commit point: `path` is the new checkpoint
+        ck::crash_point("replace-after-exchange", 0);
+        fs::remove_all(staging);  // the old one, now under the staging name
+      });
+    }
+    agree(group, error, "save_checkpoint: replacing " + path);
+    return;
+  }
   if (options.format == CheckpointFormat::kFull) {
     save_full(path, state, model, group, options);
     return;

@@ -3,6 +3,7 @@
 #include "empty_init.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DefaultDtype.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 
@@ -48,6 +49,11 @@ void materialize_one(torch::nn::Module& placeholder, Slot& slot, const std::opti
   for_each_tensor(placeholder, [&](const std::string& name, at::Tensor& t) {
     if (!is_unallocated(t)) return;
     auto it = values.find(name);
+    if (it != values.end() && is_unallocated(it->second)) {
+      throw ConfigError("fsdp: materialising deferred module " + placeholder.name() + ": its tensor '" + name +
+                        "' holds no memory in the rebuilt module either: its constructor reuses a module built "
+                        "under fsdp::EmptyInitGuard; pass constructor arguments that are not modules");
+    }
     if (it == values.end() || it->second.sizes() != t.sizes()) {
       throw ConfigError("fsdp: materialising deferred module " + placeholder.name() + ": its tensor '" + name +
                         "' (shape " + c10::str(t.sizes()) + ") has no counterpart " +
@@ -72,6 +78,7 @@ bool is_unallocated(const at::Tensor& t) {
 }
 
 std::shared_ptr<torch::nn::Module> build_deferred(std::function<std::shared_ptr<torch::nn::Module>()> init) {
+  const caffe2::TypeMeta dtype = c10::get_default_dtype();  // e.g. bf16 under a "-true" module_init_context
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   at::Tensor before;
   {
@@ -88,7 +95,7 @@ std::shared_ptr<torch::nn::Module> build_deferred(std::function<std::shared_ptr<
   // The rebuild draws what this build drew: the generator is set to `before`
   // for it and given back its own state after. Rebuilds of every thread take
   // one lock, so thread ranks wrapping at once do not interleave draws.
-  slot_for(module.get())->deferred_init = [before, init = std::move(init)]() {
+  slot_for(module.get())->deferred_init = [before, dtype, init = std::move(init)]() {
     static std::mutex replay_mutex;
     std::lock_guard<std::mutex> replay(replay_mutex);
     at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -98,7 +105,10 @@ std::shared_ptr<torch::nn::Module> build_deferred(std::function<std::shared_ptr<
       current = gen.get_state();
       gen.set_state(before);
     }
+    const caffe2::TypeMeta current_dtype = c10::get_default_dtype();
+    c10::set_default_dtype(dtype);
     auto restore = [&] {
+      c10::set_default_dtype(current_dtype);
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(current);
     };

@@ -2,13 +2,16 @@
 #include "fsdp/strategy.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DefaultDtype.h>
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 #include <torch/version.h>
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <iostream>
+#include <mutex>
 
 #include "fsdp/dist/env.h"
 #include "fsdp/error.h"
@@ -230,8 +233,7 @@ FSDPStrategy::FSDPStrategy(FSDPStrategyOptions options) : options_(std::move(opt
                       "latter.");
   }
   if (options_.state_dict_type_ != "full" && options_.state_dict_type_ != "sharded") {
-    throw ConfigError("FSDPStrategy: state_dict_type '" + options_.state_dict_type_ +
-                      "' is invalid: expected \"full\" or \"sharded\"");
+    throw ConfigError("Unknown state_dict_type: " + options_.state_dict_type_ + " (expected \"full\" or \"sharded\")");
   }
   if (!options_.backend_.empty() && options_.backend_ != "gloo" && options_.backend_ != "nccl") {
     throw ConfigError("FSDPStrategy: process_group_backend '" + options_.backend_ +
@@ -248,11 +250,29 @@ void FSDPStrategy::setup_environment() {
   if (options_.world_) {
     group_ = options_.world_;
   } else {
-    dist::InitOptions o = dist::InitOptions::from_env(dist::read_dist_env());
-    if (options_.timeout_) o.timeout = *options_.timeout_;
-    if (options_.backend_ == "gloo") o.backend = dist::Backend::kGloo;
-    if (options_.backend_ == "nccl") o.backend = dist::Backend::kNccl;
-    group_ = dist::init_process_group(o);
+    // The world group this process joined from its environment, while any
+    // strategy still holds it: a second strategy uses it (as Lightning uses
+    // an initialised default group) instead of joining again.
+    static std::mutex joined_mutex;
+    static std::weak_ptr<dist::ProcessGroup> joined;
+    const dist::DistEnv env = dist::read_dist_env();
+    std::lock_guard<std::mutex> lock(joined_mutex);
+    if (auto existing = joined.lock()) {
+      if (existing->rank() != env.rank || existing->size() != env.world_size) {
+        throw ConfigError("FSDPStrategy::setup_environment: this process already joined the world group as rank " +
+                          std::to_string(existing->rank()) + " of " + std::to_string(existing->size()) +
+                          ", but the environment now says rank " + std::to_string(env.rank) + " of " +
+                          std::to_string(env.world_size) + ": expected the same rank and world size");
+      }
+      group_ = existing;
+    } else {
+      dist::InitOptions o = dist::InitOptions::from_env(env);
+      if (options_.timeout_) o.timeout = *options_.timeout_;
+      if (options_.backend_ == "gloo") o.backend = dist::Backend::kGloo;
+      if (options_.backend_ == "nccl") o.backend = dist::Backend::kNccl;
+      group_ = dist::init_process_group(o);
+      joined = group_;
+    }
   }
   torch::manual_seed(options_.seed_);  // the same on every rank
   if (precision_.needs_grad_scaler) scaler_ = std::make_shared<ShardedGradScaler>(group_);
@@ -307,9 +327,10 @@ FSDPOptions FSDPStrategy::fsdp_options() const {
       // Lightning's default: shard within a node, replicate across nodes.
       int local = 0;
       try {
-        local = dist::read_dist_env().local_world_size;
+        const auto env = dist::read_dist_env();
+        if (env.launched) local = env.local_world_size;  // else not launched: one node
       } catch (const ConfigError&) {
-        // not launched by fsdp-run / torchrun: one node
+        // a partial launcher environment: one node
       }
       const int size = o.process_group->size();
       o.hybrid_shard_size = local > 0 && size % local == 0 ? local : size;
@@ -318,7 +339,7 @@ FSDPOptions FSDPStrategy::fsdp_options() const {
   return o;
 }
 
-bool FSDPStrategy::begin_setup(const std::shared_ptr<torch::nn::Module>& module) {
+std::optional<FSDPOptions> FSDPStrategy::begin_setup(const std::shared_ptr<torch::nn::Module>& module) {
   require_group("setup_module");
   if (!module) throw ConfigError("FSDPStrategy::setup_module: the module is null");
   if (((precision_.mixed && precision_.mixed->param_dtype == at::kHalf) || precision_.model_dtype == at::kHalf) &&
@@ -329,15 +350,38 @@ bool FSDPStrategy::begin_setup(const std::shared_ptr<torch::nn::Module>& module)
                       "CUDA build");
   }
   if (precision_.model_dtype) detail::module_to(*module, std::nullopt, *precision_.model_dtype);
-  if (!fsdp_modules(module).empty()) {
-    if (options_.auto_wrap_policy_ && is_global_zero()) {
-      std::cerr << "fsdp: warning: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy "
-                   "will be ignored."
-                << std::endl;
-    }
-    return false;
+  const auto units = fsdp_modules(module);
+  if (units.empty()) return fsdp_options();
+  if (options_.auto_wrap_policy_ && is_global_zero()) {
+    std::cerr << "fsdp: warning: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy "
+                 "will be ignored."
+              << std::endl;
   }
-  return true;
+  if (units.front().second == module) return std::nullopt;  // the root is a unit already
+  return module_sharded_options();  // manual wrapping: the root around the user's units
+}
+
+ModuleInitContext::ModuleInitContext(bool empty_init, std::optional<at::ScalarType> dtype) : empty_(empty_init) {
+  if (dtype) {
+    previous_dtype_ = c10::get_default_dtype();
+    c10::set_default_dtype(c10::scalarTypeToTypeMeta(*dtype));
+  }
+}
+
+ModuleInitContext::~ModuleInitContext() {
+  if (previous_dtype_) c10::set_default_dtype(*previous_dtype_);
+}
+
+FSDPOptions FSDPStrategy::module_sharded_options() const {
+  require_group("module_sharded_options");
+  FSDPOptions o = fsdp_options();
+  o.auto_wrap_policy = nullptr;
+  return o;
+}
+
+std::optional<MixedPrecision> FSDPStrategy::mixed_precision_config() const {
+  if (options_.mixed_precision_) return options_.mixed_precision_;
+  return precision_.mixed;
 }
 
 void FSDPStrategy::after_wrap(const std::shared_ptr<torch::nn::Module>& module) {
@@ -444,6 +488,20 @@ at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Mo
   return clip_gradients_norm(module, max_norm, norm_type);
 }
 
+void FSDPStrategy::clip_gradients_value(torch::optim::Optimizer& optimizer, double clip_value) const {
+  if (!(clip_value > 0)) {
+    throw ConfigError("FSDPStrategy::clip_gradients_value: clip_value must be positive, got " +
+                      std::to_string(clip_value));
+  }
+  if (scaler_) scaler_->unscale_(optimizer);
+  at::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.grad().defined()) p.mutable_grad().clamp_(-clip_value, clip_value);
+    }
+  }
+}
+
 std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const {
   if (!is_wrapped_root(module)) {
     throw ConfigError("Blocking backward sync is only possible if the module passed to "
@@ -471,6 +529,11 @@ std::map<std::string, CheckpointValue> FSDPStrategy::load_checkpoint(const std::
 void FSDPStrategy::load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
                                    bool strict) const {
   require_group("load_checkpoint");
+  std::error_code ec;
+  if (std::filesystem::is_directory(broadcast(path), ec)) {  // Lightning: rank 0's path for everyone
+    throw ConfigError("Failed to load checkpoint directly into the model. The given path must be a single file "
+                      "containing the full state dict: " + path);
+  }
   fsdp::load_checkpoint(path, module, *group_, strict);
 }
 

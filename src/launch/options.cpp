@@ -42,6 +42,14 @@ options:
 OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to cores / nproc-per-node
 (at least 1) unless already set. Workers see TORCHELASTIC_RESTART_COUNT (the
 attempt number, from 0).
+
+environment read by fsdp-cpp in the workers (passed through):
+  FSDP_TIMEOUT_S             timeout of each collective, in seconds (default
+                             1800); the error names the collective
+  FSDP_RENDEZVOUS_TIMEOUT_S  how long ranks wait for each other to join, in
+                             seconds (default 180); the error names the
+                             missing ranks
+  FSDP_BACKEND               auto (default), gloo or nccl
 )";
 }
 
@@ -127,6 +135,11 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
       o.master_addr = take();
       addr_given = true;
       if (o.master_addr.empty()) throw ConfigError("fsdp-run: --master-addr is empty: expected a host name or address");
+      if (o.master_addr == "0.0.0.0" || o.master_addr == "::" || o.master_addr == "[::]") {
+        o.warnings.push_back("fsdp-run: warning: --master-addr " + o.master_addr +
+                             ": rank 0's store will listen on every network interface, so it is reachable from every "
+                             "network this host is on; give one address of this host to limit it");
+      }
     } else if (name == "--master-port") {
       o.master_port = parse_int(name, take(), 0, 65535, "a TCP port in 0..65535 (0: pick a free one)");
     } else if (name == "--max-restarts") {

@@ -8,12 +8,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -78,6 +80,13 @@ void validate(const TrainConfig& c) {
   positive(c.model.context, "--context");
   positive(c.keep, "--keep");
   positive(c.log_every, "--log-every");
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
+    throw ConfigError("--lr must be a positive number, got " + std::to_string(c.lr));
+  }
+  if (std::isnan(c.min_lr) || c.min_lr > c.lr) {
+    throw ConfigError("--min-lr must be at most --lr (" + std::to_string(c.lr) + "; negative: a tenth of it), got " +
+                      std::to_string(c.min_lr));
+  }
   if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
   if (c.eval_every < 0) throw ConfigError("--eval-every must be 0 (never) or positive");
   if (c.backward_prefetch != "pre" && c.backward_prefetch != "post" && c.backward_prefetch != "none") {
@@ -99,13 +108,34 @@ void validate(const TrainConfig& c) {
                         ")");
     }
   }
+  if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
   std::error_code ec;
   fs::create_directories(c.out, ec);
-  const std::string probe = (fs::path(c.out) / ".write-test").string();
-  std::ofstream f(probe);
-  if (ec || !f) throw ConfigError("--out " + c.out + ": the run directory cannot be created or written");
-  f.close();
-  fs::remove(probe, ec);
+  bool writable = false;
+  if (!ec) {
+    const std::string probe = (fs::path(c.out) / ".write-test").string();
+    writable = static_cast<bool>(std::ofstream(probe));
+    fs::remove(probe, ec);
+  }
+  if (!writable) throw ConfigError("--out " + c.out + ": the run directory cannot be created or written");
+}
+
+int64_t held_out_bytes(int64_t total, int64_t context) {
+  const int64_t want = std::max<int64_t>(total / 10, (context + 2) * 8);
+  return total - want >= context + 2 ? want : 0;
+}
+
+int64_t warmup_steps(const TrainConfig& c) { return c.warmup_steps < 0 ? c.steps / 5 : c.warmup_steps; }
+
+double min_learning_rate(const TrainConfig& c) { return c.min_lr < 0 ? c.lr / 10 : c.min_lr; }
+
+double learning_rate(const TrainConfig& c, int64_t step) {
+  const int64_t warmup = warmup_steps(c);
+  if (step < warmup) return c.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (c.steps <= warmup) return c.lr;
+  const double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(c.steps - warmup));
+  const double min_lr = min_learning_rate(c);
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (c.lr - min_lr);
 }
 
 std::string generated_corpus(size_t bytes) {
@@ -141,6 +171,39 @@ std::string read_text(const TrainConfig& c) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A number after `key` in a metrics.jsonl line; nullopt when the key is
+// absent, ConfigError naming the file and line when what follows is not one.
+std::optional<double> metric(const std::string& line, const char* key, const std::string& path, int64_t lineno) {
+  const auto at = line.find(key);
+  if (at == std::string::npos) return std::nullopt;
+  const char* begin = line.c_str() + at + std::strlen(key);
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  if (end == begin || !std::isfinite(v)) {
+    throw ConfigError(path + " line " + std::to_string(lineno) + ": " + key + " is not followed by a number (line: '" +
+                      line.substr(0, 80) + "'): expected one JSON object per step as fsdp-train writes it");
+  }
+  return v;
+}
+
+// Each line's "step" (required); ConfigError naming the line otherwise.
+std::vector<std::pair<int64_t, std::string>> read_metrics(const std::string& path) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::ifstream in(path);
+  int64_t lineno = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++lineno;
+    if (line.empty()) continue;
+    auto step = metric(line, "\"step\":", path, lineno);
+    if (!step) {
+      throw ConfigError(path + " line " + std::to_string(lineno) + " has no \"step\" (line: '" + line.substr(0, 80) +
+                        "'): expected one JSON object per step as fsdp-train writes it");
+    }
+    out.emplace_back(static_cast<int64_t>(*step), line);
+  }
+  return out;
+}
+
 at::Tensor bytes_to_tokens(const std::string& text) {
   at::Tensor t = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
   std::memcpy(t.data_ptr(), text.data(), text.size());
@@ -170,9 +233,36 @@ std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& d
   return out;
 }
 
-void put_config(CheckpointState& s, const models::GPTConfig& c) {
+void put_config(CheckpointState& s, const TrainConfig& run) {
+  const models::GPTConfig& c = run.model;
   s.value("model.vocab", c.vocab_size).value("model.context", c.context).value("model.dim", c.dim);
   s.value("model.layers", c.layers).value("model.heads", c.heads);
+  // The run's settings, so that a resume can say which flags it overrides.
+  s.value("run.lr", run.lr).value("run.min_lr", min_learning_rate(run)).value("run.warmup_steps", warmup_steps(run));
+  s.value("run.steps", run.steps).value("run.batch", run.batch).value("run.seed", static_cast<int64_t>(run.seed));
+}
+
+// The flags of `c` that differ from the run settings saved in a checkpoint
+// ("--lr 0.003 -> 0.03"); checkpoints without them give none.
+std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& c) {
+  std::vector<std::string> out;
+  auto check = [&](const char* key, const char* flag, double now) {
+    auto it = info.values.find(key);
+    if (it == info.values.end()) return;
+    const double was = std::strtod(it->second.c_str(), nullptr);
+    if (std::abs(was - now) > 1e-9 * std::max(1.0, std::abs(now))) {
+      std::ostringstream os;
+      os << flag << " " << was << " -> " << now;
+      out.push_back(os.str());
+    }
+  };
+  check("run.lr", "--lr", c.lr);
+  check("run.min_lr", "--min-lr", min_learning_rate(c));
+  check("run.warmup_steps", "--warmup-steps", static_cast<double>(warmup_steps(c)));
+  check("run.steps", "--steps", static_cast<double>(c.steps));
+  check("run.batch", "--batch", static_cast<double>(c.batch));
+  check("run.seed", "--seed", static_cast<double>(c.seed));
+  return out;
 }
 
 models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path) {
@@ -229,8 +319,8 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   const int rank = strategy.global_rank(), nranks = strategy.world_size();
   // The last tenth of the text is held out for evaluation.
   const at::Tensor all_tokens = bytes_to_tokens(read_text(c));
-  const int64_t split = std::max<int64_t>(all_tokens.numel() * 9 / 10, all_tokens.numel() - (c.model.context + 2) * 8);
-  const bool can_eval = all_tokens.numel() - split >= c.model.context + 2;
+  const int64_t split = all_tokens.numel() - held_out_bytes(all_tokens.numel(), c.model.context);
+  const bool can_eval = split < all_tokens.numel();
   const at::Tensor tokens = can_eval ? all_tokens.narrow(0, 0, split) : all_tokens;
   const at::Tensor held_out = can_eval ? all_tokens.narrow(0, split, all_tokens.numel() - split) : all_tokens;
 
@@ -254,7 +344,8 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   strategy.barrier();
   auto model = strategy.setup_module(net);
   strategy.barrier();
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr));
+  // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
   strategy.setup_optimizer(opt);
   const std::string ckpt_dir = (fs::path(c.out) / "checkpoints").string();
   int64_t start = 0;
@@ -280,6 +371,13 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
             chosen = "!" + msg;
           } else {
             chosen = path;
+            const auto over = overridden_flags(info, c);
+            if (!over.empty()) {
+              std::string msg = "fsdp-train: --resume: these flags differ from the checkpoint's run and apply from "
+                                "its step on:";
+              for (size_t i = 0; i < over.size(); ++i) msg += (i ? "; " : " ") + over[i];
+              std::cout << msg << std::endl;
+            }
           }
           break;
         } catch (const ConfigError&) {
@@ -299,18 +397,23 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   }
   // Metrics: one JSON object per step; on resume, the lines after the checkpoint go.
   const std::string metrics_path = (fs::path(c.out) / "metrics.jsonl").string();
+  std::string metrics_problem;  // rank 0's, told to every rank
   if (rank == 0) {
-    std::vector<std::string> kept;
-    if (start > 0) {
-      std::ifstream in(metrics_path);
-      for (std::string line; std::getline(in, line);) {
-        const auto at = line.find("\"step\":");
-        if (at != std::string::npos && std::stoll(line.substr(at + 7)) <= start) kept.push_back(line);
+    try {
+      std::vector<std::string> kept;
+      if (start > 0) {
+        for (const auto& [step, line] : read_metrics(metrics_path)) {
+          if (step <= start) kept.push_back(line);
+        }
       }
+      std::ofstream out(metrics_path, std::ios::trunc);
+      for (const auto& l : kept) out << l << "\n";
+    } catch (const ConfigError& e) {
+      metrics_problem = std::string("--resume: ") + e.what();
     }
-    std::ofstream out(metrics_path, std::ios::trunc);
-    for (const auto& l : kept) out << l << "\n";
   }
+  metrics_problem = strategy.broadcast(metrics_problem, 0);
+  if (!metrics_problem.empty()) throw ConfigError(metrics_problem);
   std::ofstream metrics, log;
   if (rank == 0) {
     metrics.open(metrics_path, std::ios::app);
@@ -336,10 +439,12 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     detail::ckpt::crash_point("train-step", rank);  // fault injection for the reliability tests
     auto [x, y] = batch_of(tokens, step, c, rank, nranks, strategy.root_device());
     const auto ts = std::chrono::steady_clock::now();
+    const double lr = learning_rate(c, step);
+    for (auto& group : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     opt.zero_grad();
     auto loss = models::gpt_loss(model(x), y);
     strategy.backward(loss);  // scaled under "16-mixed"
-    strategy.clip_gradients_norm(model.ptr(), opt, 1.0);
+    const double grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
     strategy.optimizer_step(opt);
     mean_loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
@@ -354,8 +459,8 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double eta = elapsed / static_cast<double>(step + 1 - start) * static_cast<double>(c.steps - step - 1);
     if (rank == 0) {
-      metrics << "{\"step\":" << step + 1 << ",\"loss\":" << mean_loss << ",\"tokens_per_s\":" << tok_s
-              << ",\"elapsed_s\":" << elapsed;
+      metrics << "{\"step\":" << step + 1 << ",\"loss\":" << mean_loss << ",\"lr\":" << lr
+              << ",\"grad_norm\":" << grad_norm << ",\"tokens_per_s\":" << tok_s << ",\"elapsed_s\":" << elapsed;
       if (eval_loss >= 0) metrics << ",\"eval_loss\":" << eval_loss;
       metrics << "}" << std::endl;
       std::ostringstream os;
@@ -375,7 +480,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     if ((c.save_every > 0 && (step + 1) % c.save_every == 0) || step + 1 == c.steps) {
       CheckpointState s;
       s.model("model", model.ptr()).optimizer("optimizer", opt).value("step", step + 1);
-      put_config(s, c.model);
+      put_config(s, c);
       const std::string path = (fs::path(ckpt_dir) / step_name(step + 1)).string();
       if (rank == 0) fs::create_directories(ckpt_dir);
       strategy.barrier();
@@ -393,16 +498,15 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
 
 std::string write_loss_curve(const std::string& out) {
   std::vector<std::pair<double, double>> train, eval;
-  std::ifstream in((fs::path(out) / "metrics.jsonl").string());
-  for (std::string line; std::getline(in, line);) {
-    auto num = [&](const char* key) {
-      const auto at = line.find(key);
-      return at == std::string::npos ? -1.0 : std::stod(line.substr(at + std::strlen(key)));
-    };
-    const double step = num("\"step\":"), loss = num("\"loss\":"), ev = num("\"eval_loss\":");
-    if (step < 0 || loss < 0) continue;
-    train.emplace_back(step, loss);
-    if (ev >= 0) eval.emplace_back(step, ev);
+  const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
+  int64_t lineno = 0;
+  for (const auto& [step, line] : read_metrics(metrics_path)) {
+    ++lineno;
+    const auto loss = metric(line, "\"loss\":", metrics_path, lineno);
+    const auto ev = metric(line, "\"eval_loss\":", metrics_path, lineno);
+    if (!loss) continue;
+    train.emplace_back(static_cast<double>(step), *loss);
+    if (ev) eval.emplace_back(static_cast<double>(step), *ev);
   }
   const std::string path = (fs::path(out) / "loss.svg").string();
   const double w = 640, h = 360, pad = 50;
@@ -434,24 +538,37 @@ std::string write_loss_curve(const std::string& out) {
   return path;
 }
 
-std::string generate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, uint64_t seed,
+std::string generate(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& o,
                      const dist::ProcessGroupPtr& world) {
+  if (o.tokens < 0) throw ConfigError("generate: --tokens must be 0 or positive, got " + std::to_string(o.tokens));
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
+    throw ConfigError("generate: --temperature must be 0 (greedy) or positive, got " + std::to_string(o.temperature));
+  }
   const auto info = inspect_checkpoint(checkpoint);
   const models::GPTConfig cfg = config_of(info, checkpoint);
+  if (o.top_k < 0 || o.top_k > cfg.vocab_size) {
+    throw ConfigError("generate: --top-k must be between 0 (all) and the vocabulary size " +
+                      std::to_string(cfg.vocab_size) + ", got " + std::to_string(o.top_k));
+  }
   auto model = std::make_shared<models::GPTImpl>(cfg);
   load_checkpoint(checkpoint, model, *world);
   model->eval();
   torch::NoGradGuard no_grad;
   std::string text = prompt.empty() ? std::string("\n") : prompt;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  for (int64_t i = 0; i < tokens; ++i) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  for (int64_t i = 0; i < o.tokens; ++i) {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(text.size()), cfg.context);
     at::Tensor ctx = bytes_to_tokens(text.substr(text.size() - static_cast<size_t>(n))).unsqueeze(0);
-    at::Tensor logits = model->forward(ctx).select(1, n - 1).squeeze(0).to(at::kFloat) / 0.8;
-    auto [top, idx] = logits.topk(20);
-    at::Tensor probs = at::softmax(top, 0);
-    const int64_t pick = at::multinomial(probs, 1, false, gen).item<int64_t>();
-    text += static_cast<char>(idx[pick].item<int64_t>());
+    at::Tensor logits = model->forward(ctx).select(1, n - 1).squeeze(0).to(at::kFloat);
+    int64_t next = 0;
+    if (o.temperature == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      auto [top, idx] = logits.topk(o.top_k > 0 ? o.top_k : logits.size(0));
+      at::Tensor probs = at::softmax(top / o.temperature, 0);
+      next = idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
+    }
+    text += static_cast<char>(next);
   }
   return text;
 }

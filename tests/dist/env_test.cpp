@@ -6,6 +6,7 @@
 #include "fsdp/dist/env.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/error.h"
+#include "../support/sockets.h"
 
 using fsdp::ConfigError;
 using fsdp::dist::read_dist_env;
@@ -76,11 +77,13 @@ TEST(DistEnv, BadValuesNameTheVariable) {
   EXPECT_EQ(error_of(with("RANK", "-1")), "RANK=-1 is out of range: expected 0 <= RANK < WORLD_SIZE=4");
   EXPECT_EQ(error_of(with("RANK", "<unset>")),
             "environment variable RANK is not set: expected this process's rank, e.g. RANK=0 (torchrun and "
-            "fsdp-run set it)");
+            "fsdp-run set it; with none of RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
+            "set, the process runs alone as rank 0 of 1)");
   EXPECT_EQ(error_of(with("WORLD_SIZE", "two")), "WORLD_SIZE='two' is not a number: expected an integer >= 1");
   EXPECT_EQ(error_of(with("MASTER_ADDR", "<unset>")),
             "environment variable MASTER_ADDR is not set: expected the address of rank 0, e.g. "
-            "MASTER_ADDR=127.0.0.1 (torchrun and fsdp-run set it)");
+            "MASTER_ADDR=127.0.0.1 (torchrun and fsdp-run set it; with none of RANK, WORLD_SIZE, LOCAL_RANK, "
+            "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, the process runs alone as rank 0 of 1)");
   EXPECT_EQ(error_of(with("MASTER_PORT", "http")),
             "MASTER_PORT='http' is not a number: expected a TCP port number in 1..65535");
   EXPECT_EQ(error_of(with("MASTER_PORT", "70000")),
@@ -91,6 +94,65 @@ TEST(DistEnv, BadValuesNameTheVariable) {
   EXPECT_EQ(error_of(with("FSDP_BACKEND", "mpi")), "FSDP_BACKEND='mpi' is not a backend: expected one of auto, gloo, nccl");
   EXPECT_EQ(error_of(with("FSDP_TIMEOUT_S", "0")),
             "FSDP_TIMEOUT_S=0 is out of range: expected a timeout in whole seconds, 1..604800");
+}
+
+// No launcher variable at all: the process runs alone (rank 0 of 1), as
+// torch.distributed and Lightning run a single device; a partly set
+// environment stays an error.
+TEST(DistEnv, NoLauncherRunsAloneAsRank0Of1) {
+  auto env = read_dist_env(env_of({{"FSDP_TIMEOUT_S", "9"}}));
+  EXPECT_FALSE(env.launched);
+  EXPECT_EQ(env.rank, 0);
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_EQ(env.local_rank, 0);
+  EXPECT_EQ(env.local_world_size, 1);
+  EXPECT_EQ(env.timeout, std::chrono::seconds(9));  // the options are still read
+  EXPECT_TRUE(read_dist_env(env_of(good())).launched);
+  auto group = fsdp::dist::init_process_group(fsdp::dist::InitOptions::from_env(env));
+  EXPECT_EQ(group->size(), 1);
+  EXPECT_EQ(group->rank(), 0);
+  group->barrier();
+  EXPECT_NE(error_of({{"RANK", "0"}}).find("environment variable WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_NE(error_of({{"MASTER_PORT", "29500"}}).find("environment variable WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_NE(error_of({{"WORLD_SIZE", "2"}}).find("environment variable RANK is not set"), std::string::npos);
+}
+
+// Rendezvous is bounded by its own timeout (minutes by default, not the
+// collectives' 30), and the error names the ranks that did not come.
+TEST(DistEnv, RendezvousIsBoundedAndNamesTheMissingRanks) {
+  EXPECT_LE(fsdp::dist::kDefaultRendezvousTimeout, std::chrono::minutes(5));
+  EXPECT_EQ(read_dist_env(env_of(good())).rendezvous_timeout, fsdp::dist::kDefaultRendezvousTimeout);
+  auto vars = good();
+  vars["FSDP_RENDEZVOUS_TIMEOUT_S"] = "2";
+  EXPECT_EQ(read_dist_env(env_of(vars)).rendezvous_timeout, std::chrono::seconds(2));
+  vars["FSDP_RENDEZVOUS_TIMEOUT_S"] = "soon";
+  EXPECT_EQ(error_of(vars), "FSDP_RENDEZVOUS_TIMEOUT_S='soon' is not a number: expected a timeout in whole seconds, "
+                            "1..604800");
+  auto alone = [](int rank, int world) {
+    fsdp::dist::InitOptions o;
+    o.rank = rank;
+    o.world_size = world;
+    o.master_addr = "127.0.0.1";
+    o.master_port = fsdp::testing::free_port();
+    o.backend = fsdp::dist::Backend::kGloo;
+    o.rendezvous_timeout = std::chrono::seconds(1);  // collectives keep the 30-minute default
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      fsdp::dist::init_process_group(o);
+    } catch (const fsdp::CollectiveError& e) {
+      what = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(waited, 30.0) << what;
+    return what;
+  };
+  const std::string r0 = alone(0, 3);  // ranks 1 and 2 never start
+  EXPECT_NE(r0.find("1 of 3 ranks joined; missing rank(s): 1, 2"), std::string::npos) << r0;
+  EXPECT_NE(r0.find("timeout 1"), std::string::npos) << r0;
+  const std::string r1 = alone(1, 2);  // rank 0 (the store) never starts
+  EXPECT_NE(r1.find("rendezvous of group 'world' (rank 1 of 2"), std::string::npos) << r1;
+  EXPECT_NE(r1.find("is rank 0 running"), std::string::npos) << r1;
 }
 
 TEST(DistEnv, BackendThatIsNotBuiltIn) {

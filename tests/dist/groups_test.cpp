@@ -101,7 +101,7 @@ TEST(Rendezvous, MissingRankTimesOutWithANamedError) {
   o.rank = 0;
   o.world_size = 2;
   o.store = store;
-  o.timeout = 2s;
+  o.rendezvous_timeout = 2s;  // the collectives keep their 30 minutes
   auto t0 = std::chrono::steady_clock::now();
   try {
     fsdp::dist::init_process_group(o);
@@ -172,7 +172,7 @@ TEST(Rendezvous, RankZeroNamesAMasterAddrItCannotListenOn) {
   o.world_size = 2;
   o.master_addr = "192.0.2.1";  // TEST-NET-1: never a local address
   o.master_port = 20000 + static_cast<int>(getpid() % 20000) + 13;
-  o.timeout = 5s;
+  o.rendezvous_timeout = 5s;
   auto t0 = std::chrono::steady_clock::now();
   try {
     fsdp::dist::init_process_group(o);

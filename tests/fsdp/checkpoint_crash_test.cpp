@@ -18,6 +18,7 @@ struct CrashCase {
   const char* point;
   int rank;
   int64_t expect_step;  // 1: the previous checkpoint; 2: the new one, already committed
+  int hit = 2;           // which pass through the point (the second save's, unless the first never reaches it)
 };
 
 class CheckpointCrash : public ::testing::TestWithParam<CrashCase> {};
@@ -28,7 +29,8 @@ TEST_P(CheckpointCrash, ThePreviousCheckpointSurvivesAKilledSave) {
   auto r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "2", "--", CHECKPOINT_HELPER_PATH, "crash", dir.path(),
                         c.format},
                        std::chrono::seconds(180),
-                       {"FSDP_CKPT_TEST_CRASH=" + std::string(c.point) + ":" + std::to_string(c.rank) + ":2",  // the second save
+                       {"FSDP_CKPT_TEST_CRASH=" + std::string(c.point) + ":" + std::to_string(c.rank) + ":" +
+                            std::to_string(c.hit),
                         "FSDP_TIMEOUT_S=30"});
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_NE(r.exit_code(), 0) << r.output;
@@ -50,9 +52,17 @@ INSTANTIATE_TEST_SUITE_P(Points, CheckpointCrash,
                                            CrashCase{"sharded", "sharded-mid-data", 0, 1},
                                            CrashCase{"sharded", "sharded-mid-data", 1, 1},
                                            CrashCase{"sharded", "sharded-before-index", 0, 1},
-                                           CrashCase{"sharded", "sharded-after-index", 0, 2}),
+                                           CrashCase{"sharded", "sharded-after-index", 0, 2},
+                                           // The second save replaces a checkpoint of the other format.
+                                           CrashCase{"sharded-then-full", "full-before-commit", 0, 1, 1},
+                                           CrashCase{"sharded-then-full", "replace-before-exchange", 0, 1, 1},
+                                           CrashCase{"sharded-then-full", "replace-after-exchange", 0, 2, 1},
+                                           CrashCase{"full-then-sharded", "sharded-before-index", 0, 1, 1},
+                                           CrashCase{"full-then-sharded", "replace-before-exchange", 0, 1, 1},
+                                           CrashCase{"full-then-sharded", "replace-after-exchange", 0, 2, 1}),
                          [](const auto& info) {
-                           std::string n = std::string(info.param.point) + "_rank" + std::to_string(info.param.rank);
+                           std::string n = std::string(info.param.format) + "_" + info.param.point + "_rank" +
+                                           std::to_string(info.param.rank);
                            for (auto& ch : n) ch = ch == '-' ? '_' : ch;
                            return n;
                          });

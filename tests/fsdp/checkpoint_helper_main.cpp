@@ -46,13 +46,18 @@ int write(const std::string& dir) {
   return 0;
 }
 
+// format: "full" or "sharded" (both saves), or "sharded-then-full" /
+// "full-then-sharded" (the second save replaces the other format).
 int crash(const std::string& dir, const std::string& format) {
   auto pg = dist::init_process_group_from_env();
   const auto batches = make_batches(2, 4, 1);
   Trainer job(*pg, Opt::kAdamW, 3);
-  const CheckpointOptions o{format == "full" ? CheckpointFormat::kFull : CheckpointFormat::kSharded};
+  const bool second_full = format == "full" || format == "sharded-then-full";
+  const bool first_full = format == "full" || format == "full-then-sharded";
+  const CheckpointOptions o{second_full ? CheckpointFormat::kFull : CheckpointFormat::kSharded};
   job.train(*pg, batches, 0, 1);
-  save_checkpoint(dir + "/ckpt", state_of(job, 1), *pg, o);
+  save_checkpoint(dir + "/ckpt", state_of(job, 1), *pg,
+                  {first_full ? CheckpointFormat::kFull : CheckpointFormat::kSharded});
   job.train(*pg, batches, 1, 2);
   save_checkpoint(dir + "/ckpt", state_of(job, 2), *pg, o);  // FSDP_CKPT_TEST_CRASH strikes here
   return 0;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "../support/errors.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
@@ -269,10 +270,42 @@ TEST(Checkpoint, LightningsErrors) {
                  "The requested state contains a key 'epoch' that does not exist in the loaded checkpoint");
     load_checkpoint(dir.path() + "/ok", more, pg, /*strict=*/false);
     EXPECT_EQ(more.get<int64_t>("epoch"), 0);  // untouched
-    // Format switches over an existing checkpoint are refused, not destructive.
-    expect_error([&] { save_checkpoint(dir.path() + "/ok", state_of(a), pg, {CheckpointFormat::kFull}); },
-                 "holds a sharded checkpoint");
     load_checkpoint(dir.path() + "/ok", s, pg);
+  });
+}
+
+// A checkpoint of the other format at the same path is replaced, as
+// Lightning does, but only once the new one is complete: it is saved beside
+// the old one and swapped in, in one step; nothing is left beside it.
+TEST(CheckpointIO, AnotherFormatAtThePathIsReplacedOnceTheNewOneIsComplete) {
+  TempDir dir;
+  const std::string path = dir.path() + "/ckpt";
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer a(pg, Opt::kSgd, 1), c(pg, Opt::kSgd, 3);
+    auto loaded_equals = [&](Trainer& want) {
+      Trainer d(pg, Opt::kSgd, 4);
+      CheckpointState s = state_of(d);
+      load_checkpoint(path, s, pg);
+      auto got = to_map(full_parameters(d.model.ptr())), expected = to_map(full_parameters(want.model.ptr()));
+      for (auto& [k, v] : expected) EXPECT_TRUE(torch::equal(got.at(k), v)) << k;
+    };
+    save_checkpoint(path, state_of(a), pg, {CheckpointFormat::kSharded});
+    save_checkpoint(path, state_of(c), pg, {CheckpointFormat::kFull});  // a directory becomes a file
+    EXPECT_TRUE(fs::is_regular_file(path));
+    loaded_equals(c);
+    save_checkpoint(path, state_of(a), pg, {CheckpointFormat::kSharded});  // and back
+    EXPECT_TRUE(fs::is_directory(path));
+    loaded_equals(a);
+    pg.barrier();
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      EXPECT_EQ(e.path().filename().string(), "ckpt") << "left beside the checkpoint";
+    }
+    // An async save would commit later: replacing the other format is synchronous only.
+    CheckpointOptions async;
+    async.format = CheckpointFormat::kFull;
+    async.async_save = true;
+    expect_config_error([&] { save_checkpoint(path, state_of(c), pg, async); }, "save with async_save=false");
+    loaded_equals(a);
   });
 }
 

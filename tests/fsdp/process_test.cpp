@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "fsdp/dist/process_group.h"
+#include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/gpt.h"
 #include "fsdp/strategy.h"
@@ -188,6 +189,31 @@ TEST(MemoryProcesses, PeakIsTheShardedStatePlusAFewUnits) {
   const double fixed = native ? 7 : 9, per_reduction = native ? 1.5 : 2.5;
   EXPECT_LE(waited, fixed + slack);
   EXPECT_LE(overlapped, fixed + per_reduction * 2 + slack);
+}
+
+// Two strategies in one process: the second uses the world group the first
+// joined (Lightning reuses the initialised default group) instead of failing
+// to serve the store's port again; an environment that disagrees is refused.
+TEST(StrategyProcesses, ASecondStrategyReusesTheWorldGroup) {
+  if (std::getenv("RANK") == nullptr) GTEST_SKIP() << "run under fsdp-run";
+  fsdp::FSDPStrategy first;
+  first.setup_environment();
+  fsdp::FSDPStrategy second;
+  second.setup_environment();
+  EXPECT_EQ(&first.group(), &second.group());
+  EXPECT_EQ(second.world_size(), 2);
+  EXPECT_EQ(second.all_reduce(torch::ones({1}), "sum").item<float>(), 2.0f);
+  const std::string world_size = std::getenv("WORLD_SIZE");
+  ::setenv("WORLD_SIZE", "3", 1);
+  fsdp::FSDPStrategy third;
+  try {
+    third.setup_environment();
+    ADD_FAILURE() << "no error";
+  } catch (const fsdp::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("already joined the world group as rank"), std::string::npos) << e.what();
+  }
+  ::setenv("WORLD_SIZE", world_size.c_str(), 1);
+  first.barrier();
 }
 
 }  // namespace

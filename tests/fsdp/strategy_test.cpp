@@ -19,24 +19,19 @@
 #include "fsdp/models/gpt.h"
 #include "fsdp/strategy.h"
 #include "trainer.h"
+#include "../support/errors.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
 
 namespace {
 
-void expect_config_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected: " << text;
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
+// setup_environment seeds LibTorch's generator, which thread ranks share: the
+// barrier keeps a rank from reseeding it while another builds its model.
 FSDPStrategy strategy_on(dist::ProcessGroup& pg, FSDPStrategyOptions o = {}) {
   FSDPStrategy s(o.world(borrow(pg)));
   s.setup_environment();
+  pg.barrier();
   return s;
 }
 
@@ -72,7 +67,7 @@ TEST(Strategy, InvalidCombinationsGetTheSeedsMessages) {
       },
       "You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the latter.");
   expect_config_error([] { FSDPStrategy(FSDPStrategyOptions().state_dict_type("pickled")); },
-                      "state_dict_type 'pickled' is invalid");
+                      "Unknown state_dict_type: pickled");
   expect_config_error([] { FSDPStrategy(FSDPStrategyOptions().device_mesh(1, 2)); },
                       "only valid with the HYBRID_SHARD sharding strategy");
   expect_config_error([] { FSDPStrategyOptions().sharding_strategy("quarter_shard"); }, "sharding strategy 'quarter_shard'");
@@ -118,12 +113,17 @@ TEST(Strategy, SetupModuleWrapsChecksPointsAndRespectsManualWrapping) {
     auto model = s.setup_module(make_net(1));
     EXPECT_EQ(fsdp_modules(model.ptr()).size(), 4u);
     EXPECT_TRUE(is_checkpointed(*model->extra));
-    // Already wrapped (manually): not wrapped again, the policy is ignored.
+    // Wrapped by hand: the policy is ignored, the root is wrapped around the
+    // user's unit (and owns the rest).
     FSDPOptions o;
     o.process_group = borrow(pg);
     auto manual = make_net(2, &o);  // `extra` wrapped in the constructor
     auto m2 = s.setup_module(manual);
-    EXPECT_EQ(fsdp_modules(m2.ptr()).size(), 1u);
+    EXPECT_EQ(fsdp_modules(m2.ptr()).size(), 2u);
+    EXPECT_EQ(fsdp_modules(m2.ptr())[0].second, m2.ptr());
+    // A root that is a unit already is left as it is.
+    auto m4 = s.setup_module(m2.ptr());
+    EXPECT_EQ(fsdp_modules(m4.ptr()).size(), 2u);
     EXPECT_TRUE(is_checkpointed(*m2->extra));  // checkpointing still applied
     // Already checkpointed layers: checkpointing is skipped.
     auto ck = make_net(3);
@@ -193,6 +193,98 @@ TEST(Strategy, SeedIsSetAtSetup) {
   });
 }
 
+// Lightning's manual wrapping: submodules wrapped by hand with the
+// strategy's options (members and Sequential elements), then setup_module.
+// Training and checkpoints match auto-wrapping's, at worlds 1 and 2.
+TEST(Strategy, ManualWrappingTrainsAndCheckpointsLikeAutoWrapping) {
+  TempDir dir;
+  const auto batches = make_batches(3, 4, 8);
+  for (const int world : {1, 2}) {
+    run_ranks(world, [&](dist::ProcessGroup& pg) {
+      auto s = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>());
+      auto automatic = s.setup_module(make_net(1));
+      auto net = make_net(1);
+      for (size_t i = 0; i < net->blocks->size(); ++i) s.wrap(net->blocks->ptr<BlockImpl>(i));  // Sequential elements
+      s.wrap(net->extra.ptr());                                                                 // a member
+      auto manual = s.setup_module(net);
+      std::vector<std::string> units, want_units;
+      for (auto& [path, m] : fsdp_modules(manual.ptr())) units.push_back(path);
+      for (auto& [path, m] : fsdp_modules(automatic.ptr())) want_units.push_back(path);
+      EXPECT_EQ(units, want_units);
+      torch::optim::SGD opt_a(automatic->parameters(), 0.1), opt_m(manual->parameters(), 0.1);
+      const int64_t per = 4 / pg.size();
+      for (const auto& b : batches) {
+        for (auto* pair : {&automatic, &manual}) {
+          auto& model = *pair;
+          torch::nn::functional::cross_entropy(model(b.tokens.narrow(0, pg.rank() * per, per)),
+                                               b.target.narrow(0, pg.rank() * per, per))
+              .backward();
+        }
+        s.clip_gradients_norm(manual.ptr(), 1.0);  // the root is wrapped: clipping works as with auto-wrapping
+        s.clip_gradients_norm(automatic.ptr(), 1.0);
+        opt_a.step();
+        opt_m.step();
+        opt_a.zero_grad();
+        opt_m.zero_grad();
+      }
+      const auto want = to_map(full_parameters(automatic.ptr()));
+      expect_close(to_map(full_parameters(manual.ptr())), want, 0.0, "manual, world " + std::to_string(world));
+      const std::string path = dir.path() + "/manual-" + std::to_string(world);
+      s.save_checkpoint(path, CheckpointState().model("model", manual.ptr()));
+      auto fresh = s.setup_module(make_net(9));  // auto-wrapped, other values
+      CheckpointState st = CheckpointState().model("model", fresh.ptr());
+      s.load_checkpoint(path, st);
+      expect_close(to_map(full_parameters(fresh.ptr())), want, 0.0, "loaded, world " + std::to_string(world));
+    });
+  }
+}
+
+// clip_gradients_value clamps every gradient element, as on one process.
+TEST(Strategy, ClipGradientsValueClampsTheFullGradient) {
+  const auto batches = make_batches(1, 4, 3);
+  auto plain = make_net(1);
+  torch::nn::functional::cross_entropy(plain->forward(batches[0].tokens), batches[0].target).backward();
+  torch::nn::utils::clip_grad_value_(plain->parameters(), 0.02);
+  torch::optim::SGD(plain->parameters(), 1.0).step();
+  const auto want = named_params(*plain);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>());
+    auto model = s.setup_module(make_net(1));
+    torch::optim::SGD opt(model->parameters(), 1.0);
+    torch::nn::functional::cross_entropy(model(batches[0].tokens.narrow(0, pg.rank() * 2, 2)),
+                                         batches[0].target.narrow(0, pg.rank() * 2, 2))
+        .backward();
+    s.clip_gradients_value(opt, 0.02);
+    opt.step();
+    expect_close(to_map(full_parameters(model.ptr())), want, 1e-6, "clip by value");
+    expect_config_error([&] { s.clip_gradients_value(opt, 0); }, "clip_value must be positive");
+  });
+}
+
+// The effective settings read back as Lightning's attributes.
+TEST(Strategy, EffectiveOptionsReadBack) {
+  FSDPStrategy mixed(FSDPStrategyOptions().precision("bf16-mixed").sharding_strategy("SHARD_GRAD_OP").cpu_offload(true));
+  ASSERT_TRUE(mixed.mixed_precision_config().has_value());
+  EXPECT_EQ(mixed.mixed_precision_config()->param_dtype, at::kBFloat16);
+  EXPECT_EQ(mixed.sharding_strategy(), ShardingStrategy::kShardGradOp);
+  EXPECT_TRUE(mixed.cpu_offload().offload_params);
+  MixedPrecision explicit_mp;
+  explicit_mp.reduce_dtype = at::kFloat;
+  FSDPStrategy both(FSDPStrategyOptions().precision("bf16-mixed").mixed_precision(explicit_mp));
+  EXPECT_FALSE(both.mixed_precision_config()->param_dtype.has_value());  // the explicit one wins
+  FSDPStrategy plain(FSDPStrategyOptions().precision("32-true"));
+  EXPECT_FALSE(plain.mixed_precision_config().has_value());
+  EXPECT_FALSE(plain.cpu_offload().offload_params);
+  EXPECT_EQ(plain.sharding_strategy(), ShardingStrategy::kFullShard);
+  expect_config_error([&] { plain.module_sharded_options(); }, "call setup_environment() first");
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>().sharding_strategy("NO_SHARD"));
+    const FSDPOptions o = s.module_sharded_options();
+    EXPECT_FALSE(static_cast<bool>(o.auto_wrap_policy));
+    EXPECT_EQ(o.sharding_strategy, ShardingStrategy::kNoShard);
+  });
+}
+
 TEST(Strategy, ClippingAndNoSyncNeedAWrappedRoot) {
   const auto batches = make_batches(1, 4, 1);
   run_ranks(2, [&](dist::ProcessGroup& pg) {
@@ -230,9 +322,15 @@ TEST(Strategy, CheckpointsFollowTheStateDictType) {
       s.save_checkpoint(path, CheckpointState().model("model", model.ptr()).optimizer("opt", opt).value("step", int64_t{4}));
       EXPECT_EQ(std::filesystem::is_directory(path), type == "sharded");
       auto fresh = s.setup_module(make_net(2));
-      s.load_checkpoint(path, fresh.ptr());  // a bare module
-      auto a = to_map(full_parameters(model.ptr())), b = to_map(full_parameters(fresh.ptr()));
-      for (auto& [k, v] : a) EXPECT_TRUE(torch::equal(v, b.at(k))) << k;
+      if (type == "full") {
+        s.load_checkpoint(path, fresh.ptr());  // a bare module
+        auto a = to_map(full_parameters(model.ptr())), b = to_map(full_parameters(fresh.ptr()));
+        for (auto& [k, v] : a) EXPECT_TRUE(torch::equal(v, b.at(k))) << k;
+      } else {  // Lightning: a bare module loads from a single file only
+        expect_config_error([&] { s.load_checkpoint(path, fresh.ptr()); },
+                            "Failed to load checkpoint directly into the model. The given path must be a single file "
+                            "containing the full state dict: " + path);
+      }
       expect_config_error([&] { s.load_checkpoint(path, opt); },
                           "Loading a single optimizer object from a checkpoint is not supported yet with the FSDP "
                           "strategy.");
@@ -633,5 +731,35 @@ TEST(StrategyEmptyInit, ThreadRanksWrappingAtOnceGetAnEagerBuildsValues) {
     pg.barrier();  // every rank wraps at once
     auto model = s.setup_module(net);
     expect_close(to_map(full_parameters(model.ptr())), want, 0.0, "empty_init on rank " + std::to_string(pg.rank()));
+  });
+}
+
+// Under "bf16-true", module_init_context creates the parameters in bf16 (half
+// the initialisation memory), eagerly or deferred, and restores the default
+// dtype after.
+TEST(StrategyEmptyInit, TrueHalfPrecisionBuildsInItsDtype) {
+  const auto c = deep_gpt();
+  std::map<std::string, torch::Tensor> want;
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().precision("bf16-true").auto_wrap_module_types<models::GPTBlockImpl>());
+    for (const bool empty_init : {false, true}) {
+      std::shared_ptr<models::GPTImpl> net;
+      {
+        std::lock_guard<std::mutex> lock(rng_mutex());
+        torch::manual_seed(4);
+        auto init = s.module_init_context(empty_init);
+        net = std::make_shared<models::GPTImpl>(c);
+        for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), at::kBFloat16);
+      }
+      EXPECT_EQ(c10::get_default_dtype(), caffe2::TypeMeta::Make<float>());
+      auto model = s.setup_module(net);
+      auto got = to_map(full_parameters(model.ptr()));
+      for (const auto& [name, t] : got) EXPECT_EQ(t.scalar_type(), at::kBFloat16) << name;
+      if (!empty_init) {
+        want = got;
+      } else {
+        expect_close(got, want, 0.0, "bf16-true, empty_init");  // rebuilt in bf16 too: the same values
+      }
+    }
   });
 }

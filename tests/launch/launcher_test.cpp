@@ -217,11 +217,13 @@ TEST(Launcher, SmokeJobRunsCollectivesAcrossProcesses) {
 }
 
 // A rank that never starts: rank 0's rendezvous fails with an error naming it
-// and the timeout, within the timeout plus a few seconds. No hang.
+// and the rendezvous timeout (not the collectives' longer one), within that
+// timeout plus a few seconds. No hang.
 TEST(Launcher, MissingRankBecomesARendezvousError) {
   const std::string port = std::to_string(20000 + getpid() % 20000);
   auto r = run_program({FSDP_SMOKE_PATH}, 60s,
-                       {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port, "FSDP_TIMEOUT_S=2"});
+                       {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                        "FSDP_RENDEZVOUS_TIMEOUT_S=2", "FSDP_TIMEOUT_S=600"});
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code(), 1) << r.output;
   EXPECT_NE(r.output.find("rendezvous of group 'world' (rank 0 of 2 through the TCPStore at 127.0.0.1:" + port),

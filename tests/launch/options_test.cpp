@@ -6,6 +6,7 @@
 
 using fsdp::ConfigError;
 using fsdp::launch::parse_launch_args;
+using fsdp::launch::usage;
 
 namespace {
 
@@ -50,6 +51,20 @@ TEST(LaunchOptions, Defaults) {
   EXPECT_EQ(o.allocator, "auto");
   EXPECT_EQ(parse_launch_args({"--allocator=jemalloc", "prog"}).allocator, "jemalloc");
   EXPECT_TRUE(parse_launch_args({"--help"}).help);
+  EXPECT_TRUE(o.warnings.empty());
+  // The workers' timeouts are documented where users look.
+  EXPECT_NE(usage().find("FSDP_TIMEOUT_S"), std::string::npos);
+  EXPECT_NE(usage().find("FSDP_RENDEZVOUS_TIMEOUT_S"), std::string::npos);
+}
+
+// A wildcard address makes rank 0's store reachable from every network: said.
+TEST(LaunchOptions, WildcardMasterAddressIsWarnedAbout) {
+  for (const char* addr : {"0.0.0.0", "::"}) {
+    auto o = parse_launch_args({"--master-addr", addr, "prog"});
+    ASSERT_EQ(o.warnings.size(), 1u) << addr;
+    EXPECT_NE(o.warnings[0].find("listen on every network interface"), std::string::npos) << o.warnings[0];
+  }
+  EXPECT_TRUE(parse_launch_args({"--master-addr", "10.0.0.1", "prog"}).warnings.empty());
 }
 
 TEST(LaunchOptions, BadInputNamesTheOptionAndTheExpectation) {

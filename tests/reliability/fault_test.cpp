@@ -75,18 +75,6 @@ void expect_same_weights(const std::string& checkpoint) {
   for (const auto& [k, v] : want) EXPECT_TRUE(torch::equal(got.at(k), v)) << k;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // A memory cgroup of its own (cgroup v1 or v2) with a memory limit, removed
 // at destruction; `why` says why not where the machine does not allow one.
 class MemoryCgroup {

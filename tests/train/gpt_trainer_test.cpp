@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../support/errors.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
@@ -119,21 +120,29 @@ TEST(GptTrainer, LogsHeldOutLossDrawsTheCurveAndRunsOnAMesh) {
 
 TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
   TempDir dir;
+  // The "interruption" is a shorter run, so the learning rate is held
+  // constant here (the schedule depends on --steps; a resumed run's rate is
+  // checked in ResumeAppliesChangedFlagsAndSaysSo).
+  auto constant_lr = [](train::TrainConfig c) {
+    c.warmup_steps = 0;
+    c.min_lr = c.lr;
+    return c;
+  };
   const std::string a = dir.path() + "/a", b = dir.path() + "/b";
   run_ranks(2, [&](dist::ProcessGroup& pg) {
-    auto c = tiny(a, 12);
+    auto c = constant_lr(tiny(a, 12));
     c.save_every = 4;
     train::train(c, borrow(pg));
   });
   run_ranks(2, [&](dist::ProcessGroup& pg) {
-    auto c = tiny(b, 8);  // "interrupted" after step 8
+    auto c = constant_lr(tiny(b, 8));  // "interrupted" after step 8
     c.save_every = 4;
     c.keep = 1;
     train::train(c, borrow(pg));
   });
   EXPECT_FALSE(fs::exists(b + "/checkpoints/step-00000004"));  // only the newest is kept
   run_ranks(2, [&](dist::ProcessGroup& pg) {
-    auto c = tiny(b, 12);
+    auto c = constant_lr(tiny(b, 12));
     c.save_every = 4;
     c.resume = true;
     train::train(c, borrow(pg));
@@ -154,18 +163,123 @@ TEST(GptTrainer, GeneratesFromBothFormats) {
   run_ranks(2, [&](dist::ProcessGroup& pg) { train::train(tiny(dir.path(), 20), borrow(pg)); });
   const std::string sharded = dir.path() + "/checkpoints/step-00000020", full = dir.path() + "/full.pt";
   consolidate_checkpoint(sharded, full);
-  std::string texts[2];
+  std::string texts[4];
   run_ranks(2, [&](dist::ProcessGroup& pg) {
-    auto t1 = train::generate(sharded, "the ", 30, 5, borrow(pg));
-    auto t2 = train::generate(full, "the ", 30, 5, borrow(pg));
-    if (pg.rank() == 0) {
-      texts[0] = t1;
-      texts[1] = t2;
-    }
+    train::GenerateOptions o;
+    o.tokens = 30;
+    o.seed = 5;
+    auto t1 = train::generate(sharded, "the ", o, borrow(pg));
+    auto t2 = train::generate(full, "the ", o, borrow(pg));
+    // Greedy: the seed does not matter.
+    o.temperature = 0;
+    auto g1 = train::generate(sharded, "the ", o, borrow(pg));
+    o.seed = 6;
+    auto g2 = train::generate(sharded, "the ", o, borrow(pg));
+    if (pg.rank() == 0) texts[0] = t1, texts[1] = t2, texts[2] = g1, texts[3] = g2;
   });
   EXPECT_EQ(texts[0].size(), 34u);
   EXPECT_EQ(texts[0].rfind("the ", 0), 0u);
   EXPECT_EQ(texts[0], texts[1]);
+  EXPECT_EQ(texts[2], texts[3]);
+  EXPECT_EQ(texts[2].size(), 34u);
+  // Greedy is the argmax at every position.
+  auto model = std::make_shared<models::GPTImpl>(train::preset("tiny"));
+  run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(full, model, pg); });
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const std::string& greedy = texts[2];
+  for (size_t i = 4; i < greedy.size(); ++i) {
+    const size_t n = std::min<size_t>(i, static_cast<size_t>(train::preset("tiny").context));
+    const std::string ctx = greedy.substr(i - n, n);
+    auto t = torch::empty({1, static_cast<int64_t>(ctx.size())}, torch::kLong);
+    for (size_t j = 0; j < ctx.size(); ++j) t[0][static_cast<int64_t>(j)] = static_cast<unsigned char>(ctx[j]);
+    EXPECT_EQ(model->forward(t).select(1, t.size(1) - 1).argmax().item<int64_t>(),
+              static_cast<unsigned char>(greedy[i]))
+        << "position " << i;
+  }
+  // Bad sampling settings are named.
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    train::GenerateOptions bad;
+    bad.top_k = 1000;
+    expect_config_error([&] { train::generate(full, "a", bad, borrow(pg)); }, "--top-k must be between 0");
+    bad = train::GenerateOptions();
+    bad.temperature = -1;
+    expect_config_error([&] { train::generate(full, "a", bad, borrow(pg)); }, "--temperature must be 0");
+  });
+}
+
+// A tenth of the text is held out (at least 8 samples' worth), as the README
+// says; nothing when the rest would be shorter than a sample.
+TEST(GptTrainer, HeldOutIsATenth) {
+  EXPECT_EQ(train::held_out_bytes(1 << 20, 128), (1 << 20) / 10);
+  EXPECT_EQ(train::held_out_bytes(100000, 32), 10000);
+  EXPECT_EQ(train::held_out_bytes(1000, 32), 34 * 8);  // a tenth would be less than 8 samples
+  EXPECT_EQ(train::held_out_bytes(34 * 8 + 34, 32), 34 * 8);
+  EXPECT_EQ(train::held_out_bytes(34 * 8 + 33, 32), 0);  // the rest would be shorter than a sample
+}
+
+// Warm-up, then cosine decay to min_lr; the run's metrics record each
+// step's rate.
+TEST(GptTrainer, LearningRateWarmsUpThenDecays) {
+  train::TrainConfig c;
+  c.lr = 1e-3;
+  c.steps = 100;
+  c.warmup_steps = 10;
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 0), 1e-4);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 4), 5e-4);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 9), 1e-3);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 10), 1e-3);
+  EXPECT_NEAR(train::learning_rate(c, 55), (1e-3 + 1e-4) / 2, 1e-12);  // half way: the mean
+  EXPECT_NEAR(train::learning_rate(c, 100), 1e-4, 1e-15);              // min_lr defaults to a tenth
+  for (int64_t s = 10; s < 100; ++s) EXPECT_LE(train::learning_rate(c, s + 1), train::learning_rate(c, s));
+  c.min_lr = 0;
+  EXPECT_NEAR(train::learning_rate(c, 100), 0.0, 1e-15);
+  c.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 0), 1e-3);
+  c.warmup_steps = -1;  // the default: a fifth of the steps
+  EXPECT_EQ(train::warmup_steps(c), 20);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 19), 1e-3);
+  EXPECT_LT(train::learning_rate(c, 18), 1e-3);
+
+  TempDir dir;
+  auto t = tiny(dir.path(), 6);
+  t.warmup_steps = 3;
+  run_ranks(2, [&](dist::ProcessGroup& pg) { train::train(t, borrow(pg)); });
+  std::ifstream in(dir.path() + "/metrics.jsonl");
+  int64_t step = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("\"lr\":");
+    ASSERT_NE(at, std::string::npos) << line;
+    const double want = train::learning_rate(t, step);
+    EXPECT_NEAR(std::stod(line.substr(at + 5)), want, 1e-5 * want) << line;  // 6 digits in the file
+    EXPECT_NE(line.find("\"grad_norm\":"), std::string::npos) << line;
+    ++step;
+  }
+  EXPECT_EQ(step, 6);
+}
+
+// On --resume, a changed --lr (or --batch, --seed, ...) applies from the
+// resumed step, and the trainer says which flags differ from the checkpoint's.
+TEST(GptTrainer, ResumeAppliesChangedFlagsAndSaysSo) {
+  TempDir dir;
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(dir.path(), 4), borrow(pg)); });
+  auto r = tiny(dir.path(), 8);
+  r.resume = true;
+  r.lr = 0.03;
+  ::testing::internal::CaptureStdout();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(r, borrow(pg)); });
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("these flags differ from the checkpoint's run and apply from its step on: --lr 0.003 -> 0.03; "
+                     "--min-lr 0.0003 -> 0.003; --warmup-steps 0 -> 1; --steps 4 -> 8"),
+            std::string::npos)
+      << out;
+  std::ifstream in(dir.path() + "/metrics.jsonl");
+  int64_t step = 0;
+  for (std::string line; std::getline(in, line); ++step) {
+    const double lr = std::stod(line.substr(line.find("\"lr\":") + 5));
+    if (step >= 4) EXPECT_NEAR(lr, train::learning_rate(r, step), 1e-5 * lr) << line;
+  }
+  EXPECT_EQ(step, 8);
 }
 
 TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
@@ -191,6 +305,16 @@ TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
   expect_error(c, "the run directory cannot be created or written");
   c = tiny(dir.path(), 0);
   expect_error(c, "--steps must be positive");
+  c = tiny(dir.path(), 5);
+  c.lr = -1;
+  expect_error(c, "--lr must be a positive number, got -1");
+  c = tiny(dir.path(), 5);
+  c.min_lr = 1;
+  expect_error(c, "--min-lr must be at most --lr");
+  // An empty --out is refused and leaves nothing in the working directory.
+  c = tiny("", 5);
+  expect_error(c, "--out is empty");
+  EXPECT_FALSE(fs::exists(".write-test"));
   EXPECT_THROW(train::preset("huge"), ConfigError);
   // Resuming with another model shape lists the differences.
   run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(dir.path(), 2), borrow(pg)); });
@@ -207,6 +331,16 @@ TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
           << e.what();
     }
   });
+  // A damaged metrics.jsonl is named before training resumes.
+  {
+    std::ofstream m(dir.path() + "/metrics.jsonl", std::ios::app);
+    m << "{\"step\":oops}\n";
+  }
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto r = tiny(dir.path(), 4);
+    r.resume = true;
+    expect_config_error([&] { train::train(r, borrow(pg)); }, "metrics.jsonl line 3: \"step\": is not followed by a number");
+  });
 }
 
 TEST(GptTrainer, CommandLineRunsUnderFsdpRun) {
@@ -219,14 +353,24 @@ TEST(GptTrainer, CommandLineRunsUnderFsdpRun) {
   const std::string ckpt = dir.path() + "/checkpoints/step-00000006";
   EXPECT_TRUE(fs::is_regular_file(ckpt));
   r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "1", "--", FSDP_TRAIN_PATH, "generate", "--checkpoint", ckpt,
-                   "--prompt", "a dog", "--tokens", "10"},
+                   "--prompt", "a dog", "--tokens", "10", "--temperature", "0", "--top-k", "5"},
                   std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("a dog"), std::string::npos) << r.output;
+  // Inference needs no launcher: alone, the process is rank 0 of 1.
+  r = run_program({FSDP_TRAIN_PATH, "generate", "--checkpoint", ckpt, "--prompt", "a cat", "--tokens", "5"},
+                  std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("a cat"), std::string::npos) << r.output;
   r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "1", "--", FSDP_TRAIN_PATH, "--preset", "giant"},
                   std::chrono::seconds(60));
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_NE(r.output.find("--preset 'giant' does not exist"), std::string::npos) << r.output;
+  r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "1", "--", FSDP_TRAIN_PATH, "--lr", "-1", "--out", dir.path()},
+                  std::chrono::seconds(60));
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_NE(r.output.find("--lr must be a positive number"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << "a LibTorch stack trace: " << r.output;
 }
 
 }  // namespace

@@ -2,15 +2,21 @@
 // exactly as torchrun (and fsdp-run) set it.
 //
 // Variables read:
-//   RANK, WORLD_SIZE            required; 0 <= RANK < WORLD_SIZE
+//   RANK, WORLD_SIZE            required once any launcher variable (these six)
+//                               is set; 0 <= RANK < WORLD_SIZE. With none of
+//                               them set the process runs alone: rank 0 of 1
+//                               (no launcher needed, as in torch.distributed)
 //   LOCAL_RANK, LOCAL_WORLD_SIZE optional; default RANK / WORLD_SIZE
 //   MASTER_ADDR, MASTER_PORT    required when WORLD_SIZE > 1 (the TCPStore
 //                               of rank 0, which listens on MASTER_ADDR only,
 //                               so it must be an address of rank 0's host);
 //                               port in 1..65535
 //   FSDP_BACKEND                optional: "auto" (default), "gloo", "nccl"
-//   FSDP_TIMEOUT_S              optional: collective and rendezvous timeout in
-//                               seconds (default 1800, like PyTorch)
+//   FSDP_TIMEOUT_S              optional: collective timeout in seconds
+//                               (default 1800, like PyTorch)
+//   FSDP_RENDEZVOUS_TIMEOUT_S   optional: how long init_process_group waits
+//                               for every rank to join, in seconds (default
+//                               180); the error names the missing ranks
 // No collectives; no side effects. Header-only dependencies: the standard library.
 #pragma once
 
@@ -38,9 +44,12 @@ Backend parse_backend(const std::string& value, const std::string& what);
 // True when this build of fsdp-cpp can use `backend` (kAuto: always).
 bool backend_available(Backend backend);
 
-// The default timeout of every collective and of rendezvous: 30 minutes,
-// PyTorch's default.
+// The default timeout of every collective: 30 minutes, PyTorch's default.
 inline constexpr std::chrono::milliseconds kDefaultTimeout{30 * 60 * 1000};
+
+// The default bound on rendezvous (every rank joining the world group): 3
+// minutes, so that a rank that never starts is named within minutes.
+inline constexpr std::chrono::milliseconds kDefaultRendezvousTimeout{3 * 60 * 1000};
 
 // A process's place in the job, as torchrun describes it.
 struct DistEnv {
@@ -52,6 +61,8 @@ struct DistEnv {
   int master_port = 0;      // 0 only when world_size == 1
   Backend backend = Backend::kAuto;
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  std::chrono::milliseconds rendezvous_timeout = kDefaultRendezvousTimeout;
+  bool launched = false;  // false: no launcher variable was set (world 1)
 };
 
 // Reads a variable; std::nullopt when unset.

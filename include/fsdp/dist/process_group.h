@@ -87,7 +87,10 @@ struct InitOptions {
   std::string master_addr;       // rank 0's TCPStore; ignored when `store` is set
   int master_port = 0;
   Backend backend = Backend::kAuto;
-  std::chrono::milliseconds timeout = kDefaultTimeout;  // per collective and rendezvous
+  std::chrono::milliseconds timeout = kDefaultTimeout;  // per collective
+  // How long the ranks wait for each other to join (and a rank for rank 0's
+  // store to accept it); the error names the missing ranks.
+  std::chrono::milliseconds rendezvous_timeout = kDefaultRendezvousTimeout;
   // An existing store shared by all ranks (a c10d HashStore for ranks that are
   // threads of one process, a FileStore, ...). When set, no TCPStore is made;
   // with world_size == 1 and no store, none is needed.
@@ -113,7 +116,8 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // for bad options (unbuilt backend, rank out of range; on rank 0, a
 // master_addr that does not resolve), CollectiveError when rendezvous does
 // not complete within the timeout (or, on rank 0, when master_addr is not
-// an address of this host). Cost: O(world) connections per rank.
+// an address of this host). Rendezvous is bounded by rendezvous_timeout,
+// collectives afterwards by timeout. Cost: O(world) connections per rank.
 ProcessGroupPtr init_process_group(const InitOptions& options);
 
 // init_process_group(InitOptions::from_env(read_dist_env())).

@@ -44,6 +44,7 @@ struct LaunchOptions {
   // explicitly is not installed. Why tcmalloc: docs/performance.md.
   std::string allocator = "auto";
   bool help = false;                // --help / -h
+  std::vector<std::string> warnings;  // for stderr (e.g. --master-addr 0.0.0.0)
   std::vector<std::string> command; // program and its arguments
 };
 

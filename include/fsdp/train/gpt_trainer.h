@@ -18,7 +18,13 @@ struct TrainConfig {
   models::GPTConfig model;          // filled from the preset (flags may override)
   int64_t steps = 200;
   int64_t batch = 8;                // sequences per rank per step
+  // AdamW (betas 0.9, 0.95) with nanoGPT's schedule: linear warm-up to lr
+  // over the first warmup_steps steps, then cosine decay to min_lr at
+  // `steps`. On --resume these settings apply from the resumed step on (an
+  // override of the run's earlier values, which the trainer reports).
   double lr = 3e-3;
+  int64_t warmup_steps = -1;  // negative: a fifth of `steps`
+  double min_lr = -1;         // negative: lr / 10
   std::string out = "runs/latest";  // run directory: metrics.jsonl, train.log, checkpoints/
   std::string data;                 // text file (empty: the generated corpus)
   int64_t save_every = 0;           // 0: only at the end
@@ -54,6 +60,19 @@ void validate(const TrainConfig& config);
 // The generated corpus: deterministic English-like text (no file needed).
 std::string generated_corpus(size_t bytes = 1 << 20);
 
+// Bytes of a text of `total` bytes held out for evaluation (its end): a
+// tenth, but at least 8 samples' worth ((context + 2) * 8), and 0 when the
+// rest would then be shorter than one sample (nothing is held out).
+int64_t held_out_bytes(int64_t total, int64_t context);
+
+// The warm-up steps of `config` (its warmup_steps, or a fifth of its steps)
+// and its final learning rate (its min_lr, or a tenth of its lr).
+int64_t warmup_steps(const TrainConfig& config);
+double min_learning_rate(const TrainConfig& config);
+
+// The learning rate of 0-based `step` under `config`'s schedule.
+double learning_rate(const TrainConfig& config, int64_t step);
+
 // Writes `out/loss.svg`: the training loss (and held-out loss) per step, from
 // out/metrics.jsonl. Returns the path.
 std::string write_loss_curve(const std::string& out);
@@ -64,10 +83,18 @@ std::string write_loss_curve(const std::string& out);
 // and draws out/loss.svg at the end.
 double train(const TrainConfig& config, const dist::ProcessGroupPtr& world);
 
+struct GenerateOptions {
+  int64_t tokens = 200;      // bytes to generate
+  double temperature = 0.8;  // 0: greedy (the most likely byte each time)
+  int64_t top_k = 20;        // sample among the k most likely bytes; 0: all
+  uint64_t seed = 0;         // sampling seed
+};
+
 // [collective over `world`] Loads the model of a checkpoint written by
-// train() (either format) and continues `prompt` by `tokens` bytes (top-k
-// sampling from `seed`); every rank returns the same text.
-std::string generate(const std::string& checkpoint, const std::string& prompt, int64_t tokens, uint64_t seed,
+// train() (either format) and continues `prompt` (top-k sampling at a
+// temperature, or greedy); every rank returns the same text. ConfigError for
+// a negative temperature or top_k, or top_k above the vocabulary.
+std::string generate(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& options,
                      const dist::ProcessGroupPtr& world);
 
 }  // namespace fsdp::train
