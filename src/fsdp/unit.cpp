@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
+#include <set>
+#include <string>
 
 #include "buffer_pool.h"
 #include "fsdp/error.h"
@@ -518,6 +520,29 @@ int64_t UnitState::live_grad_bytes() const {
 }
 
 // ---------------------------------------------------------------------------
+
+void explain_forward_error(UnitState& unit, const std::string& what) {
+  std::set<const UnitState*> ran;
+  if (auto root = unit.root()) {
+    for (const auto& w : root->forward_order()) {
+      if (auto u = w.lock()) ran.insert(u.get());
+    }
+  }
+  std::string names;
+  for (const auto& item : unit.module()->named_modules("", /*include_self=*/false)) {
+    auto slot = find_slot(item.value().get());
+    if (!slot || !slot->unit) continue;
+    const UnitState& u = *slot->unit;
+    if (ran.count(&u) || u.is_unsharded() || u.training_state() != TrainingState::kIdle) continue;
+    names += (names.empty() ? "'" : ", '") + item.key() + "'";
+  }
+  if (names.empty()) return;
+  throw ConfigError("FSDP: the forward of the unit at module " + unit.module()->name() +
+                    " failed while FSDP unit(s) " + names +
+                    " below it held only their shards (their forward had not run through their holder). If the "
+                    "model calls such a unit's module directly, as unit->forward(x), call unit(x) instead: the "
+                    "fsdp::Unit holder gathers the parameters first. LibTorch's error: " + what);
+}
 
 ForwardScope::ForwardScope(UnitState& unit) : unit_(unit) {
   unit_.pre_forward();

@@ -117,6 +117,8 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // Buffers cast by mixed precision, with their original dtypes (root only).
   const std::vector<std::pair<at::Tensor, at::ScalarType>>& cast_buffers() const { return cast_buffers_; }
   std::shared_ptr<UnitState> root() const { return root_.lock(); }
+  // Root: the units whose forward ran in this iteration, in order.
+  const std::vector<std::weak_ptr<UnitState>>& forward_order() const { return order_; }
 
   // State dict type and config (StateDictTypeGuard).
   StateDictType state_dict_type = StateDictType::kFull;

@@ -170,6 +170,31 @@ TEST(WrapErrors, PolicySelectsAModuleWhoseForwardCannotBeInterposed) {
   });
 }
 
+// The C++ trap: a model that calls a unit's module as unit->forward(x)
+// skips the holder, so the unit's parameters are never gathered. Detected
+// where LibTorch fails on the shards: an error that says what to call.
+struct DirectCallImpl : torch::nn::Module {
+  DirectCallImpl() { block = register_module("block", Unit<BlockImpl>(std::make_shared<BlockImpl>())); }
+  torch::Tensor forward(torch::Tensor x) { return block->forward(x); }  // should be block(x)
+  Unit<BlockImpl> block{nullptr};
+};
+
+TEST(WrapErrors, CallingAUnitsModuleDirectlyIsNamed) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    for (const bool use_orig : {true, false}) {
+      FullyShardedDataParallel<DirectCallImpl> model(std::make_shared<DirectCallImpl>(), options_for(pg, use_orig));
+      ASSERT_TRUE(model->block.is_fsdp_unit());
+      const std::string e = config_error([&] { model(torch::ones({2, kDim})); });
+      EXPECT_NE(e.find("FSDP unit(s) 'block' below it held only their shards"), std::string::npos) << e;
+      EXPECT_NE(e.find("as unit->forward(x), call unit(x) instead"), std::string::npos) << e;
+      EXPECT_NE(e.find("LibTorch's error: "), std::string::npos) << e;
+    }
+    // Other LibTorch errors pass through unchanged.
+    FullyShardedDataParallel<BlockImpl> plain(std::make_shared<BlockImpl>(), options_for(pg, true, false));
+    EXPECT_THROW(plain(torch::ones({2, kDim + 1})), c10::Error);
+  });
+}
+
 struct SharedAcrossUnitsImpl : torch::nn::Module {
   SharedAcrossUnitsImpl() {
     a = register_module("a", Unit<torch::nn::LinearImpl>(torch::nn::Linear(3, 3)));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <functional>
 
@@ -44,6 +45,12 @@ std::shared_ptr<torch::nn::Module> build_deferred(std::function<std::shared_ptr<
 
 // ConfigError unless the module of `slot` is materialised.
 void check_materialized(const Slot& slot);
+
+// After a LibTorch error in the forward of `unit`: a ConfigError (carrying
+// `what`) when units below it still held only their shards without having
+// run their forward in this iteration — the trap of calling a unit's module
+// directly (unit->forward(x)), which skips the gather; returns otherwise.
+void explain_forward_error(UnitState& unit, const std::string& what);
 
 // The slot of `module`: the existing one if some holder or wrapper made it,
 // else a new one registered for it. Thread-safe.
@@ -171,8 +178,16 @@ auto call(const std::shared_ptr<Slot>& slot, F&& forward, Args&&... args)
     return forward(std::forward<Args>(args)...);
   }
   ForwardScope scope(*unit);
-  auto out = checkpoint ? checkpoint_call(forward, scope.cast(std::forward<Args>(args))...)
+  auto run = [&]() -> decltype(forward(std::forward<Args>(args)...)) {
+    try {
+      return checkpoint ? checkpoint_call(forward, scope.cast(std::forward<Args>(args))...)
                         : forward(scope.cast(std::forward<Args>(args))...);
+    } catch (const c10::Error& e) {
+      explain_forward_error(*unit, e.what_without_backtrace());
+      throw;
+    }
+  };
+  auto out = run();
   std::vector<at::Tensor> tensors;
   collect_tensors(out, tensors);
   scope.finish(tensors);
