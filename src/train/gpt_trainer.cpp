@@ -186,9 +186,15 @@ std::optional<double> metric(const std::string& line, const char* key, const std
   return v;
 }
 
-// Each line's "step" (required); ConfigError naming the line otherwise.
-std::vector<std::pair<int64_t, std::string>> read_metrics(const std::string& path) {
-  std::vector<std::pair<int64_t, std::string>> out;
+// A metrics.jsonl line with its number in the file and its "step".
+struct MetricsLine {
+  int64_t step, lineno;
+  std::string text;
+};
+
+// Each non-empty line, its "step" required; ConfigError naming the line otherwise.
+std::vector<MetricsLine> read_metrics(const std::string& path) {
+  std::vector<MetricsLine> out;
   std::ifstream in(path);
   int64_t lineno = 0;
   for (std::string line; std::getline(in, line);) {
@@ -199,7 +205,7 @@ std::vector<std::pair<int64_t, std::string>> read_metrics(const std::string& pat
       throw ConfigError(path + " line " + std::to_string(lineno) + " has no \"step\" (line: '" + line.substr(0, 80) +
                         "'): expected one JSON object per step as fsdp-train writes it");
     }
-    out.emplace_back(static_cast<int64_t>(*step), line);
+    out.push_back({static_cast<int64_t>(*step), lineno, line});
   }
   return out;
 }
@@ -330,7 +336,6 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   // empty_init the blocks are rebuilt at wrapping from the generator state
   // they were first built from: the same values.
   std::shared_ptr<models::GPTImpl> net;
-  strategy.barrier();  // setup_environment seeded the generator on every rank; thread ranks share it
   {
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
@@ -402,8 +407,8 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     try {
       std::vector<std::string> kept;
       if (start > 0) {
-        for (const auto& [step, line] : read_metrics(metrics_path)) {
-          if (step <= start) kept.push_back(line);
+        for (const auto& m : read_metrics(metrics_path)) {
+          if (m.step <= start) kept.push_back(m.text);
         }
       }
       std::ofstream out(metrics_path, std::ios::trunc);
@@ -499,14 +504,12 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
 std::string write_loss_curve(const std::string& out) {
   std::vector<std::pair<double, double>> train, eval;
   const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
-  int64_t lineno = 0;
-  for (const auto& [step, line] : read_metrics(metrics_path)) {
-    ++lineno;
-    const auto loss = metric(line, "\"loss\":", metrics_path, lineno);
-    const auto ev = metric(line, "\"eval_loss\":", metrics_path, lineno);
+  for (const auto& m : read_metrics(metrics_path)) {
+    const auto loss = metric(m.text, "\"loss\":", metrics_path, m.lineno);
+    const auto ev = metric(m.text, "\"eval_loss\":", metrics_path, m.lineno);
     if (!loss) continue;
-    train.emplace_back(static_cast<double>(step), *loss);
-    if (ev) eval.emplace_back(static_cast<double>(step), *ev);
+    train.emplace_back(static_cast<double>(m.step), *loss);
+    if (ev) eval.emplace_back(static_cast<double>(m.step), *ev);
   }
   const std::string path = (fs::path(out) / "loss.svg").string();
   const double w = 640, h = 360, pad = 50;

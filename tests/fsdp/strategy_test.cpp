@@ -26,12 +26,9 @@ using namespace fsdp::testing;
 
 namespace {
 
-// setup_environment seeds LibTorch's generator, which thread ranks share: the
-// barrier keeps a rank from reseeding it while another builds its model.
 FSDPStrategy strategy_on(dist::ProcessGroup& pg, FSDPStrategyOptions o = {}) {
   FSDPStrategy s(o.world(borrow(pg)));
   s.setup_environment();
-  pg.barrier();
   return s;
 }
 
@@ -719,8 +716,7 @@ TEST(StrategyEmptyInit, ThreadRanksWrappingAtOnceGetAnEagerBuildsValues) {
   }
   run_ranks(3, [&](dist::ProcessGroup& pg) {
     FSDPStrategy s(FSDPStrategyOptions().world(borrow(pg)).auto_wrap_module_types<models::GPTBlockImpl>());
-    s.setup_environment();  // seeds the (shared) generator: no rank builds before every rank has
-    pg.barrier();
+    s.setup_environment();  // seeds the (shared) generator, and waits for every rank to have
     std::shared_ptr<models::GPTImpl> net;
     {
       std::lock_guard<std::mutex> lock(rng_mutex());
