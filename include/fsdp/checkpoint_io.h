@@ -139,7 +139,19 @@ std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, 
                                                        dist::ProcessGroup& group, bool strict = true);
 
 // [collective over `group`] Loads only a model's weights (Lightning's
-// load_checkpoint(path, module)): the checkpoint's single model entry.
+// load_checkpoint(path, module) and Fabric's load_raw), wrapped or not, at
+// any world size: the single model entry of an fsdp-cpp checkpoint, or a
+// module state dict that torch.save(model.state_dict()) (Python) or
+// torch::pickle_save (LibTorch) wrote. Such a file is read as
+// torch.load(weights_only=True) reads it: tensors, numbers, strings and
+// containers only; a Python class or function in it is refused by name,
+// before anything runs. Every rank parses the file and reads, one tensor at
+// a time, the tensors its shards overlap (extra memory: the largest tensor).
+// strict: missing, unexpected and mis-shaped keys are a ConfigError listing
+// them (as PyTorch's load_state_dict); non-strict loads what matches. A
+// tensor of another dtype is converted to the model's. Files of PyTorch's
+// legacy format (_use_new_zipfile_serialization=False) and TorchScript
+// archives are refused, saying so.
 void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
                      dist::ProcessGroup& group, bool strict = true);
 

@@ -315,8 +315,11 @@ class FSDPStrategy {
   std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
                                                          bool strict = true) const;
   // [collective] The model of a single-file (full) checkpoint into `module`
-  // (Lightning's module-only load); a sharded checkpoint's directory is
-  // refused with Lightning's message (load it through a CheckpointState).
+  // (Lightning's module-only load, which Fabric's load_raw calls): an
+  // fsdp-cpp full checkpoint, or a raw torch.save(model.state_dict()) file
+  // (see fsdp::load_checkpoint in checkpoint_io.h); a sharded checkpoint's
+  // directory is refused with Lightning's message (load it through a
+  // CheckpointState).
   void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
                        bool strict = true) const;
   // Lightning: "Loading a single optimizer object from a checkpoint is not

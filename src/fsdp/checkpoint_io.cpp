@@ -29,6 +29,7 @@
 #include "fsdp/optim_state_dict.h"
 #include "fsdp/state_dict.h"
 #include "state_dict_walk.h"
+#include "torch_pickle.h"
 
 namespace fsdp {
 
@@ -625,12 +626,41 @@ std::unique_ptr<Source> open_source(const std::string& path) {
     not_a_checkpoint(path, e.what());
   }
   if (!s->full->has(ck::kFullIndexRecord)) {
-    not_a_checkpoint(path, "a PyTorch file without fsdp-cpp's index (not written by fsdp-cpp)");
+    not_a_checkpoint(path, "a PyTorch file without fsdp-cpp's index (not written by fsdp-cpp); a module's state "
+                            "dict (torch.save(model.state_dict())) loads with load_checkpoint(path, module)");
   }
   s->where = path + " (record " + ck::kFullIndexRecord + ")";
   s->ix = ck::parse_index(s->full->read(ck::kFullIndexRecord), s->where);
   if (s->ix.kind != "full") throw ConfigError("checkpoint: " + s->where + ": a file's index must be of kind \"full\"");
   return s;
+}
+
+// A PyTorch zip file without fsdp-cpp's index whose pickle is a module's
+// state dict (torch.save(model.state_dict()), torch::pickle_save of a dict):
+// its reader, or null for anything else (which open_source then names).
+std::unique_ptr<ck::FullReader> raw_state_dict_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return nullptr;
+  std::unique_ptr<ck::FullReader> zip;
+  try {
+    zip = std::make_unique<ck::FullReader>(path);
+  } catch (const ConfigError&) {
+    // torch.save(..., _use_new_zipfile_serialization=False): a bare pickle
+    // that starts with the legacy format's magic number (a LONG1 of 10 bytes).
+    if (ck::read_range(path, 0, std::min<int64_t>(ck::file_size(path), 4)) == std::string("\x80\x02\x8a\x0a", 4)) {
+      throw ConfigError("load_checkpoint: " + path + " is in PyTorch's legacy format (torch.save with "
+                        "_use_new_zipfile_serialization=False), which fsdp-cpp does not read; save it again with "
+                        "torch.save's default format");
+    }
+    return nullptr;
+  }
+  if (zip->has(ck::kFullIndexRecord) || !zip->has("data.pkl")) return nullptr;
+  if (zip->has("constants.pkl")) {
+    throw ConfigError("load_checkpoint: " + path + " is a TorchScript archive (torch.jit.save, or torch::save of a "
+                      "module), not a state dict: load it with torch::load(module, path), or save "
+                      "model.state_dict() with torch.save");
+  }
+  return zip;
 }
 
 // The boxes this rank holds of every key of `model`'s state (SHARDED view),
@@ -689,6 +719,62 @@ void load_model(const Source& src, const std::string& entry, const std::shared_p
     for (const auto& k : rec->keys) {
       if (!wanted.count(k)) sd.insert(k, ShardedTensor{src.tensor(entry + "/" + k).shape, at::kFloat, {}});
     }
+  }
+  StateDictTypeGuard guard(model, StateDictType::kSharded);
+  load_state_dict(model, sd, strict);
+}
+
+// Lightning's load_raw: the state dict in `zip` (raw_state_dict_file) into
+// `model`, wrapped or not, at any world size. Every rank parses the pickle
+// and reads, one tensor at a time, the tensors its shards overlap.
+void load_raw_model(const ck::FullReader& zip, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
+  const std::string where = zip.path() + " (record data.pkl)";
+  const auto pickle = detail::pickle::parse(zip.read("data.pkl"), where);
+  const auto& root = pickle.root();
+  using Kind = detail::pickle::Value::Kind;
+  if (root.kind != Kind::kDict) {
+    throw ConfigError("load_checkpoint: " + zip.path() + " holds " + detail::pickle::describe(root) +
+                      ", not a state dict (a dict from names to tensors, as torch.save(model.state_dict()) writes)");
+  }
+  std::map<std::string, const detail::pickle::TensorRef*> tensors;
+  std::vector<std::string> order;
+  for (const auto& [k, v] : root.entries) {
+    if (k->kind != Kind::kString) {
+      throw ConfigError("load_checkpoint: " + zip.path() + " holds a dict with the key " + detail::pickle::describe(*k) +
+                        ": not a state dict (its keys are parameter and buffer names)");
+    }
+    if (v->kind != Kind::kTensor) {
+      throw ConfigError("load_checkpoint: " + zip.path() + ": '" + k->text + "' is " + detail::pickle::describe(*v) +
+                        ", not a tensor: the file is not a module's state dict" +
+                        (v->kind == Kind::kDict ? " (a checkpoint holding one? Load it with a CheckpointState, or "
+                                                  "save model.state_dict() alone)"
+                                                : ""));
+    }
+    tensors[k->text] = &v->tensor;
+    order.push_back(k->text);
+  }
+  StateDict sd;
+  std::set<std::string> wanted;
+  for (auto& [key, shape, boxes] : local_boxes(model)) {
+    wanted.insert(key);
+    auto it = tensors.find(key);
+    if (it == tensors.end()) continue;  // missing: load_state_dict reports it
+    const auto& ref = *it->second;
+    if (ref.sizes != shape) {
+      sd.insert(key, ShardedTensor{ref.sizes, ref.dtype, {}});  // reported as a size mismatch
+      continue;
+    }
+    const at::Tensor whole = detail::pickle::read_tensor(zip, ref, "tensor '" + key + "'");
+    ShardedTensor st{shape, ref.dtype, {}};
+    for (const auto& b : boxes) {
+      Shard piece{b.offsets, at::empty(b.tensor.sizes(), at::TensorOptions().dtype(ref.dtype))};
+      copy_overlap(piece.tensor, piece.offsets, {Shard{std::vector<int64_t>(shape.size(), 0), whole}});
+      st.local_shards.push_back(std::move(piece));
+    }
+    sd.insert(key, std::move(st));
+  }
+  for (const auto& k : order) {
+    if (!wanted.count(k)) sd.insert(k, ShardedTensor{tensors[k]->sizes, tensors[k]->dtype, {}});
   }
   StateDictTypeGuard guard(model, StateDictType::kSharded);
   load_state_dict(model, sd, strict);
@@ -890,6 +976,10 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
   if (!module) throw ConfigError("load_checkpoint: the module is null");
   wait_for_checkpoint(group);
   std::string error = capture([&] {
+    if (auto raw = raw_state_dict_file(path)) {
+      load_raw_model(*raw, module, strict);
+      return;
+    }
     auto src = open_source(path);
     const ck::EntryRecord* model = nullptr;
     for (const auto& e : src->ix.entries) {

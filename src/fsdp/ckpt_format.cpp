@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "fsdp/error.h"
+#include "torch_pickle.h"
 
 namespace fsdp::detail::ckpt {
 
@@ -524,7 +525,7 @@ class Pickler {
     op('(');
     op('(');
     str("storage");
-    global("torch", storage_class(dtype));
+    global("torch", pickle::storage_class(dtype));
     str(storage_key);
     str("cpu");
     int64_t numel = 1;
@@ -556,20 +557,6 @@ class Pickler {
  private:
   void u32(uint32_t v) {
     for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
-  }
-  static const char* storage_class(at::ScalarType t) {
-    switch (t) {
-      case at::kFloat: return "FloatStorage";
-      case at::kDouble: return "DoubleStorage";
-      case at::kHalf: return "HalfStorage";
-      case at::kBFloat16: return "BFloat16Storage";
-      case at::kLong: return "LongStorage";
-      case at::kInt: return "IntStorage";
-      case at::kShort: return "ShortStorage";
-      case at::kChar: return "CharStorage";
-      case at::kByte: return "ByteStorage";
-      default: return "BoolStorage";
-    }
   }
 };
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 
@@ -323,6 +324,19 @@ TEST(Strategy, CheckpointsFollowTheStateDictType) {
         s.load_checkpoint(path, fresh.ptr());  // a bare module
         auto a = to_map(full_parameters(model.ptr())), b = to_map(full_parameters(fresh.ptr()));
         for (auto& [k, v] : a) EXPECT_TRUE(torch::equal(v, b.at(k))) << k;
+        // Fabric's load_raw: a module state dict saved outside fsdp-cpp
+        // (torch::pickle_save here; torch.save in Python: torch_pickle_test.cpp).
+        c10::Dict<std::string, torch::Tensor> raw;
+        for (auto& [k, v] : state_dict(make_net(3))) raw.insert(k, std::get<torch::Tensor>(v));
+        if (pg.rank() == 0) {
+          const auto bytes = torch::pickle_save(raw);
+          std::ofstream(dir.path() + "/raw.pt", std::ios::binary)
+              .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        }
+        pg.barrier();
+        s.load_checkpoint(dir.path() + "/raw.pt", fresh.ptr());
+        auto c = to_map(full_parameters(fresh.ptr()));
+        for (auto& [k, v] : c) EXPECT_TRUE(torch::equal(v, raw.at(k))) << "raw " << k;
       } else {  // Lightning: a bare module loads from a single file only
         expect_config_error([&] { s.load_checkpoint(path, fresh.ptr()); },
                             "Failed to load checkpoint directly into the model. The given path must be a single file "

@@ -3,8 +3,11 @@
 //   FSDP_FUZZ_FULL     a whole full checkpoint file (PyTorch zip: LibTorch's
 //                      reader and miniz, then our index, records, checksums)
 //   FSDP_FUZZ_SHARDED  a whole sharded checkpoint directory (index + data files)
+//   FSDP_FUZZ_PICKLE   the pickle of a torch.save file (the restricted unpickler
+//                      that reads module state dicts written by Python)
 // Full and sharded inputs are inspected, verified and loaded into a small
-// model and optimizer. An fsdp::Error (ConfigError or Error: the refusal of
+// model and optimizer, and into the model alone (a full input without
+// fsdp-cpp's index is read as a module state dict, torch.save's). An fsdp::Error (ConfigError or Error: the refusal of
 // bad bytes, naming the file) is the expected outcome; a crash, a hang, an
 // out-of-bounds access (AddressSanitizer), any other exception, or an
 // allocation beyond libFuzzer's -malloc_limit_mb is a finding. Built by scripts/fuzz.sh with clang; see docs/reliability.md.
@@ -21,10 +24,12 @@
 #include <string>
 
 #include "../../src/fsdp/ckpt_format.h"
+#include "../../src/fsdp/torch_pickle.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/state_dict.h"
 
 namespace fs = std::filesystem;
 
@@ -94,6 +99,20 @@ void exercise(const std::string& path) {
     fsdp::load_checkpoint(path, s, *w.group);
   } catch (const fsdp::Error&) {
   }
+  try {
+    fsdp::load_checkpoint(path, w.model, *w.group);
+  } catch (const fsdp::Error&) {
+  }
+}
+
+// The model's state dict as torch::pickle_save writes it (a torch.save-able
+// zip whose data.pkl is a dict of tensors).
+std::string raw_state_dict(World& w) {
+  c10::Dict<std::string, at::Tensor> d;
+  fsdp::StateDictTypeGuard guard(w.model, fsdp::StateDictType::kFull);
+  for (const auto& [k, v] : fsdp::state_dict(w.model)) d.insert(k, std::get<at::Tensor>(v).clone());
+  const auto bytes = torch::pickle_save(d);
+  return std::string(bytes.begin(), bytes.end());
 }
 
 void write_file(const fs::path& p, const std::string& bytes) {
@@ -156,6 +175,15 @@ void write_seeds(const fs::path& seeds) {
     if (!full) write_file(seeds / "index.json", read_file(path / "index.json"));
 #elif defined(FSDP_FUZZ_FULL)
     if (full) write_file(seeds / "ckpt.pt", read_file(path));
+    if (full) write_file(seeds / "raw.pt", raw_state_dict(w));
+#elif defined(FSDP_FUZZ_PICKLE)
+    if (full) {
+      write_file(tmp / "raw.pt", raw_state_dict(w));
+      fsdp::detail::ckpt::FullReader raw((tmp / "raw.pt").string());
+      write_file(seeds / "raw.pkl", raw.read("data.pkl"));
+      fsdp::detail::ckpt::FullReader ours(path.string());
+      write_file(seeds / "ckpt.pkl", ours.read("data.pkl"));
+    }
 #elif defined(FSDP_FUZZ_SHARDED)
     if (!full) write_file(seeds / "ckpt.dir", pack_dir(path));
 #endif
@@ -182,6 +210,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fs::path path = w.scratch / "input.pt";
   write_file(path, std::string(reinterpret_cast<const char*>(data), size));
   exercise(path.string());
+#elif defined(FSDP_FUZZ_PICKLE)
+  (void)w;
+  try {
+    fsdp::detail::pickle::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz/data.pkl");
+  } catch (const fsdp::Error&) {
+  }
 #elif defined(FSDP_FUZZ_SHARDED)
   const fs::path dir = w.scratch / "input";
   fs::remove_all(dir);
@@ -189,7 +223,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   unpack_dir(data, size, dir);
   exercise(dir.string());
 #else
-#error "define FSDP_FUZZ_INDEX, FSDP_FUZZ_FULL or FSDP_FUZZ_SHARDED"
+#error "define FSDP_FUZZ_INDEX, FSDP_FUZZ_FULL, FSDP_FUZZ_SHARDED or FSDP_FUZZ_PICKLE"
 #endif
   return 0;
 }

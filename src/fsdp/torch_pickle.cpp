@@ -1,0 +1,498 @@
+#include "torch_pickle.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "ckpt_format.h"
+#include "fsdp/error.h"
+
+namespace fsdp::detail::pickle {
+
+namespace {
+
+const std::vector<std::pair<at::ScalarType, const char*>>& storage_classes() {
+  static const std::vector<std::pair<at::ScalarType, const char*>> classes = {
+      {at::kFloat, "FloatStorage"}, {at::kDouble, "DoubleStorage"}, {at::kHalf, "HalfStorage"},
+      {at::kBFloat16, "BFloat16Storage"}, {at::kLong, "LongStorage"}, {at::kInt, "IntStorage"},
+      {at::kShort, "ShortStorage"}, {at::kChar, "CharStorage"}, {at::kByte, "ByteStorage"},
+      {at::kBool, "BoolStorage"}};
+  return classes;
+}
+
+std::string quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s.substr(0, 60)) out += (c >= 32 && c < 127) ? c : '?';
+  return out + (s.size() > 60 ? "...'" : "'");
+}
+
+// The globals a pickle may name (see the header); everything else is refused.
+enum class Global { kOrderedDict, kRebuildTensor, kRebuildParameter, kRebuildParameterWithState, kRestoreTypeTag,
+                    kSize, kStorage };
+
+std::optional<Global> accepted_global(const std::string& module, const std::string& name) {
+  if (module == "collections" && name == "OrderedDict") return Global::kOrderedDict;
+  if (module == "torch._utils" && name == "_rebuild_tensor_v2") return Global::kRebuildTensor;
+  if (module == "torch._utils" && name == "_rebuild_parameter") return Global::kRebuildParameter;
+  if (module == "torch._utils" && name == "_rebuild_parameter_with_state") return Global::kRebuildParameterWithState;
+  if (module == "torch.jit._pickle" && name == "restore_type_tag") return Global::kRestoreTypeTag;
+  if (module == "torch" && name == "Size") return Global::kSize;
+  if (module == "torch" && storage_dtype(name)) return Global::kStorage;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* storage_class(at::ScalarType dtype) {
+  for (const auto& [t, name] : storage_classes()) {
+    if (t == dtype) return name;
+  }
+  throw ConfigError(std::string("checkpoint: tensors of dtype ") + c10::toString(dtype) + " have no storage class");
+}
+
+std::optional<at::ScalarType> storage_dtype(const std::string& storage_class) {
+  for (const auto& [t, name] : storage_classes()) {
+    if (storage_class == name) return t;
+  }
+  return std::nullopt;
+}
+
+std::string describe(const Value& v) {
+  using K = Value::Kind;
+  switch (v.kind) {
+    case K::kNone: return "None";
+    case K::kBool: return v.boolean ? "True" : "False";
+    case K::kInt: return "the int " + std::to_string(v.integer);
+    case K::kFloat: return "a float";
+    case K::kString: return "the string " + quoted(v.text);
+    case K::kBytes: return "bytes";
+    case K::kTuple: return "a tuple of " + std::to_string(v.items.size());
+    case K::kList: return "a list of " + std::to_string(v.items.size());
+    case K::kDict: return "a dict of " + std::to_string(v.entries.size());
+    case K::kTensor: return "a tensor";
+    case K::kStorage: return "a storage";
+    case K::kGlobal: return "the Python global " + v.text;
+  }
+  return "a value";
+}
+
+class Parser {
+ public:
+  Parser(const std::string& bytes, const std::string& where, Pickle& out) : in_(bytes), where_(where), out_(out) {}
+
+  void run() {
+    while (true) {
+      if (pos_ >= in_.size()) fail("ends without STOP (the pickle is truncated)");
+      op_at_ = pos_;
+      const auto op = static_cast<uint8_t>(in_[pos_++]);
+      if (op == '.') break;  // STOP
+      step(op);
+    }
+    if (stack_.size() != 1 || !marks_.empty()) fail("STOP with " + std::to_string(stack_.size()) + " values on the stack");
+    out_.root_ = stack_.back();
+  }
+
+ private:
+  const std::string& in_;
+  const std::string& where_;
+  Pickle& out_;
+  size_t pos_ = 0, op_at_ = 0;
+  std::vector<Value*> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, Value*> memo_;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw ConfigError("checkpoint: " + where_ + ": the pickle at byte " + std::to_string(op_at_) + " " + what);
+  }
+
+  Value* make(Value::Kind kind) {
+    out_.values_.emplace_back();
+    Value* v = &out_.values_.back();
+    v->kind = kind;
+    return v;
+  }
+  Value* make_int(int64_t i) {
+    Value* v = make(Value::Kind::kInt);
+    v->integer = i;
+    return v;
+  }
+
+  // Reading the operands.
+  const char* take(size_t n) {
+    if (n > in_.size() - pos_) fail("is truncated (an operand runs past the end)");
+    const char* p = in_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
+  uint64_t le(size_t n) {
+    const auto* p = reinterpret_cast<const uint8_t*>(take(n));
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+    return v;
+  }
+  std::string line() {
+    const size_t end = in_.find('\n', pos_);
+    if (end == std::string::npos) fail("is truncated (a GLOBAL name has no end of line)");
+    std::string s = in_.substr(pos_, end - pos_);
+    pos_ = end + 1;
+    return s;
+  }
+  std::string sized(uint64_t n) {
+    if (n > in_.size() - pos_) fail("is truncated (a string of " + std::to_string(n) + " bytes runs past the end)");
+    return std::string(take(static_cast<size_t>(n)), static_cast<size_t>(n));
+  }
+
+  // The stack.
+  Value* pop() {
+    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) fail("pops an empty stack");
+    Value* v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  Value* top() {
+    if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) fail("reads an empty stack");
+    return stack_.back();
+  }
+  std::vector<Value*> pop_mark() {
+    if (marks_.empty()) fail("has no MARK to pop to");
+    const size_t m = marks_.back();
+    marks_.pop_back();
+    std::vector<Value*> items(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
+    stack_.resize(m);
+    return items;
+  }
+  Value* tuple(std::vector<Value*> items) {
+    Value* t = make(Value::Kind::kTuple);
+    t->items = std::move(items);
+    return t;
+  }
+
+  Value* expect(Value* v, Value::Kind kind, const char* what) {
+    if (v->kind != kind) fail("has " + describe(*v) + " where " + what + " belongs");
+    return v;
+  }
+
+  static std::string key_of(const Value& k) {
+    if (k.kind == Value::Kind::kString) return "s" + k.text;
+    if (k.kind == Value::Kind::kInt) return std::string(1, 'i').append(std::to_string(k.integer));
+    if (k.kind == Value::Kind::kBool) return k.boolean ? "i1" : "i0";  // True == 1 in Python
+    return "";
+  }
+  void set_item(Value* dict, Value* key, Value* value) {
+    if (dict->kind != Value::Kind::kDict) fail("sets an item of " + describe(*dict) + ", not a dict");
+    const std::string k = key_of(*key);
+    if (k.empty()) fail("uses " + describe(*key) + " as a dict key (fsdp-cpp reads string and int keys)");
+    auto [it, inserted] = dict->index.emplace(k, dict->entries.size());
+    if (inserted) {
+      dict->entries.emplace_back(key, value);
+    } else {
+      dict->entries[it->second].second = value;
+    }
+  }
+  void append(Value* list, Value* item) {
+    if (list->kind != Value::Kind::kList) fail("appends to " + describe(*list) + ", not a list");
+    list->items.push_back(item);
+  }
+
+  int64_t long_bytes(size_t n) {
+    if (n > 8) fail("has an int of " + std::to_string(n) + " bytes (fsdp-cpp reads 64-bit ints)");
+    if (n == 0) return 0;
+    uint64_t v = le(n);
+    if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
+    return static_cast<int64_t>(v);
+  }
+
+  void global(const std::string& module, const std::string& name) {
+    if (!accepted_global(module, name)) {
+      fail("names the Python global " + module + "." + name +
+           ", which fsdp-cpp does not load (it reads tensors, numbers, strings and containers, as "
+           "torch.load(weights_only=True) does)");
+    }
+    Value* g = make(Value::Kind::kGlobal);
+    g->text = module + "." + name;
+    stack_.push_back(g);
+  }
+
+  std::vector<int64_t> ints(Value* v, const char* what) {
+    if (v->kind != Value::Kind::kTuple && v->kind != Value::Kind::kList) fail("has " + describe(*v) + " as " + what);
+    std::vector<int64_t> out;
+    for (Value* i : v->items) out.push_back(expect(i, Value::Kind::kInt, what)->integer);
+    return out;
+  }
+
+  Value* reduce(Value* callable, Value* args) {
+    if (callable->kind != Value::Kind::kGlobal) fail("calls " + describe(*callable) + ", not an accepted global");
+    if (args->kind != Value::Kind::kTuple) fail("calls " + callable->text + " with " + describe(*args) + ", not a tuple");
+    const auto dot = callable->text.rfind('.');
+    const Global g = *accepted_global(callable->text.substr(0, dot), callable->text.substr(dot + 1));
+    auto& a = args->items;
+    auto arity = [&](size_t lo, size_t hi) {
+      if (a.size() < lo || a.size() > hi) {
+        fail("calls " + callable->text + " with " + std::to_string(a.size()) + " arguments");
+      }
+    };
+    switch (g) {
+      case Global::kOrderedDict:
+        arity(0, 0);
+        return make(Value::Kind::kDict);
+      case Global::kRestoreTypeTag:  // LibTorch's pickler: (value, "Dict[str, Tensor]")
+        arity(2, 2);
+        return a[0];
+      case Global::kSize: {  // torch.Size((2, 3))
+        arity(1, 1);
+        ints(a[0], "the dimensions of a torch.Size");
+        return a[0];
+      }
+      case Global::kRebuildParameter:  // (data, requires_grad, backward_hooks)
+        arity(3, 3);
+        return expect(a[0], Value::Kind::kTensor, "a parameter's data");
+      case Global::kRebuildParameterWithState:  // (data, requires_grad, backward_hooks, state)
+        arity(4, 4);
+        return expect(a[0], Value::Kind::kTensor, "a parameter's data");
+      case Global::kRebuildTensor: {  // (storage, offset, size, stride, requires_grad, backward_hooks[, metadata])
+        arity(6, 7);
+        Value* storage = expect(a[0], Value::Kind::kStorage, "a tensor's storage");
+        Value* t = make(Value::Kind::kTensor);
+        t->tensor = storage->tensor;
+        t->tensor.offset = expect(a[1], Value::Kind::kInt, "a tensor's storage offset")->integer;
+        t->tensor.sizes = ints(a[2], "a tensor's size");
+        t->tensor.strides = ints(a[3], "a tensor's stride");
+        if (t->tensor.sizes.size() != t->tensor.strides.size()) {
+          fail("describes a tensor with " + std::to_string(t->tensor.sizes.size()) + " sizes but " +
+               std::to_string(t->tensor.strides.size()) + " strides");
+        }
+        return t;
+      }
+      case Global::kStorage:
+        fail("calls the storage class " + callable->text + " (storages come as persistent ids)");
+    }
+    fail("calls " + callable->text);
+  }
+
+  // ('storage', torch.<T>Storage, key, location, numel)
+  Value* persistent_load(Value* pid) {
+    if (pid->kind != Value::Kind::kTuple || pid->items.size() != 5 || pid->items[0]->kind != Value::Kind::kString ||
+        pid->items[0]->text != "storage") {
+      fail("has the persistent id " + describe(*pid) + ", not ('storage', class, key, location, numel)");
+    }
+    Value* cls = expect(pid->items[1], Value::Kind::kGlobal, "a storage class");
+    Value* s = make(Value::Kind::kStorage);
+    const auto dtype = storage_dtype(cls->text.substr(cls->text.rfind('.') + 1));
+    if (!dtype || cls->text.rfind("torch.", 0) != 0) fail("has the storage class " + cls->text);
+    s->tensor.dtype = *dtype;
+    s->tensor.storage = expect(pid->items[2], Value::Kind::kString, "a storage key")->text;
+    expect(pid->items[3], Value::Kind::kString, "a storage location");
+    s->tensor.storage_numel = expect(pid->items[4], Value::Kind::kInt, "a storage's size")->integer;
+    return s;
+  }
+
+  void step(uint8_t op) {
+    using K = Value::Kind;
+    switch (op) {
+      case 0x80: {  // PROTO
+        const auto v = le(1);
+        if (v < 2 || v > 5) fail("is of protocol " + std::to_string(v) + " (fsdp-cpp reads 2 to 5)");
+        return;
+      }
+      case 0x95: le(8); return;  // FRAME: a hint only
+      case '(': marks_.push_back(stack_.size()); return;
+      case '0': pop(); return;                       // POP
+      case '1': pop_mark(); return;                  // POP_MARK
+      case '2': stack_.push_back(top()); return;     // DUP
+      case 'N': stack_.push_back(make(K::kNone)); return;
+      case 0x88:
+      case 0x89: {
+        Value* b = make(K::kBool);
+        b->boolean = op == 0x88;
+        stack_.push_back(b);
+        return;
+      }
+      case 'J': stack_.push_back(make_int(static_cast<int32_t>(static_cast<uint32_t>(le(4))))); return;  // BININT
+      case 'K': stack_.push_back(make_int(static_cast<int64_t>(le(1)))); return;                          // BININT1
+      case 'M': stack_.push_back(make_int(static_cast<int64_t>(le(2)))); return;                          // BININT2
+      case 0x8a: stack_.push_back(make_int(long_bytes(static_cast<size_t>(le(1))))); return;              // LONG1
+      case 0x8b: stack_.push_back(make_int(long_bytes(static_cast<size_t>(le(4))))); return;              // LONG4
+      case 'G': {  // BINFLOAT: big-endian
+        const auto* p = reinterpret_cast<const uint8_t*>(take(8));
+        uint64_t bits = 0;
+        for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];
+        Value* f = make(K::kFloat);
+        std::memcpy(&f->floating, &bits, 8);
+        stack_.push_back(f);
+        return;
+      }
+      case 'X':   // BINUNICODE
+      case 0x8c:  // SHORT_BINUNICODE
+      case 0x8d:  // BINUNICODE8
+      case 'B':   // BINBYTES
+      case 'C':   // SHORT_BINBYTES
+      case 0x8e: {  // BINBYTES8
+        const size_t width = (op == 0x8c || op == 'C') ? 1 : (op == 0x8d || op == 0x8e) ? 8 : 4;
+        Value* s = make((op == 'B' || op == 'C' || op == 0x8e) ? K::kBytes : K::kString);
+        s->text = sized(le(width));
+        stack_.push_back(s);
+        return;
+      }
+      case ')': stack_.push_back(tuple({})); return;  // EMPTY_TUPLE
+      case 't': stack_.push_back(tuple(pop_mark())); return;
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
+        std::vector<Value*> items(static_cast<size_t>(op - 0x84));
+        for (size_t i = items.size(); i-- > 0;) items[i] = pop();
+        stack_.push_back(tuple(std::move(items)));
+        return;
+      }
+      case ']': stack_.push_back(make(K::kList)); return;  // EMPTY_LIST
+      case 'l': {  // LIST
+        Value* l = make(K::kList);
+        l->items = pop_mark();
+        stack_.push_back(l);
+        return;
+      }
+      case 'a': {  // APPEND
+        Value* item = pop();
+        append(top(), item);
+        return;
+      }
+      case 'e': {  // APPENDS
+        auto items = pop_mark();
+        Value* list = top();
+        for (Value* i : items) append(list, i);
+        return;
+      }
+      case '}': stack_.push_back(make(K::kDict)); return;  // EMPTY_DICT
+      case 'd': {  // DICT
+        auto items = pop_mark();
+        if (items.size() % 2) fail("builds a dict from an odd number of values");
+        Value* d = make(K::kDict);
+        for (size_t i = 0; i < items.size(); i += 2) set_item(d, items[i], items[i + 1]);
+        stack_.push_back(d);
+        return;
+      }
+      case 's': {  // SETITEM
+        Value* value = pop();
+        Value* key = pop();
+        set_item(top(), key, value);
+        return;
+      }
+      case 'u': {  // SETITEMS
+        auto items = pop_mark();
+        if (items.size() % 2) fail("sets items from an odd number of values");
+        Value* d = top();
+        for (size_t i = 0; i < items.size(); i += 2) set_item(d, items[i], items[i + 1]);
+        return;
+      }
+      case 'c': {  // GLOBAL
+        std::string module = line();
+        std::string name = line();
+        global(module, name);
+        return;
+      }
+      case 0x93: {  // STACK_GLOBAL
+        Value* name = pop();
+        Value* module = pop();
+        global(expect(module, K::kString, "a module name")->text, expect(name, K::kString, "a global's name")->text);
+        return;
+      }
+      case 'R': {  // REDUCE
+        Value* args = pop();
+        Value* callable = pop();
+        stack_.push_back(reduce(callable, args));
+        return;
+      }
+      case 'b': {  // BUILD: only a dict's attributes (an OrderedDict's _metadata), which are ignored
+        Value* state = pop();
+        Value* obj = top();
+        if (obj->kind != K::kDict) fail("sets the attributes " + describe(*state) + " of " + describe(*obj));
+        return;
+      }
+      case 'Q': {  // BINPERSID
+        Value* pid = pop();
+        stack_.push_back(persistent_load(pid));
+        return;
+      }
+      case 'q': memo_[le(1)] = top(); return;  // BINPUT
+      case 'r': memo_[le(4)] = top(); return;  // LONG_BINPUT
+      case 0x94: {                             // MEMOIZE
+        const uint64_t n = memo_.size();
+        memo_[n] = top();
+        return;
+      }
+      case 'h':    // BINGET
+      case 'j': {  // LONG_BINGET
+        const uint64_t k = le(op == 'h' ? 1 : 4);
+        auto it = memo_.find(k);
+        if (it == memo_.end()) fail("gets memo entry " + std::to_string(k) + ", which was never put");
+        stack_.push_back(it->second);
+        return;
+      }
+      default: {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", op);
+        fail(std::string("has the opcode ") + hex + ", which fsdp-cpp does not read (sets, Python objects and "
+             "protocol-0 text opcodes are not part of a state dict)");
+      }
+    }
+  }
+};
+
+Pickle parse(const std::string& bytes, const std::string& where) {
+  Pickle p;
+  Parser(bytes, where, p).run();
+  return p;
+}
+
+at::Tensor read_tensor(const ckpt::FullReader& zip, const TensorRef& ref, const std::string& where) {
+  if (zip.has("byteorder")) {
+    const std::string order = zip.read("byteorder");
+    if (order != "little") {
+      throw ConfigError("checkpoint: " + zip.path() + " was written on a " + order.substr(0, 20) +
+                        "-endian machine; fsdp-cpp reads little-endian files");
+    }
+  }
+  const std::string record = "data/" + ref.storage;
+  const std::string at_ = "checkpoint: " + zip.path() + ": " + where + " (storage record " + record + ")";
+  if (ref.storage.empty() || ref.storage.find('/') != std::string::npos || !zip.has(record)) {
+    throw ConfigError(at_ + " is missing from the file");
+  }
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(ref.dtype));
+  constexpr int64_t kMax = int64_t{1} << 48;
+  if (ref.storage_numel < 0 || ref.storage_numel > kMax / elem || ref.offset < 0) {
+    throw ConfigError(at_ + ": a storage of " + std::to_string(ref.storage_numel) + " elements at offset " +
+                      std::to_string(ref.offset) + " is impossible");
+  }
+  // The view must lie inside the storage: offset + sum((size - 1) * stride) < numel.
+  int64_t last = ref.offset, numel = 1;
+  for (size_t d = 0; d < ref.sizes.size(); ++d) {
+    const int64_t size = ref.sizes[d], stride = ref.strides[d];
+    if (size < 0 || stride < 0 || size > kMax || stride > kMax) {
+      throw ConfigError(at_ + ": a tensor of size " + std::to_string(size) + " and stride " + std::to_string(stride) +
+                        " in dimension " + std::to_string(d) + " is impossible");
+    }
+    if (size == 0) numel = 0;
+    if (numel && size > kMax / numel) throw ConfigError(at_ + ": the tensor is implausibly large");
+    numel *= size;
+    if (size > 0) {
+      if (stride && size - 1 > (kMax - last) / stride) throw ConfigError(at_ + ": the tensor is implausibly large");
+      last += (size - 1) * stride;
+    }
+  }
+  if (numel > 0 && last >= ref.storage_numel) {
+    throw ConfigError(at_ + ": the tensor reaches element " + std::to_string(last) + " of a storage of " +
+                      std::to_string(ref.storage_numel));
+  }
+  auto bytes = std::make_shared<std::string>(zip.read(record));
+  if (static_cast<int64_t>(bytes->size()) < ref.storage_numel * elem) {
+    throw ConfigError(at_ + " holds " + std::to_string(bytes->size()) + " bytes; its storage of " +
+                      std::to_string(ref.storage_numel) + " " + c10::toString(ref.dtype) + " elements needs " +
+                      std::to_string(ref.storage_numel * elem));
+  }
+  if (numel == 0) return at::empty(ref.sizes, at::TensorOptions().dtype(ref.dtype));
+  return at::from_blob(bytes->data() + ref.offset * elem, ref.sizes, ref.strides, [bytes](void*) {},
+                       at::TensorOptions().dtype(ref.dtype));
+}
+
+}  // namespace fsdp::detail::pickle

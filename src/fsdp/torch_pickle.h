@@ -1,0 +1,89 @@
+// src/fsdp/torch_pickle.h — reads the pickle of a file that torch.save (or
+// LibTorch's torch::pickle_save) wrote, into a tree of Python values, without
+// running any code: the C++ counterpart of torch.load(weights_only=True).
+// Private to the library.
+//
+// Why not LibTorch's own unpickler (torch::pickle_load): it cannot read
+// model.state_dict() files, because it does not build collections.OrderedDict
+// (PyTorch issues #37213, #100741: "Expected GenericDict but got None").
+//
+// Accepted, as torch.load(weights_only=True) accepts them: protocols 2 to 5;
+// None, bools, ints (64-bit), floats, strings, bytes, tuples, lists, dicts;
+// tensors (torch._utils._rebuild_tensor_v2, _rebuild_parameter,
+// _rebuild_parameter_with_state, with the storages torch.<T>Storage as
+// persistent ids); collections.OrderedDict (its attributes, such as a state
+// dict's _metadata, are ignored); torch.Size; LibTorch's
+// torch.jit._pickle.restore_type_tag. Any other global (a Python class or
+// function) is refused by name, before anything runs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace fsdp::detail::ckpt {
+class FullReader;
+}
+
+namespace fsdp::detail::pickle {
+
+// torch.save's storage class of a dtype ("FloatStorage", ...) and back
+// (nullopt for a class fsdp-cpp does not read).
+const char* storage_class(at::ScalarType dtype);
+std::optional<at::ScalarType> storage_dtype(const std::string& storage_class);
+
+// A tensor as the pickle describes it: a view of a storage whose bytes are
+// the zip record "data/<storage>".
+struct TensorRef {
+  std::string storage;         // the record's key
+  at::ScalarType dtype = at::kFloat;
+  int64_t storage_numel = 0;   // elements of the storage
+  int64_t offset = 0;          // elements into the storage
+  std::vector<int64_t> sizes, strides;
+};
+
+struct Value {
+  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTuple, kList, kDict, kTensor, kStorage, kGlobal };
+  Kind kind = Kind::kNone;
+  bool boolean = false;
+  int64_t integer = 0;
+  double floating = 0;
+  std::string text;                                      // string, bytes, a global's "module.name"
+  std::vector<Value*> items;                             // tuple, list
+  std::vector<std::pair<Value*, Value*>> entries;        // dict, in insertion order
+  std::unordered_map<std::string, size_t> index;         // dict: key (ints and strings) -> entry
+  TensorRef tensor;                                      // tensor, storage
+};
+
+// "None", "a dict", "a tensor", "the string 'x'", ... for error messages.
+std::string describe(const Value& v);
+
+// A parsed pickle; owns every value of the tree (which may share values:
+// the pickle's memo).
+class Pickle {
+ public:
+  const Value& root() const { return *root_; }
+
+ private:
+  friend Pickle parse(const std::string& bytes, const std::string& where);
+  friend class Parser;
+  std::deque<Value> values_;
+  Value* root_ = nullptr;
+};
+
+// Parses `bytes` (a data.pkl). ConfigError naming `where` and the byte
+// offset for anything malformed or not accepted (above).
+Pickle parse(const std::string& bytes, const std::string& where);
+
+// The tensor `ref` describes, read from its storage record in `zip` (a
+// view of the record's bytes, on the CPU); ConfigError naming `where` if the
+// record is missing, too short for the view, or the file is big-endian.
+at::Tensor read_tensor(const ckpt::FullReader& zip, const TensorRef& ref, const std::string& where);
+
+}  // namespace fsdp::detail::pickle

@@ -1,0 +1,272 @@
+// Raw module state dicts (Lightning's load_raw): torch.save(model.state_dict())
+// files written by Python (tests/python/write_state_dict.py) and by LibTorch's
+// torch::pickle_save load into wrapped models at any world size and into
+// unwrapped ones, strictly, with named errors; and the restricted unpickler
+// (src/fsdp/torch_pickle.h) refuses what it must.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/serialize.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../../src/fsdp/torch_pickle.h"
+#include "../support/subprocess.h"
+#include "../support/thread_ranks.h"
+#include "fsdp/checkpoint_io.h"
+#include "fsdp/error.h"
+#include "fsdp/state_dict.h"
+#include "trainer.h"
+
+using namespace fsdp;
+using namespace fsdp::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The value write_state_dict.py gives the j-th tensor.
+torch::Tensor expected_value(const std::vector<int64_t>& shape, int64_t j) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return (torch::arange(n, torch::kFloat32).remainder(97) * 0.25 + j).reshape(shape);
+}
+
+// The model's full state (every rank gets it): key -> tensor, in order.
+std::vector<std::pair<std::string, torch::Tensor>> full_state(const std::shared_ptr<torch::nn::Module>& model) {
+  StateDictTypeGuard guard(model, StateDictType::kFull);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [k, v] : state_dict(model)) out.emplace_back(k, std::get<torch::Tensor>(v).clone());
+  return out;
+}
+
+// The model's state, as write_state_dict.py expects it.
+std::vector<std::pair<std::string, torch::Tensor>> plain_state() {
+  auto net = make_net(1);
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [k, v] : state_dict(net)) out.emplace_back(k, std::get<torch::Tensor>(v));
+  return out;
+}
+
+void expect_written_values(const std::vector<std::pair<std::string, torch::Tensor>>& state, const std::string& what,
+                           const std::string& except = "") {
+  ASSERT_EQ(state.size(), plain_state().size()) << what;
+  for (size_t j = 0; j < state.size(); ++j) {
+    const auto& [k, t] = state[j];
+    if (k == except) continue;
+    EXPECT_TRUE(torch::equal(t, expected_value(t.sizes().vec(), static_cast<int64_t>(j)).to(t.scalar_type())))
+        << what << ": " << k;
+  }
+}
+
+// `f` throws an fsdp::Error whose message contains `text` (errors of
+// collective loads reach every rank as fsdp::Error).
+void expect_error(const std::function<void()>& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected: " << text;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
+// The files of write_state_dict.py, written once for the suite.
+class RawStateDict : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir;
+    nlohmann::json spec = nlohmann::json::array();
+    auto net = make_net(1);
+    std::set<std::string> buffers;
+    for (const auto& b : net->named_buffers()) buffers.insert(b.key());
+    for (const auto& [k, t] : plain_state()) spec.push_back({k, t.sizes().vec(), buffers.count(k) > 0});
+    std::ofstream(dir_->path() + "/spec.json") << spec.dump();
+    auto r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/write_state_dict.py",
+                          dir_->path() + "/spec.json", dir_->path()},
+                         std::chrono::seconds(120));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string file(const std::string& name) { return dir_->path() + "/" + name; }
+  static TempDir* dir_;
+};
+TempDir* RawStateDict::dir_ = nullptr;
+
+TEST_F(RawStateDict, PythonStateDictLoadsIntoAWrappedModelAtAnyWorldSize) {
+  for (int world : {1, 2, 3}) {
+    for (const char* name : {"raw.pt", "p4.pt", "param.pt"}) {
+      run_ranks(world, [&](dist::ProcessGroup& pg) {
+        Trainer t(pg, Opt::kSgd, 5);  // other values: everything must come from the file
+        load_checkpoint(file(name), t.model.ptr(), pg);
+        expect_written_values(full_state(t.model.ptr()), std::string(name) + " at world " + std::to_string(world));
+      });
+    }
+  }
+}
+
+TEST_F(RawStateDict, PythonStateDictLoadsIntoAnUnwrappedModelAndConvertsDtypes) {
+  for (const char* name : {"raw.pt", "bf16.pt"}) {
+    auto plain = make_net(5);
+    run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(file(name), plain, pg); });
+    auto state = plain_state();  // keys and order
+    std::vector<std::pair<std::string, torch::Tensor>> got;
+    for (const auto& [k, v] : state_dict(plain)) got.emplace_back(k, std::get<torch::Tensor>(v));
+    EXPECT_EQ(got.front().second.scalar_type(), torch::kFloat32);  // the model's dtype stays
+    expect_written_values(got, name);
+  }
+}
+
+TEST_F(RawStateDict, AWrappedModelLoadedFromItTrainsLikeTheUnwrappedOne) {
+  // After the raw load, FSDP at world 2 trains exactly like the plain model
+  // given the same values: the loaded state is the model's own.
+  const auto batches = make_batches(3, 8, 2);
+  auto plain = make_net(5);
+  run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(file("raw.pt"), plain, pg); });
+  torch::optim::SGD opt(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto want = train_local(*plain, opt, batches);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer t(pg, Opt::kSgd, 9);
+    load_checkpoint(file("raw.pt"), t.model.ptr(), pg);
+    t.train(pg, batches, 0, 3);
+    auto got = to_map(full_parameters(t.model.ptr()));
+    for (const auto& [k, w] : want) EXPECT_TRUE(torch::allclose(got.at(k), w, 1e-5, 1e-6)) << k;
+  });
+}
+
+TEST_F(RawStateDict, StrictAndNonStrictNameTheKeys) {
+  const auto keys = plain_state();
+  const std::string last = keys.back().first, first = keys.front().first;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer t(pg, Opt::kSgd, 5);
+    expect_error([&] { load_checkpoint(file("missing.pt"), t.model.ptr(), pg); }, last);
+    expect_error([&] { load_checkpoint(file("extra.pt"), t.model.ptr(), pg); }, "extra_key");
+    expect_error([&] { load_checkpoint(file("shape.pt"), t.model.ptr(), pg); }, first);
+    load_checkpoint(file("missing.pt"), t.model.ptr(), pg, /*strict=*/false);
+    load_checkpoint(file("extra.pt"), t.model.ptr(), pg, /*strict=*/false);
+    expect_written_values(full_state(t.model.ptr()), "non-strict");
+  });
+}
+
+TEST_F(RawStateDict, FilesThatAreNotAStateDictAreNamed) {
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    Trainer t(pg, Opt::kSgd, 5);
+    auto m = t.model.ptr();
+    expect_error([&] { load_checkpoint(file("nested.pt"), m, pg); },
+                 "'model' is a dict of " + std::to_string(plain_state().size()) + ", not a tensor");
+    expect_error([&] { load_checkpoint(file("object.pt"), m, pg); }, "the Python global argparse.Namespace");
+    expect_error([&] { load_checkpoint(file("legacy.pt"), m, pg); }, "PyTorch's legacy format");
+    expect_error([&] { load_checkpoint(file("script.pt"), m, pg); }, "is a TorchScript archive");
+    CheckpointState s;
+    s.model("model", m);
+    expect_error([&] { load_checkpoint(file("raw.pt"), s, pg); }, "loads with load_checkpoint(path, module)");
+  });
+}
+
+TEST(RawStateDictLibTorch, PickleSaveOfADictLoadsAtAnyWorldSize) {
+  TempDir dir;
+  const std::string path = dir.path() + "/libtorch.pt";
+  auto state = plain_state();
+  c10::Dict<std::string, torch::Tensor> d;
+  for (size_t j = 0; j < state.size(); ++j) {
+    d.insert(state[j].first, expected_value(state[j].second.sizes().vec(), static_cast<int64_t>(j)));
+  }
+  const auto bytes = torch::pickle_save(d);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  for (int world : {1, 3}) {
+    run_ranks(world, [&](dist::ProcessGroup& pg) {
+      Trainer t(pg, Opt::kSgd, 5);
+      load_checkpoint(path, t.model.ptr(), pg);
+      expect_written_values(full_state(t.model.ptr()), "world " + std::to_string(world));
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The unpickler on hand-made pickles.
+
+// Bytes from hex pairs ("80 02 4e 2e") and quoted ASCII ('cos\nsystem\n').
+std::string bytes(const std::string& spec) {
+  std::string out;
+  for (size_t i = 0; i < spec.size();) {
+    if (spec[i] == ' ') {
+      ++i;
+    } else if (spec[i] == '\'') {
+      const size_t end = spec.find('\'', i + 1);
+      out += spec.substr(i + 1, end - i - 1);
+      i = end + 1;
+    } else {
+      out += static_cast<char>(std::stoi(spec.substr(i, 2), nullptr, 16));
+      i += 2;
+    }
+  }
+  return out;
+}
+
+std::string parse_error(const std::string& spec) {
+  try {
+    fsdp::detail::pickle::parse(bytes(spec), "test.pkl");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TorchPickle, ReadsTheValuesOfAPickle) {
+  // pickle.dumps({"a": [1, -2, 3.5, True, None, "x"], 7: (300, -70000, 2**40)}, protocol=2)
+  auto pk = fsdp::detail::pickle::parse(
+      bytes("80 02 7d 71 00 28 58 01 00 00 00 61 71 01 5d 71 02 28 4b 01 4a fe ff ff ff 47 40 0c 00 00 00 00 00 00 88 "
+            "4e 58 01 00 00 00 78 71 03 65 4b 07 4d 2c 01 4a 90 ee fe ff 8a 06 00 00 00 00 00 01 87 71 04 75 2e"),
+      "test.pkl");
+  using K = fsdp::detail::pickle::Value::Kind;
+  const auto& root = pk.root();
+  ASSERT_EQ(root.kind, K::kDict);
+  ASSERT_EQ(root.entries.size(), 2u);
+  EXPECT_EQ(root.entries[0].first->text, "a");
+  const auto& list = *root.entries[0].second;
+  ASSERT_EQ(list.kind, K::kList);
+  ASSERT_EQ(list.items.size(), 6u);
+  EXPECT_EQ(list.items[0]->integer, 1);
+  EXPECT_EQ(list.items[1]->integer, -2);
+  EXPECT_EQ(list.items[2]->floating, 3.5);
+  EXPECT_TRUE(list.items[3]->boolean);
+  EXPECT_EQ(list.items[4]->kind, K::kNone);
+  EXPECT_EQ(list.items[5]->text, "x");
+  EXPECT_EQ(root.entries[1].first->integer, 7);
+  const auto& tuple = *root.entries[1].second;
+  ASSERT_EQ(tuple.kind, K::kTuple);
+  ASSERT_EQ(tuple.items.size(), 3u);
+  EXPECT_EQ(tuple.items[0]->integer, 300);
+  EXPECT_EQ(tuple.items[1]->integer, -70000);
+  EXPECT_EQ(tuple.items[2]->integer, int64_t{1} << 40);
+}
+
+TEST(TorchPickle, RefusesWhatIsNotAStateDictByName) {
+  auto expect = [](const std::string& spec, const std::string& text) {
+    const std::string e = parse_error(spec);
+    EXPECT_NE(e.find(text), std::string::npos) << spec << " -> " << e;
+  };
+  expect("80 02 'cos\nsystem\n' 28 58 02 00 00 00 'ls' 74 52 2e", "the Python global os.system");
+  expect("80 02 7d", "ends without STOP");
+  expect("80 02 68 05 2e", "memo entry 5, which was never put");
+  expect("80 02 58 ff ff 00 00 'ab' 2e", "runs past the end");
+  expect("80 02 30 2e", "pops an empty stack");
+  expect("80 02 28 4e 30 30 2e", "pops an empty stack");  // not across a MARK
+  expect("80 02 4e 4e 2e", "STOP with 2 values");
+  expect("80 09 4e 2e", "protocol 9");
+  expect("80 02 'I1\n' 2e", "opcode 0x49");
+  expect("80 02 5d 4e 4e 73 2e", "sets an item of a list of 0, not a dict");
+  expect("80 02 7d 5d 4e 73 2e", "uses a list of 0 as a dict key");
+  expect("80 02 8a 09 01 02 03 04 05 06 07 08 09 2e", "an int of 9 bytes");
+  expect("80 02 'ctorch\nNoSuchStorage\n'", "the Python global torch.NoSuchStorage");
+  // A persistent id other than ('storage', torch.<T>Storage, key, location, numel).
+  expect("80 02 28 58 03 00 00 00 'abc' 74 51 2e", "not ('storage', class, key, location, numel)");
+  // _rebuild_tensor_v2 with a storage that is not one.
+  expect("80 02 'ctorch._utils\n_rebuild_tensor_v2\n' 28 4e 4b 00 29 29 89 4e 74 52 2e",
+         "None where a tensor's storage belongs");
+  // BUILD on something that is not a dict.
+  expect("80 02 5d 7d 62 2e", "sets the attributes a dict of 0 of a list of 0");
+}
+
+}  // namespace
