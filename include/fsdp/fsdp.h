@@ -15,7 +15,11 @@
 //     run on sharded parameters and fail;
 //   - a submodule held in a `fsdp::Unit<BlockImpl>` member (a
 //     torch::nn::ModuleHolder that behaves exactly like the plain module until
-//     a policy or a manual wrap makes it a unit), called as `block(x)`;
+//     a policy or a manual wrap makes it a unit), called as `block(x)`, not
+//     `block->forward(x)`: inside a wrapped forward, when LibTorch then fails
+//     on the shards, the error is a ConfigError naming the units that were
+//     skipped and saying to call unit(x) (a direct call outside any wrapped
+//     forward cannot be seen);
 //   - an element of a torch::nn::Sequential whose forward is Tensor(Tensor):
 //     auto-wrapping needs no change to such models.
 // A policy that selects any other module is a ConfigError naming it.
