@@ -1,5 +1,7 @@
-// Uses the installed headers and libraries: a one-rank group, an all_reduce,
-// and the launcher's argument parser.
+// Uses the installed headers and libraries: started by the installed
+// fsdp-run (fsdp::fsdp-run) as 2 ranks, it joins their world from the
+// launcher's environment and checks an all_reduce; it also calls the
+// launcher library's argument parser.
 #include <ATen/ATen.h>
 #include <fsdp/dist/process_group.h>
 #include <fsdp/launch/launcher.h>
@@ -8,11 +10,10 @@
 
 int main() {
   auto launch = fsdp::launch::parse_launch_args({"--nproc-per-node", "2", "prog"});
-  fsdp::dist::InitOptions options;  // world_size 1: no rendezvous needed
-  auto pg = fsdp::dist::init_process_group(options);
+  auto pg = fsdp::dist::init_process_group_from_env();  // RANK, WORLD_SIZE, MASTER_ADDR, ... from fsdp-run
   at::Tensor t = at::ones({4});
-  pg->all_reduce(t).wait();
-  const bool ok = launch.nproc_per_node == 2 && pg->size() == 1 && t.sum().item<float>() == 4.0f;
-  std::cout << (ok ? "consumer ok" : "consumer WRONG") << std::endl;
+  pg->all_reduce(t).wait();  // sum over 2 ranks: 2 in every element
+  const bool ok = launch.nproc_per_node == 2 && pg->size() == 2 && t.eq(2).all().item<bool>();
+  std::cout << "consumer rank " << pg->rank() << " of " << pg->size() << ": " << (ok ? "ok" : "WRONG") << std::endl;
   return ok ? 0 : 1;
 }

@@ -1,5 +1,8 @@
-# Installs the built fsdp into BUILD_DIR/package-test/install, then builds and
-# runs the consumer project in SOURCE_DIR against it.
+# Installs the built fsdp into BUILD_DIR/package-test/install, checks that the
+# installed package names no library by an absolute path of this machine,
+# then configures the consumer project in SOURCE_DIR against it where zlib and
+# nlohmann-json cannot be found (a consumer needs only LibTorch), builds it,
+# and runs its test: the exported fsdp::fsdp-run starts it as 2 ranks.
 set(root ${BUILD_DIR}/package-test)
 file(REMOVE_RECURSE ${root})
 function(run)
@@ -9,6 +12,38 @@ function(run)
   endif()
 endfunction()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${root}/install)
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${root}/build -DCMAKE_PREFIX_PATH=${root}/install -DCMAKE_BUILD_TYPE=Release)
+
+# The exported targets: libraries only as imported targets or bare names, and
+# files only under the package's own prefix (${_IMPORT_PREFIX}/...), never a
+# LibTorch, NCCL, zlib, ... of the machine that built it.
+file(GLOB targets_files ${root}/install/lib*/cmake/fsdp/fsdpTargets*.cmake)
+if(NOT targets_files)
+  message(FATAL_ERROR "no fsdpTargets*.cmake under ${root}/install")
+endif()
+foreach(f ${targets_files})
+  file(READ ${f} text)
+  string(REGEX REPLACE "\\\${_IMPORT_PREFIX}/[^\";]*" "" text "${text}")  # the package's own files
+  string(REGEX REPLACE "IMPORTED_SONAME[^\n]*" "" text "${text}")          # libfsdp.so's soname
+  string(REGEX MATCHALL "[^\n]*(/usr/lib|/usr/local|\\.venv|site-packages|\\.so|\\.a\")[^\n]*" bad "${text}")
+  string(REGEX MATCHALL "[^\n]*INTERFACE_LINK_LIBRARIES[^\n]*/[^\n]*" bad_link "${text}")
+  if(bad OR bad_link)
+    message(FATAL_ERROR "${f} names a library outside the package:\n${bad}\n${bad_link}")
+  endif()
+endforeach()
+file(STRINGS ${root}/install/lib/cmake/fsdp/fsdpTargets.cmake exported REGEX "^add_library|^add_executable")
+foreach(target "fsdp::fsdp" "fsdp::launch" "fsdp::fsdp-run")
+  if(NOT exported MATCHES "${target} ")
+    message(FATAL_ERROR "the package does not export ${target}: ${exported}")
+  endif()
+endforeach()
+
+# The installed programs find libfsdp.so (and LibTorch) by their RUNPATH.
+run(${root}/install/bin/fsdp-ckpt --help)
+
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${root}/build -DCMAKE_PREFIX_PATH=${root}/install -DCMAKE_BUILD_TYPE=Release
+  -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON)
 run(${CMAKE_COMMAND} --build ${root}/build)
-run(${root}/build/consumer)
+execute_process(COMMAND ${CMAKE_CTEST_COMMAND} --output-on-failure WORKING_DIRECTORY ${root}/build RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the consumer's test failed (${rc}): fsdp::fsdp-run --nproc-per-node 2 -- consumer")
+endif()
