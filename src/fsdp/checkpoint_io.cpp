@@ -29,11 +29,15 @@
 #include "fsdp/optim_state_dict.h"
 #include "fsdp/state_dict.h"
 #include "state_dict_walk.h"
+#include "rank_errors.h"
 #include "torch_pickle.h"
 
 namespace fsdp {
 
 namespace ck = detail::ckpt;
+using detail::agree;
+using detail::capture;
+using detail::Failure;
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
@@ -145,26 +149,6 @@ bool is_sharded_checkpoint(const std::string& path) {
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / ck::kIndexFile, ec);
 }
 
-// Every rank learns whether every rank succeeded; throws the first failure.
-void agree(dist::ProcessGroup& group, const std::string& my_error, const std::string& what) {
-  auto all = group.all_gather_bytes(my_error);
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].empty()) continue;
-    if (static_cast<int>(r) == group.rank()) throw Error(all[r]);
-    throw Error(what + " failed on rank " + std::to_string(r) + ": " + all[r]);
-  }
-}
-
-// Runs f, turning any exception into its message.
-template <class F>
-std::string capture(F&& f) {
-  try {
-    f();
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-}
 
 // ---------------------------------------------------------------------------
 // What a state turns into: entries, with their tensors handed to `put`.
@@ -285,15 +269,15 @@ class FullFileWriter {
     ck::crash_point("full-before-commit", 0);
     if (error_.empty()) keep_first_error(capture([&] { file_->commit(); }));
   }
-  const std::string& error() const { return error_; }
+  const Failure& error() const { return error_; }
 
  private:
   // A write error caught inside the zip writer's callback comes first; the
   // call that triggered it may itself end normally and must not clear it.
-  void keep_first_error(const std::string& e) {
+  void keep_first_error(const Failure& e) {
     if (error_.empty()) error_ = e;
   }
-  std::string error_;
+  Failure error_;
   std::unique_ptr<ck::AtomicFile> file_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_;
   ck::Index ix_;
@@ -328,15 +312,14 @@ void save_full(const std::string& path, const CheckpointState& state,
     throw ConfigError("save_checkpoint: The checkpoint path exists and is a directory: " + path);
   }
   const bool writer = group.rank() == 0;
-  auto finish_on_all = [path, &group](std::string error) {
-    error = group.broadcast_bytes(error, 0);  // [collective]
-    if (!error.empty()) throw Error("save_checkpoint: saving " + path + " failed: " + error);
+  auto finish_on_all = [path, &group](const Failure& error) {
+    detail::agree_from(group, 0, error, "save_checkpoint: saving " + path + " failed: ");  // [collective]
   };
   if (options.async_save) {
     // Rank 0 keeps a copy of the gathered state and writes it in the background.
     auto staged = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
     auto entries = std::make_shared<std::vector<ck::EntryRecord>>();
-    std::string error = capture([&] {
+    Failure error = capture([&] {
       *entries = visit_state(state, fsdp_model, StateDictType::kFull, options, [&](const std::string& k, const StateValue& v) {
         if (writer) staged->emplace_back(k, std::get<at::Tensor>(v).detach().to(at::kCPU, false, /*copy=*/true));
       });
@@ -352,8 +335,7 @@ void save_full(const std::string& path, const CheckpointState& state,
       return out.error();
     });
     pending.commit = [path, g = &group](const std::string& report) {
-      const std::string error = g->broadcast_bytes(report, 0);
-      if (!error.empty()) throw Error("save_checkpoint: saving " + path + " failed: " + error);
+      detail::agree_from(*g, 0, report, "save_checkpoint: saving " + path + " failed: ");
     };
     std::lock_guard<std::mutex> lock(pending_mutex());
     pending_saves()[&group] = std::move(pending);
@@ -366,7 +348,7 @@ void save_full(const std::string& path, const CheckpointState& state,
   };
   // [collective] gathers run on every rank; only rank 0 writes, as they come.
   std::vector<ck::EntryRecord> entries;
-  std::string error = capture([&] { entries = visit_state(state, fsdp_model, StateDictType::kFull, options, put); });
+  Failure error = capture([&] { entries = visit_state(state, fsdp_model, StateDictType::kFull, options, put); });
   if (out) {
     if (error.empty()) out->finish(std::move(entries));
     if (error.empty()) error = out->error();
@@ -404,7 +386,7 @@ struct ShardedJob {
 ShardedJob stage_sharded(const std::string& path, const CheckpointState& state,
                          const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                          const CheckpointOptions& options, bool copy) {
-  std::string error;  // (a file at `path` was replaced by save_checkpoint)
+  Failure error;  // (a file at `path` was replaced by save_checkpoint)
   if (group.rank() == 0) error = capture([&] { fs::create_directories(path); });
   agree(group, error, "save_checkpoint: creating " + path);
   ShardedJob job;
@@ -431,12 +413,7 @@ ShardedJob stage_sharded(const std::string& path, const CheckpointState& state,
   // tensors every rank has) is written by the lowest one.
   Json mine = Json::array();
   for (const auto& p : pieces) mine.push_back(Json{{"key", p.key}, {"offsets", p.offsets}, {"sizes", p.tensor.sizes().vec()}});
-  const auto everyone = group.all_gather_bytes(error.empty() ? mine.dump() : "!" + error);
-  for (size_t r = 0; r < everyone.size(); ++r) {
-    if (!everyone[r].empty() && everyone[r][0] == '!') {
-      throw Error("save_checkpoint: saving " + path + " failed on rank " + std::to_string(r) + ": " + everyone[r].substr(1));
-    }
-  }
+  const auto everyone = detail::gather_agreed(group, mine.dump(), error, "save_checkpoint: saving " + path);
   std::set<std::string> taken;  // key + box of lower ranks
   auto box_id = [](const Json& x) { return x["key"].get<std::string>() + "|" + x["offsets"].dump() + "|" + x["sizes"].dump(); };
   for (int r = 0; r < group.rank(); ++r) {
@@ -452,10 +429,11 @@ ShardedJob stage_sharded(const std::string& path, const CheckpointState& state,
   return job;
 }
 
-// Writes this rank's data file; returns its chunks (JSON) or "!" + the error.
+// Writes this rank's data file; returns its outcome (detail::outcome): its
+// chunks (JSON), or its failure.
 std::string write_sharded(const ShardedJob& job) {
   Json chunks = Json::array();
-  std::string error = capture([&] {
+  Failure error = capture([&] {
     ck::AtomicFile file((fs::path(job.path) / job.file_name).string());
     for (const Piece& p : job.owned) {
       const at::Tensor t = cpu_contiguous(p.tensor);
@@ -474,15 +452,17 @@ std::string write_sharded(const ShardedJob& job) {
     }
     file.commit();  // synced before the index can name it
   });
-  return error.empty() ? chunks.dump() : "!" + error;
+  return detail::outcome(chunks.dump(), error);
 }
 
 // [collective] Every rank's chunks to rank 0, which commits the index.
 void commit_sharded(const ShardedJob& job, const std::string& report, dist::ProcessGroup& group) {
   const auto reports = group.all_gather_bytes(report);
-  std::string failed;
+  Failure failed;
   for (size_t r = 0; r < reports.size() && failed.empty(); ++r) {
-    if (!reports[r].empty() && reports[r][0] == '!') failed = "rank " + std::to_string(r) + ": " + reports[r].substr(1);
+    if (detail::outcome_failed(reports[r])) {
+      failed = detail::prefixed(detail::outcome_failure(reports[r]), "rank " + std::to_string(r) + ": ");
+    }
   }
   if (group.rank() == 0 && failed.empty()) {
     failed = capture([&] {
@@ -493,7 +473,7 @@ void commit_sharded(const ShardedJob& job, const std::string& report, dist::Proc
       ix.entries = job.entries;
       for (int r = 0; r < job.world; ++r) ix.files.push_back(data_file_name(job.save_id, r));
       for (const auto& rep : reports) {
-        for (const auto& c : Json::parse(rep)) {
+        for (const auto& c : Json::parse(detail::outcome_payload(rep))) {
           const std::string key = c["key"].get<std::string>();
           auto it = ix.tensors.find(key);
           if (it == ix.tensors.end()) {
@@ -529,7 +509,7 @@ void commit_sharded(const ShardedJob& job, const std::string& report, dist::Proc
   if (!failed.empty()) {
     std::error_code ec;
     fs::remove(fs::path(job.path) / job.file_name, ec);  // never referenced by an index
-    throw Error("save_checkpoint: saving " + job.path + " failed (the previous checkpoint there is intact): " + failed);
+    detail::rethrow(failed, "save_checkpoint: saving " + job.path + " failed (the previous checkpoint there is intact): ");
   }
 }
 
@@ -866,7 +846,7 @@ void save_checkpoint(const std::string& path, const CheckpointState& state, dist
     }
     const std::string staging = path + ".fsdp-new-" + group.broadcast_bytes(ck::new_save_id(), 0);
     save_checkpoint(staging, state, group, options);  // [collective] complete and committed there
-    std::string error;
+    Failure error;
     if (group.rank() == 0) {
       error = capture([&] {
         ck::crash_point("replace-before-exchange", 0);
@@ -930,7 +910,7 @@ std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, 
     model = state.models().begin()->second;
   }
   std::map<std::string, CheckpointValue> leftovers;
-  std::string error = capture([&] {
+  Failure error = capture([&] {
     auto src = open_source(path);
     std::vector<std::string> missing;
     for (const auto& e : state.entries()) {
@@ -975,7 +955,7 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
                      dist::ProcessGroup& group, bool strict) {
   if (!module) throw ConfigError("load_checkpoint: the module is null");
   wait_for_checkpoint(group);
-  std::string error = capture([&] {
+  Failure error = capture([&] {
     if (auto raw = raw_state_dict_file(path)) {
       load_raw_model(*raw, module, strict);
       return;

@@ -58,13 +58,13 @@ void expect_written_values(const std::vector<std::pair<std::string, torch::Tenso
   }
 }
 
-// `f` throws an fsdp::Error whose message contains `text` (errors of
-// collective loads reach every rank as fsdp::Error).
+// `f` throws a ConfigError whose message contains `text` (on every rank:
+// collective loads agree on the error and keep its kind).
 void expect_error(const std::function<void()>& f, const std::string& text) {
   try {
     f();
     ADD_FAILURE() << "no error, expected: " << text;
-  } catch (const Error& e) {
+  } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
   }
 }

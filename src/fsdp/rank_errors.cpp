@@ -1,0 +1,101 @@
+#include "rank_errors.h"
+
+#include <exception>
+
+#include "fsdp/error.h"
+
+namespace fsdp::detail {
+
+namespace {
+
+// Kinds: 'C' ConfigError, 'K' CollectiveError ("K<collective>\n<message>"), 'E' anything else.
+constexpr char kConfig = 'C';
+constexpr char kCollective = 'K';
+constexpr char kOther = 'E';
+
+}  // namespace
+
+Failure current_failure() {
+  try {
+    throw;
+  } catch (const ConfigError& e) {
+    return kConfig + std::string(e.what());
+  } catch (const CollectiveError& e) {
+    return kCollective + e.collective() + "\n" + e.what();
+  } catch (const std::exception& e) {
+    return kOther + std::string(e.what());
+  } catch (...) {
+    return kOther + std::string("an exception that is not a std::exception");
+  }
+}
+
+std::string failure_message(const Failure& failure) {
+  if (failure.empty()) return "";
+  if (failure[0] == kCollective) {
+    const auto nl = failure.find('\n');
+    return nl == std::string::npos ? failure.substr(1) : failure.substr(nl + 1);
+  }
+  return failure.substr(1);
+}
+
+void rethrow(const Failure& failure, const std::string& prefix) {
+  const std::string what = prefix + failure_message(failure);
+  if (!failure.empty() && failure[0] == kConfig) throw ConfigError(what);
+  if (!failure.empty() && failure[0] == kCollective) {
+    throw CollectiveError(what, failure.substr(1, failure.find('\n') - 1));
+  }
+  throw Error(what);
+}
+
+Failure prefixed(const Failure& failure, const std::string& prefix) {
+  if (failure.empty()) return failure;
+  if (failure[0] == kCollective) {
+    const auto nl = failure.find('\n');
+    return failure.substr(0, nl + 1) + prefix + failure.substr(nl + 1);
+  }
+  return failure.substr(0, 1) + prefix + failure.substr(1);
+}
+
+std::string outcome(const std::string& payload, const Failure& failure) {
+  return failure.empty() ? "+" + payload : "-" + failure;
+}
+bool outcome_failed(const std::string& outcome) { return !outcome.empty() && outcome[0] == '-'; }
+Failure outcome_failure(const std::string& outcome) { return outcome_failed(outcome) ? outcome.substr(1) : Failure(); }
+std::string outcome_payload(const std::string& outcome) { return outcome.empty() ? outcome : outcome.substr(1); }
+
+namespace {
+
+// The lowest failed rank's failure among gathered outcomes, with "<what>
+// failed on rank <r>: " before it (except on that rank, unless prefix_own).
+Failure first_failure(const std::vector<std::string>& all, int rank, const std::string& what, bool prefix_own) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!outcome_failed(all[r])) continue;
+    const bool own = static_cast<int>(r) == rank;
+    return prefixed(outcome_failure(all[r]), own && !prefix_own ? "" : what + " failed on rank " + std::to_string(r) + ": ");
+  }
+  return {};
+}
+
+}  // namespace
+
+void agree(dist::ProcessGroup& group, const Failure& mine, const std::string& what) {
+  const auto all = group.all_gather_bytes(outcome("", mine));
+  const Failure f = first_failure(all, group.rank(), what, /*prefix_own=*/false);
+  if (!f.empty()) rethrow(f);
+}
+
+std::vector<std::string> gather_agreed(dist::ProcessGroup& group, const std::string& payload, const Failure& mine,
+                                       const std::string& what) {
+  auto all = group.all_gather_bytes(outcome(payload, mine));
+  const Failure f = first_failure(all, group.rank(), what, /*prefix_own=*/true);
+  if (!f.empty()) rethrow(f);
+  for (auto& p : all) p = outcome_payload(p);
+  return all;
+}
+
+void agree_from(dist::ProcessGroup& group, int root, const Failure& failure, const std::string& prefix) {
+  const Failure f = group.broadcast_bytes(failure, root);
+  if (!f.empty()) rethrow(f, prefix);
+}
+
+}  // namespace fsdp::detail
