@@ -14,7 +14,7 @@
 //   ... loss.backward(); strategy.clip_gradients_norm(model, 1.0); opt.step();
 //   strategy.save_checkpoint("ckpt", fsdp::CheckpointState().model("model", model.ptr()).optimizer("opt", opt));
 //
-// Error messages follow the seed (../shared/seeds/lightning_fabric_fsdp_strategy.py)
+// Error messages are Lightning Fabric's (lightning/fabric/strategies/fsdp.py)
 // where it has one. Warnings go to stderr from rank 0 only.
 #pragma once
 
