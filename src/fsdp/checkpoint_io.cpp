@@ -520,8 +520,9 @@ struct Source {
   std::string path;
   std::string where;  // the index file, for messages
   ck::Index ix;
-  std::unique_ptr<ck::FullReader> full;  // full format
+  std::unique_ptr<ck::FullReader> full;  // full format (and raw)
   std::string dir;                       // sharded format
+  bool raw = false;  // a module state dict from torch.save (open_source's accept_raw): `full` only, no index
 
   const ck::EntryRecord* entry(const std::string& name) const {
     for (const auto& e : ix.entries) {
@@ -575,7 +576,11 @@ struct Source {
                     (why.empty() ? "" : " (" + why + ")"));
 }
 
-std::unique_ptr<Source> open_source(const std::string& path) {
+// accept_raw: a PyTorch zip file without fsdp-cpp's index whose pickle may
+// be a module's state dict (torch.save(model.state_dict()), torch::pickle_save
+// of a dict) opens as a raw source; PyTorch's legacy format and TorchScript
+// archives are then named as such.
+std::unique_ptr<Source> open_source(const std::string& path, bool accept_raw = false) {
   auto s = std::make_unique<Source>();
   s->path = path;
   std::error_code ec;
@@ -603,7 +608,25 @@ std::unique_ptr<Source> open_source(const std::string& path) {
   try {
     s->full = std::make_unique<ck::FullReader>(path);
   } catch (const ConfigError& e) {
+    // torch.save(..., _use_new_zipfile_serialization=False): a bare pickle
+    // that starts with the legacy format's magic number (a LONG1 of 10 bytes).
+    if (accept_raw &&
+        ck::read_range(path, 0, std::min<int64_t>(ck::file_size(path), 4)) == std::string("\x80\x02\x8a\x0a", 4)) {
+      throw ConfigError("load_checkpoint: " + path + " is in PyTorch's legacy format (torch.save with "
+                        "_use_new_zipfile_serialization=False), which fsdp-cpp does not read; save it again with "
+                        "torch.save's default format");
+    }
     not_a_checkpoint(path, e.what());
+  }
+  if (accept_raw && !s->full->has(ck::kFullIndexRecord) && s->full->has("data.pkl")) {
+    if (s->full->has("constants.pkl")) {
+      throw ConfigError("load_checkpoint: " + path + " is a TorchScript archive (torch.jit.save, or torch::save of a "
+                        "module), not a state dict: load it with torch::load(module, path), or save "
+                        "model.state_dict() with torch.save");
+    }
+    s->raw = true;
+    s->where = path + " (record data.pkl)";
+    return s;
   }
   if (!s->full->has(ck::kFullIndexRecord)) {
     not_a_checkpoint(path, "a PyTorch file without fsdp-cpp's index (not written by fsdp-cpp); a module's state "
@@ -613,34 +636,6 @@ std::unique_ptr<Source> open_source(const std::string& path) {
   s->ix = ck::parse_index(s->full->read(ck::kFullIndexRecord), s->where);
   if (s->ix.kind != "full") throw ConfigError("checkpoint: " + s->where + ": a file's index must be of kind \"full\"");
   return s;
-}
-
-// A PyTorch zip file without fsdp-cpp's index whose pickle is a module's
-// state dict (torch.save(model.state_dict()), torch::pickle_save of a dict):
-// its reader, or null for anything else (which open_source then names).
-std::unique_ptr<ck::FullReader> raw_state_dict_file(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return nullptr;
-  std::unique_ptr<ck::FullReader> zip;
-  try {
-    zip = std::make_unique<ck::FullReader>(path);
-  } catch (const ConfigError&) {
-    // torch.save(..., _use_new_zipfile_serialization=False): a bare pickle
-    // that starts with the legacy format's magic number (a LONG1 of 10 bytes).
-    if (ck::read_range(path, 0, std::min<int64_t>(ck::file_size(path), 4)) == std::string("\x80\x02\x8a\x0a", 4)) {
-      throw ConfigError("load_checkpoint: " + path + " is in PyTorch's legacy format (torch.save with "
-                        "_use_new_zipfile_serialization=False), which fsdp-cpp does not read; save it again with "
-                        "torch.save's default format");
-    }
-    return nullptr;
-  }
-  if (zip->has(ck::kFullIndexRecord) || !zip->has("data.pkl")) return nullptr;
-  if (zip->has("constants.pkl")) {
-    throw ConfigError("load_checkpoint: " + path + " is a TorchScript archive (torch.jit.save, or torch::save of a "
-                      "module), not a state dict: load it with torch::load(module, path), or save "
-                      "model.state_dict() with torch.save");
-  }
-  return zip;
 }
 
 // The boxes this rank holds of every key of `model`'s state (SHARDED view),
@@ -704,12 +699,13 @@ void load_model(const Source& src, const std::string& entry, const std::shared_p
   load_state_dict(model, sd, strict);
 }
 
-// Lightning's load_raw: the state dict in `zip` (raw_state_dict_file) into
-// `model`, wrapped or not, at any world size. Every rank parses the pickle
-// and reads, one tensor at a time, the tensors its shards overlap.
-void load_raw_model(const ck::FullReader& zip, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
-  const std::string where = zip.path() + " (record data.pkl)";
-  const auto pickle = detail::pickle::parse(zip.read("data.pkl"), where);
+// Lightning's load_raw: the state dict of a raw source (open_source's
+// accept_raw) into `model`, wrapped or not, at any world size. Every rank
+// parses the pickle and reads, one tensor at a time, the tensors its shards
+// overlap.
+void load_raw_model(const Source& src, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
+  const ck::FullReader& zip = *src.full;
+  const auto pickle = detail::pickle::parse(zip.read("data.pkl"), src.where);
   const auto& root = pickle.root();
   using Kind = detail::pickle::Value::Kind;
   if (root.kind != Kind::kDict) {
@@ -733,6 +729,7 @@ void load_raw_model(const ck::FullReader& zip, const std::shared_ptr<torch::nn::
     tensors[k->text] = &v->tensor;
     order.push_back(k->text);
   }
+  detail::pickle::check_byte_order(zip);
   StateDict sd;
   std::set<std::string> wanted;
   for (auto& [key, shape, boxes] : local_boxes(model)) {
@@ -956,11 +953,11 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
   if (!module) throw ConfigError("load_checkpoint: the module is null");
   wait_for_checkpoint(group);
   Failure error = capture([&] {
-    if (auto raw = raw_state_dict_file(path)) {
-      load_raw_model(*raw, module, strict);
+    auto src = open_source(path, /*accept_raw=*/true);
+    if (src->raw) {
+      load_raw_model(*src, module, strict);
       return;
     }
-    auto src = open_source(path);
     const ck::EntryRecord* model = nullptr;
     for (const auto& e : src->ix.entries) {
       if (e.type != "model") continue;

@@ -445,14 +445,16 @@ Pickle parse(const std::string& bytes, const std::string& where) {
   return p;
 }
 
-at::Tensor read_tensor(const ckpt::FullReader& zip, const TensorRef& ref, const std::string& where) {
-  if (zip.has("byteorder")) {
-    const std::string order = zip.read("byteorder");
-    if (order != "little") {
-      throw ConfigError("checkpoint: " + zip.path() + " was written on a " + order.substr(0, 20) +
-                        "-endian machine; fsdp-cpp reads little-endian files");
-    }
+void check_byte_order(const ckpt::FullReader& zip) {
+  if (!zip.has("byteorder")) return;  // no record (older PyTorch versions): little-endian
+  const std::string order = zip.read("byteorder");
+  if (order != "little") {
+    throw ConfigError("checkpoint: " + zip.path() + " was written on a " + order.substr(0, 20) +
+                      "-endian machine; fsdp-cpp reads little-endian files");
   }
+}
+
+at::Tensor read_tensor(const ckpt::FullReader& zip, const TensorRef& ref, const std::string& where) {
   const std::string record = "data/" + ref.storage;
   const std::string at_ = "checkpoint: " + zip.path() + ": " + where + " (storage record " + record + ")";
   if (ref.storage.empty() || ref.storage.find('/') != std::string::npos || !zip.has(record)) {
