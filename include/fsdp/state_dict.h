@@ -37,62 +37,20 @@
 
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "fsdp/dist/process_group.h"
+#include "fsdp/sharded_tensor.h"       // Shard, ShardedTensor, StateValue, the box arithmetic
+#include "fsdp/state_dict_options.h"   // StateDictType, the configs, StateDictTypeGuard, set_persistent
 
 namespace torch::nn {
 class Module;
 }
-namespace fsdp::detail {
-class UnitState;
-}
 
 namespace fsdp {
-
-enum class StateDictType { kFull, kLocal, kSharded };
-
-// "FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT".
-const char* to_string(StateDictType type);
-
-struct FullStateDictConfig {
-  bool rank0_only = false;      // only rank 0 receives the gathered tensors
-  bool offload_to_cpu = false;  // tensors on CPU
-};
-struct LocalStateDictConfig {
-  bool offload_to_cpu = false;
-};
-struct ShardedStateDictConfig {
-  bool offload_to_cpu = false;
-};
-using StateDictConfig = std::variant<FullStateDictConfig, LocalStateDictConfig, ShardedStateDictConfig>;
-
-// The name of a config's type ("FullStateDictConfig", ...).
-const char* config_name(const StateDictConfig& config);
-
-// One piece of a tensor: the box [offsets, offsets + tensor.sizes()).
-struct Shard {
-  std::vector<int64_t> offsets;
-  at::Tensor tensor;
-};
-
-// This rank's pieces of a tensor of `global_shape` (PyTorch's ShardedTensor
-// with its local shards). Pieces held by one rank never overlap.
-struct ShardedTensor {
-  std::vector<int64_t> global_shape;
-  at::ScalarType dtype = at::kFloat;
-  std::vector<Shard> local_shards;
-
-  int64_t global_numel() const;
-  int64_t local_numel() const;
-};
-
-using StateValue = std::variant<at::Tensor, ShardedTensor>;
 
 // An ordered map from names to tensors or sharded tensors.
 class StateDict {
@@ -141,55 +99,11 @@ StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std:
 // ConfigError.
 void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state, bool strict = true);
 
-// PyTorch's FSDP.state_dict_type(model, type, config): sets the state dict
-// type (and config: the default of the type when absent) of every FSDP unit
-// in `model` for the guard's lifetime, then restores each unit's previous
-// setting. A config of another type than `type` is a ConfigError whose
-// message contains "Expected state_dict_config of type". Local.
-class StateDictTypeGuard {
- public:
-  StateDictTypeGuard(const std::shared_ptr<torch::nn::Module>& model, StateDictType type,
-                     std::optional<StateDictConfig> config = std::nullopt);
-  ~StateDictTypeGuard();
-  StateDictTypeGuard(const StateDictTypeGuard&) = delete;
-  StateDictTypeGuard& operator=(const StateDictTypeGuard&) = delete;
-
- private:
-  struct Saved {
-    std::shared_ptr<detail::UnitState> unit;
-    StateDictType type;
-    StateDictConfig config;
-  };
-  std::vector<Saved> saved_;
-};
-
-// [local] The state dict type of the FSDP unit at `unit_module` (FULL for a
-// module that is not a unit).
-StateDictType state_dict_type_of(const torch::nn::Module& unit_module);
-
 // [collective over `group`: one bytes all-gather, then one all-gather per
 // sharded entry] Replaces every ShardedTensor of `state` by the full tensor,
 // assembled from the pieces all ranks of `group` hold (PyTorch's
 // _gather_state_dict). Plain tensors are kept as they are. ConfigError
 // naming the key if the pieces do not cover the tensor.
 StateDict gather_state_dict(const StateDict& state, dist::ProcessGroup& group);
-
-// [local] Marks buffer `name` of `module` (not of its children) as
-// persistent or not (PyTorch's register_buffer(..., persistent=False)):
-// non-persistent buffers are left out of state dicts. ConfigError if the
-// module has no such buffer.
-void set_persistent(torch::nn::Module& module, const std::string& name, bool persistent);
-bool is_persistent(const torch::nn::Module& module, const std::string& name);
-
-// [local] Splits elements [begin, end) of a row-major tensor of `shape` into
-// the fewest boxes (at most 2 * ndim - 1) in flat order, as (offsets, sizes)
-// pairs. A 0-dim shape gives one box with no dimensions.
-std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_range_boxes(const std::vector<int64_t>& shape,
-                                                                                    int64_t begin, int64_t end);
-
-// [local] Copies into `target` (a tensor of the box target_offsets +
-// target.sizes() of a global tensor) whatever part of it `shards` hold;
-// returns the number of elements copied.
-int64_t copy_overlap(at::Tensor& target, const std::vector<int64_t>& target_offsets, const std::vector<Shard>& shards);
 
 }  // namespace fsdp

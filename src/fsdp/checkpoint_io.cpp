@@ -28,7 +28,10 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/optim_state_dict.h"
 #include "fsdp/state_dict.h"
-#include "state_dict_walk.h"
+#include "model_index.h"
+#include "optim_state_dict_visit.h"
+#include "shard_geometry.h"
+#include "state_dict_visit.h"
 #include "rank_errors.h"
 #include "torch_pickle.h"
 

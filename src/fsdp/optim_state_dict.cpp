@@ -5,228 +5,24 @@
 #include <torch/nn/module.h>
 #include <torch/optim.h>
 
-#include <functional>
-#include <sstream>
-#include <type_traits>
+#include <algorithm>
+#include <unordered_set>
 #include <utility>
 
 #include "fsdp/error.h"
-#include "state_dict_walk.h"
+#include "model_index.h"
+#include "optim_state_dict_visit.h"
+#include "optimizer_kinds.h"
+#include "shard_geometry.h"
 #include "unit.h"
 
 namespace fsdp {
 
 using namespace detail;
-using torch::optim::OptimizerOptions;
 using torch::optim::OptimizerParamState;
+using Kind = OptimizerKind;
 
 namespace {
-
-using Options = std::map<std::string, double>;
-
-// What fsdp-cpp knows of one LibTorch optimizer type.
-struct Kind {
-  std::string name;
-  std::vector<std::string> fields;  // per-parameter tensors, shaped like the parameter
-  bool has_step = false;
-  std::function<std::unique_ptr<OptimizerParamState>()> make;
-  std::function<at::Tensor(OptimizerParamState&, const std::string&)> get;
-  std::function<void(OptimizerParamState&, const std::string&, const at::Tensor&)> set;
-  std::function<int64_t(OptimizerParamState&)> get_step;
-  std::function<void(OptimizerParamState&, int64_t)> set_step;
-  std::function<Options(const OptimizerOptions&)> read;
-  std::function<void(OptimizerOptions&, const Options&)> write;
-};
-
-// Sets option `key` through `setter` when `o` has it.
-template <class F>
-void maybe(const Options& o, const char* key, F setter) {
-  auto it = o.find(key);
-  if (it != o.end()) setter(it->second);
-}
-
-template <class State>
-void with_step(Kind& k) {
-  k.has_step = true;
-  k.get_step = [](OptimizerParamState& s) { return static_cast<State&>(s).step(); };
-  k.set_step = [](OptimizerParamState& s, int64_t v) { static_cast<State&>(s).step(v); };
-}
-
-Kind sgd_kind() {
-  using S = torch::optim::SGDParamState;
-  using O = torch::optim::SGDOptions;
-  Kind k;
-  k.name = "SGD";
-  k.fields = {"momentum_buffer"};
-  k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& s, const std::string&) { return static_cast<S&>(s).momentum_buffer(); };
-  k.set = [](OptimizerParamState& s, const std::string&, const at::Tensor& t) { static_cast<S&>(s).momentum_buffer(t); };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"momentum", o.momentum()},
-                   {"dampening", o.dampening()},
-                   {"weight_decay", o.weight_decay()},
-                   {"nesterov", o.nesterov() ? 1.0 : 0.0}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "momentum", [&](double v) { o.momentum(v); });
-    maybe(m, "dampening", [&](double v) { o.dampening(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "nesterov", [&](double v) { o.nesterov(v != 0); });
-  };
-  return k;
-}
-
-// Adam and AdamW share their state and options' shape.
-template <class S, class O>
-Kind adam_kind(const char* name) {
-  Kind k;
-  k.name = name;
-  k.fields = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  with_step<S>(k);
-  k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& base, const std::string& f) {
-    auto& s = static_cast<S&>(base);
-    return f == "exp_avg" ? s.exp_avg() : f == "exp_avg_sq" ? s.exp_avg_sq() : s.max_exp_avg_sq();
-  };
-  k.set = [](OptimizerParamState& base, const std::string& f, const at::Tensor& t) {
-    auto& s = static_cast<S&>(base);
-    if (f == "exp_avg") {
-      s.exp_avg(t);
-    } else if (f == "exp_avg_sq") {
-      s.exp_avg_sq(t);
-    } else {
-      s.max_exp_avg_sq(t);
-    }
-  };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"betas.0", std::get<0>(o.betas())},
-                   {"betas.1", std::get<1>(o.betas())},
-                   {"eps", o.eps()},
-                   {"weight_decay", o.weight_decay()},
-                   {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "betas.0", [&](double v) { o.betas(std::make_tuple(v, std::get<1>(o.betas()))); });
-    maybe(m, "betas.1", [&](double v) { o.betas(std::make_tuple(std::get<0>(o.betas()), v)); });
-    maybe(m, "eps", [&](double v) { o.eps(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "amsgrad", [&](double v) { o.amsgrad(v != 0); });
-  };
-  return k;
-}
-
-Kind adagrad_kind() {
-  using S = torch::optim::AdagradParamState;
-  using O = torch::optim::AdagradOptions;
-  Kind k;
-  k.name = "Adagrad";
-  k.fields = {"sum"};
-  with_step<S>(k);
-  k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& s, const std::string&) { return static_cast<S&>(s).sum(); };
-  k.set = [](OptimizerParamState& s, const std::string&, const at::Tensor& t) { static_cast<S&>(s).sum(t); };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"lr_decay", o.lr_decay()},
-                   {"weight_decay", o.weight_decay()},
-                   {"initial_accumulator_value", o.initial_accumulator_value()},
-                   {"eps", o.eps()}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "lr_decay", [&](double v) { o.lr_decay(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "initial_accumulator_value", [&](double v) { o.initial_accumulator_value(v); });
-    maybe(m, "eps", [&](double v) { o.eps(v); });
-  };
-  return k;
-}
-
-Kind rmsprop_kind() {
-  using S = torch::optim::RMSpropParamState;
-  using O = torch::optim::RMSpropOptions;
-  Kind k;
-  k.name = "RMSprop";
-  k.fields = {"square_avg", "momentum_buffer", "grad_avg"};
-  with_step<S>(k);
-  k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& base, const std::string& f) {
-    auto& s = static_cast<S&>(base);
-    return f == "square_avg" ? s.square_avg() : f == "momentum_buffer" ? s.momentum_buffer() : s.grad_avg();
-  };
-  k.set = [](OptimizerParamState& base, const std::string& f, const at::Tensor& t) {
-    auto& s = static_cast<S&>(base);
-    if (f == "square_avg") {
-      s.square_avg(t);
-    } else if (f == "momentum_buffer") {
-      s.momentum_buffer(t);
-    } else {
-      s.grad_avg(t);
-    }
-  };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"alpha", o.alpha()},
-                   {"eps", o.eps()},
-                   {"weight_decay", o.weight_decay()},
-                   {"momentum", o.momentum()},
-                   {"centered", o.centered() ? 1.0 : 0.0}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "alpha", [&](double v) { o.alpha(v); });
-    maybe(m, "eps", [&](double v) { o.eps(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "momentum", [&](double v) { o.momentum(v); });
-    maybe(m, "centered", [&](double v) { o.centered(v != 0); });
-  };
-  return k;
-}
-
-Kind kind_of(const torch::optim::Optimizer& opt) {
-  if (dynamic_cast<const torch::optim::SGD*>(&opt)) return sgd_kind();
-  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) {
-    return adam_kind<torch::optim::AdamWParamState, torch::optim::AdamWOptions>("AdamW");
-  }
-  if (dynamic_cast<const torch::optim::Adam*>(&opt)) {
-    return adam_kind<torch::optim::AdamParamState, torch::optim::AdamOptions>("Adam");
-  }
-  if (dynamic_cast<const torch::optim::Adagrad*>(&opt)) return adagrad_kind();
-  if (dynamic_cast<const torch::optim::RMSprop*>(&opt)) return rmsprop_kind();
-  throw ConfigError("optim_state_dict: unsupported optimizer type: expected torch::optim::SGD, Adam, AdamW, "
-                    "Adagrad or RMSprop");
-}
-
-// The key of a parameter's state in Optimizer::state(): its TensorImpl's
-// address, printed (LibTorch 1.x, std::string keys) or as is (2.2+, void*).
-using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
-template <class Key = StateKey>
-Key state_key(const at::Tensor& t) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;  // how LibTorch 1.x prints it (c10::guts::to_string)
-    key << static_cast<const void*>(t.unsafeGetTensorImpl());
-    return key.str();
-  } else {
-    return static_cast<Key>(t.unsafeGetTensorImpl());
-  }
-}
-
-OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const at::Tensor& t) {
-  auto it = opt.state().find(state_key(t));
-  return it == opt.state().end() ? nullptr : it->second.get();
-}
 
 // One tensor the optimizer steps, and what it is in the model.
 struct OptParam {
@@ -294,19 +90,6 @@ std::vector<std::vector<OptParam>> classify_all(const Naming& naming, const torc
     for (const auto& t : g.params()) groups.back().push_back(naming.classify(t));
   }
   return groups;
-}
-
-// Pieces of elements [lo, hi) of a tensor of `shape`, cut from `flat` (which
-// holds exactly those elements).
-std::vector<Shard> pieces(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& flat) {
-  std::vector<Shard> out;
-  int64_t cursor = 0;
-  for (auto& [offsets, sizes] : flat_range_boxes(shape, lo, hi)) {
-    const int64_t n = product(sizes);
-    out.push_back(Shard{offsets, flat.narrow(0, cursor, n).view(sizes)});
-    cursor += n;
-  }
-  return out;
 }
 
 at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(static_cast<double>(step), at::kLong); }
@@ -418,7 +201,7 @@ void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
         value.local_shards = local_shards(*op.unit, *p, t);
       } else {
         auto [lo, hi] = local_range(*op.unit, *p);
-        value.local_shards = pieces(p->shape, lo, hi, t.reshape({-1}));
+        value.local_shards = range_pieces(p->shape, lo, hi, t.reshape({-1}));
       }
       for (auto& s : value.local_shards) s.tensor = offload(s.tensor, to_cpu);
       out(name + "." + f, std::move(value));
@@ -491,6 +274,152 @@ OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
   return out;
 }
 
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+// load_optim_state_dict, step 1: the state's parameter groups name the
+// optimizer's parameters (as sets: use_orig_params and flat parameters list
+// the same names in other orders).
+void validate_groups(const OptimStateDict& state, const Naming& naming, const std::vector<std::vector<OptParam>>& groups,
+                     std::vector<std::string>& errors) {
+  if (state.param_groups.size() != groups.size()) {
+    errors.push_back("the state has " + std::to_string(state.param_groups.size()) +
+                     " parameter groups, the optimizer " + std::to_string(groups.size()));
+    return;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<std::string> names;
+    for (const auto& op : groups[g]) {
+      for (auto& n : naming.names(op)) names.push_back(n);
+    }
+    auto want = state.param_groups[g].params;
+    std::sort(names.begin(), names.end());
+    std::sort(want.begin(), want.end());
+    if (names != want) {
+      errors.push_back("param_groups[" + std::to_string(g) + "] holds [" + join(state.param_groups[g].params) +
+                       "] but the optimizer's group holds [" + join(names) + "]");
+    }
+  }
+}
+
+// One optimizer tensor's new state (null: it has none in the checkpoint).
+struct Staged {
+  StateKey key;
+  std::unique_ptr<OptimizerParamState> state;
+};
+
+// load_optim_state_dict, step 2: builds the new state of each optimizer
+// tensor from `state` (this rank's part of it), recording every key it
+// expects in `expected` and every problem in `errors`. Writes nothing.
+class Planner {
+ public:
+  Planner(const Kind& kind, const Naming& naming, const OptimStateDict& state, std::vector<std::string>& errors)
+      : kind_(kind), naming_(naming), state_(state), errors_(errors) {}
+
+  Staged stage(const OptParam& op) {
+    auto st = kind_.make();
+    bool any = false;
+    std::vector<const ParamInfo*> ps;
+    if (op.unit && !op.param) {
+      for (const auto& q : op.unit->params()) ps.push_back(&q);
+    } else {
+      ps.push_back(op.param);  // null for a parameter outside every unit
+    }
+    auto name_of = [&](const ParamInfo* p) { return p ? naming_.owned.at(p) : op.name; };
+    for (const auto& f : kind_.fields) {
+      bool present = false;
+      for (const ParamInfo* p : ps) {
+        expected_.insert(name_of(p) + "." + f);
+        present |= state_.state.contains(name_of(p) + "." + f);
+      }
+      if (!present) continue;
+      at::Tensor dst = at::zeros_like(op.tensor.detach());
+      for (const ParamInfo* p : ps) {
+        const std::string key = name_of(p) + "." + f;
+        if (!state_.state.contains(key)) {
+          errors_.push_back("missing " + key + " (other parameters of its flat parameter have '" + f + "')");
+        } else if (!p) {
+          fill(key, op.tensor.sizes().vec(), 0, op.tensor.numel(), dst.view({-1}));
+        } else {
+          auto [lo, hi] = local_range(*op.unit, *p);
+          at::Tensor slot =
+              op.param ? dst.view({-1}) : dst.narrow(0, hi > lo ? shard_index(*op.unit, *p, lo) : 0, hi - lo);
+          fill(key, p->shape, lo, hi, slot);
+        }
+      }
+      kind_.set(*st, f, dst);
+      any = true;
+    }
+    if (kind_.has_step) {
+      for (const ParamInfo* p : ps) {
+        const std::string key = name_of(p) + ".step";
+        expected_.insert(key);
+        if (any && state_.state.contains(key)) set_step(key, *st);
+      }
+    }
+    return {state_key(op.tensor), any ? std::move(st) : nullptr};
+  }
+
+  // Keys of the state that no optimizer tensor expects.
+  void check_unexpected() {
+    std::vector<std::string> unexpected;
+    for (const auto& [key, v] : state_.state) {
+      if (!expected_.count(key)) unexpected.push_back(key);
+    }
+    if (!unexpected.empty()) errors_.push_back("unexpected key(s): " + join(unexpected));
+  }
+
+ private:
+  // This rank's elements [lo, hi) of the state tensor at `key` into `dst`.
+  void fill(const std::string& key, const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& dst) {
+    const StateValue& v = state_.state.at(key);
+    if (value_shape(v) != shape) {
+      errors_.push_back("size mismatch for " + key + ": " + shape_str(value_shape(v)) + " in the state, " +
+                        shape_str(shape) + " in the model");
+    } else if (hi > lo && !copy_range(v, shape, lo, hi, dst)) {
+      errors_.push_back("the ShardedTensor at '" + key + "' does not hold the elements [" + std::to_string(lo) +
+                        ", " + std::to_string(hi) + ") this rank needs (saved with another sharding: gather it first)");
+    }
+  }
+
+  void set_step(const std::string& key, OptimizerParamState& st) {
+    const StateValue& v = state_.state.at(key);
+    if (!std::holds_alternative<at::Tensor>(v) || std::get<at::Tensor>(v).numel() != 1) {
+      errors_.push_back("'" + key + "' must be a tensor of one element (the step count)");
+      return;
+    }
+    kind_.set_step(st, std::get<at::Tensor>(v).item<int64_t>());
+  }
+
+  const Kind& kind_;
+  const Naming& naming_;
+  const OptimStateDict& state_;
+  std::vector<std::string>& errors_;
+  std::unordered_set<std::string> expected_;
+};
+
+// load_optim_state_dict, step 3: installs the staged states and the groups' options.
+void apply(torch::optim::Optimizer& optimizer, const Kind& kind, std::vector<Staged>& staged,
+           const OptimStateDict& state) {
+  for (auto& [key, st] : staged) {
+    if (st) {
+      optimizer.state()[key] = std::move(st);
+    } else {
+      optimizer.state().erase(key);
+    }
+  }
+  for (size_t g = 0; g < state.param_groups.size(); ++g) {
+    kind.write(optimizer.param_groups()[g].options(), state.param_groups[g].options);
+  }
+}
+
+}  // namespace
+
 void load_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
                            const OptimStateDict& state) {
   if (!model) throw ConfigError("load_optim_state_dict: the model is null");
@@ -500,119 +429,20 @@ void load_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model, torc
   for (auto& u : naming.idx.units) u->follow_module_to();
   const auto groups = classify_all(naming, optimizer);
   std::vector<std::string> errors;
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-    return s;
-  };
-  if (state.param_groups.size() != groups.size()) {
-    errors.push_back("the state has " + std::to_string(state.param_groups.size()) +
-                     " parameter groups, the optimizer " + std::to_string(groups.size()));
-  } else {
-    for (size_t g = 0; g < groups.size(); ++g) {
-      std::vector<std::string> names;
-      for (const auto& op : groups[g]) {
-        for (auto& n : naming.names(op)) names.push_back(n);
-      }
-      // Groups are sets: use_orig_params and flat parameters list the same names in other orders.
-      auto want = state.param_groups[g].params;
-      std::sort(names.begin(), names.end());
-      std::sort(want.begin(), want.end());
-      if (names != want) {
-        errors.push_back("param_groups[" + std::to_string(g) + "] holds [" + join(state.param_groups[g].params) +
-                         "] but the optimizer's group holds [" + join(names) + "]");
-      }
-    }
-  }
-
-  // Build every new state first; install only if nothing is wrong.
-  std::vector<std::pair<StateKey, std::unique_ptr<OptimizerParamState>>> staged;
-  std::unordered_set<std::string> expected;
+  validate_groups(state, naming, groups, errors);
   at::NoGradGuard no_grad;
-  auto fill = [&](const std::string& key, const std::vector<int64_t>& shape, int64_t lo, int64_t hi,
-                  const at::Tensor& dst) {
-    const StateValue& v = state.state.at(key);
-    if (value_shape(v) != shape) {
-      errors.push_back("size mismatch for " + key + ": " + shape_str(value_shape(v)) + " in the state, " +
-                       shape_str(shape) + " in the model");
-      return;
-    }
-    if (hi > lo && !copy_range(v, shape, lo, hi, dst)) {
-      errors.push_back("the ShardedTensor at '" + key + "' does not hold the elements [" + std::to_string(lo) + ", " +
-                       std::to_string(hi) + ") this rank needs (saved with another sharding: gather it first)");
-    }
-  };
+  Planner planner(kind, naming, state, errors);
+  std::vector<Staged> staged;
   for (const auto& group : groups) {
-    for (const auto& op : group) {
-      auto st = kind.make();
-      bool any = false;
-      std::vector<const ParamInfo*> ps;
-      if (op.unit && !op.param) {
-        for (const auto& q : op.unit->params()) ps.push_back(&q);
-      } else {
-        ps.push_back(op.param);
-      }
-      auto name_of = [&](const ParamInfo* p) { return p ? naming.owned.at(p) : op.name; };
-      for (const auto& f : kind.fields) {
-        bool present = false;
-        for (const ParamInfo* p : ps) {
-          expected.insert(name_of(p) + "." + f);
-          present |= state.state.contains(name_of(p) + "." + f);
-        }
-        if (!present) continue;
-        at::Tensor dst = at::zeros_like(op.tensor.detach());
-        for (const ParamInfo* p : ps) {
-          const std::string key = name_of(p) + "." + f;
-          if (!state.state.contains(key)) {
-            errors.push_back("missing " + key + " (other parameters of its flat parameter have '" + f + "')");
-            continue;
-          }
-          if (!p) {
-            fill(key, op.tensor.sizes().vec(), 0, op.tensor.numel(), dst.view({-1}));
-          } else {
-            auto [lo, hi] = local_range(*op.unit, *p);
-            at::Tensor slot = op.param ? dst.view({-1}) : dst.narrow(0, hi > lo ? shard_index(*op.unit, *p, lo) : 0,
-                                                                     hi - lo);
-            fill(key, p->shape, lo, hi, slot);
-          }
-        }
-        kind.set(*st, f, dst);
-        any = true;
-      }
-      if (kind.has_step) {
-        for (const ParamInfo* p : ps) {
-          const std::string key = name_of(p) + ".step";
-          expected.insert(key);
-          if (!state.state.contains(key) || any == false) continue;
-          const StateValue& v = state.state.at(key);
-          if (!std::holds_alternative<at::Tensor>(v) || std::get<at::Tensor>(v).numel() != 1) {
-            errors.push_back("'" + key + "' must be a tensor of one element (the step count)");
-            continue;
-          }
-          kind.set_step(*st, std::get<at::Tensor>(v).item<int64_t>());
-        }
-      }
-      staged.emplace_back(state_key(op.tensor), any ? std::move(st) : nullptr);
-    }
+    for (const auto& op : group) staged.push_back(planner.stage(op));
   }
-  std::vector<std::string> unexpected;
-  for (const auto& [key, v] : state.state) {
-    if (!expected.count(key)) unexpected.push_back(key);
-  }
-  if (!unexpected.empty()) errors.push_back("unexpected key(s): " + join(unexpected));
+  planner.check_unexpected();
   if (!errors.empty()) {
     std::string msg = "load_optim_state_dict (" + kind.name + "):";
     for (const auto& e : errors) msg += "\n\t" + e;
     throw ConfigError(msg);
   }
-  for (auto& [key, st] : staged) {
-    if (st) {
-      optimizer.state()[key] = std::move(st);
-    } else {
-      optimizer.state().erase(key);
-    }
-  }
-  for (size_t g = 0; g < groups.size(); ++g) kind.write(optimizer.param_groups()[g].options(), state.param_groups[g].options);
+  apply(optimizer, kind, staged, state);
 }
 
 }  // namespace fsdp

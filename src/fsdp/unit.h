@@ -15,7 +15,6 @@
 #include "fsdp/detail/unit.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/state_dict.h"
 
 namespace fsdp::detail {
 
@@ -119,10 +118,6 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::shared_ptr<UnitState> root() const { return root_.lock(); }
   // Root: the units whose forward ran in this iteration, in order.
   const std::vector<std::weak_ptr<UnitState>>& forward_order() const { return order_; }
-
-  // State dict type and config (StateDictTypeGuard).
-  StateDictType state_dict_type = StateDictType::kFull;
-  StateDictConfig state_dict_config = FullStateDictConfig{};
 
   torch::nn::Module* module() const { return module_; }
   const FlatParamHandle& handle() const { return handle_; }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "../support/thread_ranks.h"
 #include "fsdp/error.h"
@@ -151,6 +152,79 @@ TEST(LoadStateDict, ShardedFromAnotherShardingIsRefusedByName) {
       }
     }
     pg.barrier();  // no rank leaves (and closes its connections) while another still sets up
+  });
+}
+
+int sharded_entries(const StateDict& sd) {
+  int n = 0;
+  for (const auto& [key, v] : sd) n += std::holds_alternative<ShardedTensor>(v) ? 1 : 0;
+  return n;
+}
+
+TEST(LoadStateDict, ARefusedLoadWritesNothing) {
+  // Loading checks everything it will copy before it copies anything: a
+  // value that does not hold this rank's part, even at the last key, leaves
+  // the whole model as it was.
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    FullyShardedDataParallel<NetImpl> model(make_net(5), auto_wrapped(pg));
+    FullyShardedDataParallel<NetImpl> other(make_net(6), auto_wrapped(pg));
+    StateDict before = map_tensors(state_dict(model.ptr()), [](const at::Tensor& t) { return t.clone(); });
+    StateDict incoming = state_dict(other.ptr());
+    // The last key of which this rank holds a part (loading writes it last).
+    std::string first_held, last_param;
+    {
+      StateDictTypeGuard guard(model.ptr(), StateDictType::kSharded);
+      for (const auto& [key, v] : state_dict(model.ptr())) {
+        if (!std::holds_alternative<ShardedTensor>(v) || std::get<ShardedTensor>(v).local_numel() == 0) continue;
+        if (first_held.empty()) first_held = key;
+        last_param = key;
+      }
+    }
+    ASSERT_NE(first_held, last_param);  // an earlier key would be written first
+    ShardedTensor nothing;  // the right shape, no piece of it
+    nothing.global_shape = incoming.tensor(last_param).sizes().vec();
+    incoming.set(last_param, nothing);
+    try {
+      load_state_dict(model.ptr(), incoming);
+      ADD_FAILURE() << "no error on rank " << pg.rank();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + last_param + "' does not hold the elements"), std::string::npos)
+          << e.what();
+    }
+    StateDict after = state_dict(model.ptr());
+    ASSERT_EQ(after.keys(), before.keys());
+    for (const auto& key : before.keys()) EXPECT_TRUE(torch::equal(after.tensor(key), before.tensor(key))) << key;
+  });
+}
+
+TEST(StateDictTypeGuard, GuardsNestPerModelAndRestoreTheOuterSetting) {
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    FullyShardedDataParallel<NetImpl> a(make_net(5), auto_wrapped(pg));
+    FullyShardedDataParallel<NetImpl> b(make_net(6), auto_wrapped(pg));
+    auto type_of = [](const std::shared_ptr<torch::nn::Module>& m) {
+      std::set<StateDictType> types;
+      for (auto& [path, unit] : fsdp_modules(m)) types.insert(state_dict_type_of(*unit));
+      EXPECT_EQ(types.size(), 1u);
+      return *types.begin();
+    };
+    {
+      StateDictTypeGuard outer(a.ptr(), StateDictType::kSharded);
+      EXPECT_EQ(type_of(a.ptr()), StateDictType::kSharded);
+      EXPECT_EQ(type_of(b.ptr()), StateDictType::kFull);  // another model keeps its own
+      {
+        StateDictTypeGuard inner(a.ptr(), StateDictType::kLocal, LocalStateDictConfig{true});
+        EXPECT_EQ(type_of(a.ptr()), StateDictType::kLocal);
+        auto local = state_dict(a.ptr());
+        for (const auto& [key, v] : local) {
+          if (!std::holds_alternative<ShardedTensor>(v)) continue;
+          for (const auto& s : std::get<ShardedTensor>(v).local_shards) EXPECT_TRUE(s.tensor.device().is_cpu());
+        }
+      }
+      EXPECT_EQ(type_of(a.ptr()), StateDictType::kSharded);
+      EXPECT_GT(sharded_entries(state_dict(a.ptr())), 0);
+    }
+    EXPECT_EQ(type_of(a.ptr()), StateDictType::kFull);
+    EXPECT_EQ(sharded_entries(state_dict(a.ptr())), 0);
   });
 }
 

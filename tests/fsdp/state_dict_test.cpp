@@ -1,5 +1,5 @@
-// TestFSDPStateDict: PyTorch's test_fsdp_state_dict.py (the seed in
-// ../shared/seeds/), ported test by test with the same parametrizations, on
+// TestFSDPStateDict: PyTorch's test/distributed/fsdp/test_fsdp_state_dict.py,
+// ported test by test with the same parametrizations, on
 // 2 ranks (threads). Where the seed compares against DDP, the reference is
 // single-process training on the same data. Deviations, each forced by the
 // CPU build or by C++:

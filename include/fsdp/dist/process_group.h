@@ -108,11 +108,8 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // (rank 0: serves) the TCPStore at master_addr:master_port unless `store` is
 // given, then connects every pair of ranks. Rank 0's store listens on
 // master_addr only (its first address, if a name), not on every interface
-// as LibTorch's TCPStore would: with LibTorch 2.x fsdp-cpp hands the store a
-// socket listening there (TCPStoreOptions::masterListenFd); with 1.13 it
-// redirects the server's wildcard bind() while the store starts
-// (src/dist/store_listen.h), and prints a warning if a LibTorch binds where
-// that cannot reach. Throws ConfigError
+// as LibTorch's TCPStore would (how, on each LibTorch: docs/runtime.md); a
+// warning is printed if a LibTorch binds elsewhere. Throws ConfigError
 // for bad options (unbuilt backend, rank out of range; on rank 0, a
 // master_addr that does not resolve), CollectiveError when rendezvous does
 // not complete within the timeout (or, on rank 0, when master_addr is not

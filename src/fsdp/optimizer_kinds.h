@@ -1,0 +1,57 @@
+// src/fsdp/optimizer_kinds.h — what fsdp-cpp knows of each LibTorch
+// optimizer type: the names of its per-parameter state tensors, its step
+// count, and its options as name -> number (PyTorch's param_groups).
+// Private to the library; local.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace fsdp::detail {
+
+using OptimOptions = std::map<std::string, double>;
+
+// One LibTorch optimizer type.
+struct OptimizerKind {
+  std::string name;                  // "SGD", "Adam", "AdamW", "Adagrad", "RMSprop"
+  std::vector<std::string> fields;   // per-parameter tensors, shaped like the parameter
+  bool has_step = false;
+  std::function<std::unique_ptr<torch::optim::OptimizerParamState>()> make;
+  std::function<at::Tensor(torch::optim::OptimizerParamState&, const std::string&)> get;
+  std::function<void(torch::optim::OptimizerParamState&, const std::string&, const at::Tensor&)> set;
+  std::function<int64_t(torch::optim::OptimizerParamState&)> get_step;
+  std::function<void(torch::optim::OptimizerParamState&, int64_t)> set_step;
+  std::function<OptimOptions(const torch::optim::OptimizerOptions&)> read;
+  std::function<void(torch::optim::OptimizerOptions&, const OptimOptions&)> write;
+};
+
+// The kind of `opt`: SGD, Adam, AdamW, Adagrad or RMSprop; ConfigError for
+// any other type.
+OptimizerKind kind_of(const torch::optim::Optimizer& opt);
+
+// The key of a parameter's state in Optimizer::state(): its TensorImpl's
+// address, printed (LibTorch 1.x, std::string keys) or as is (2.2+, void*).
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <class Key = StateKey>
+Key state_key(const at::Tensor& t) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // how LibTorch 1.x prints it (c10::guts::to_string)
+    key << static_cast<const void*>(t.unsafeGetTensorImpl());
+    return key.str();
+  } else {
+    return static_cast<Key>(t.unsafeGetTensorImpl());
+  }
+}
+
+// The optimizer's state of tensor `t` (null: none yet).
+torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const at::Tensor& t);
+
+}  // namespace fsdp::detail
