@@ -73,12 +73,14 @@ std::vector<std::string> command_line(const train::TrainConfig& c) {
   return f;
 }
 
-// train(c) on `ranks` processes (fsdp-run -- fsdp-train); fails the test unless it succeeds.
-void train_processes(int ranks, const train::TrainConfig& c) {
+// train(c) on `ranks` processes (fsdp-run -- fsdp-train): success when it exits 0.
+::testing::AssertionResult train_processes(int ranks, const train::TrainConfig& c) {
   std::vector<std::string> argv{FSDP_RUN_PATH, "--nproc-per-node", std::to_string(ranks), "--"};
   for (auto& a : command_line(c)) argv.push_back(a);
   const auto r = run_program(argv, std::chrono::seconds(240));
-  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  if (r.exit_code() == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "fsdp-train on " << ranks << " processes exited " << r.exit_code() << ":\n"
+                                       << r.output;
 }
 
 // metrics.jsonl's (step, loss) per line; each line must be one JSON object.
@@ -102,7 +104,7 @@ std::map<std::string, torch::Tensor> weights_of(const std::string& checkpoint) {
 
 TEST(GptTrainer, TinyRunLossFalls) {
   TempDir dir;
-  train_processes(2, tiny(dir.path(), 40));
+  ASSERT_TRUE(train_processes(2, tiny(dir.path(), 40)));
   auto m = metrics(dir.path());
   ASSERT_EQ(m.size(), 40u);
   EXPECT_EQ(m.front().first, 1);
@@ -118,7 +120,7 @@ TEST(GptTrainer, ShardedBuildTrainsExactlyAsTheEagerBuild) {
   for (const bool empty : {true, false}) {
     auto c = tiny(dir.path() + (empty ? "/sharded" : "/eager"), 4);
     c.empty_init = empty;
-    train_processes(2, c);
+    ASSERT_TRUE(train_processes(2, c));
   }
   EXPECT_TRUE(train::TrainConfig().empty_init) << "the default";
   auto ms = metrics(dir.path() + "/sharded"), me = metrics(dir.path() + "/eager");
@@ -138,7 +140,7 @@ TEST(GptTrainer, LogsHeldOutLossDrawsTheCurveAndRunsOnAMesh) {
     c.mesh = "2,2";
     c.forward_prefetch = true;
     c.backward_prefetch = "post";
-    train_processes(4, c);
+    ASSERT_TRUE(train_processes(4, c));
   }
   std::ifstream in(dir.path() + "/metrics.jsonl");
   int evals = 0;
@@ -180,17 +182,17 @@ TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
   const std::string a = dir.path() + "/a", b = dir.path() + "/b";
   auto c = constant_lr(tiny(a, 12));
   c.save_every = 4;
-  train_processes(2, c);
+  ASSERT_TRUE(train_processes(2, c));
   c = constant_lr(tiny(b, 8));  // "interrupted" after step 8
   c.save_every = 4;
   c.keep = 1;
-  train_processes(2, c);
+  ASSERT_TRUE(train_processes(2, c));
   EXPECT_FALSE(fs::exists(b + "/checkpoints/step-00000004"));  // only the newest is kept
   EXPECT_TRUE(fs::exists(b + "/checkpoints/step-00000008"));
   c = constant_lr(tiny(b, 12));
   c.save_every = 4;
   c.resume = true;
-  train_processes(2, c);
+  ASSERT_TRUE(train_processes(2, c));
   auto wa = weights_of(a + "/checkpoints/step-00000012");
   auto wb = weights_of(b + "/checkpoints/step-00000012");
   for (auto& [k, v] : wa) EXPECT_TRUE(torch::equal(v, wb.at(k))) << k;
@@ -204,7 +206,7 @@ TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
 
 TEST(GptTrainer, GeneratesFromBothFormats) {
   TempDir dir;
-  train_processes(2, tiny(dir.path(), 20));
+  ASSERT_TRUE(train_processes(2, tiny(dir.path(), 20)));
   const std::string sharded = dir.path() + "/checkpoints/step-00000020", full = dir.path() + "/full.pt";
   consolidate_checkpoint(sharded, full);
   std::string texts[4];
@@ -288,7 +290,7 @@ TEST(GptTrainer, LearningRateWarmsUpThenDecays) {
   TempDir dir;
   auto t = tiny(dir.path(), 6);
   t.warmup_steps = 3;
-  train_processes(2, t);
+  ASSERT_TRUE(train_processes(2, t));
   std::ifstream in(dir.path() + "/metrics.jsonl");
   int64_t step = 0;
   for (std::string line; std::getline(in, line);) {
