@@ -1,5 +1,7 @@
-// The GPT trainer: data, the training loop through FSDPStrategy, metrics,
-// checkpoints (save every N, keep K, resume), and generation.
+// The GPT trainer's entry points: the settings (presets, validation, the
+// learning-rate schedule), the training loop through FSDPStrategy, and
+// generation. Its data, metrics, progress line and run directory are units
+// of their own (batches, metrics, progress, run_directory; docs/architecture.md).
 #include "fsdp/train/gpt_trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -9,20 +11,23 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
-#include <iostream>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/strategy.h"
-#include "../fsdp/ckpt_format.h"
+#include "../fsdp/rank_errors.h"
+#include "metrics.h"
+#include "progress.h"
+#include "run_directory.h"
 
 namespace fsdp::train {
 
@@ -120,11 +125,6 @@ void validate(const TrainConfig& c) {
   if (!writable) throw ConfigError("--out " + c.out + ": the run directory cannot be created or written");
 }
 
-int64_t held_out_bytes(int64_t total, int64_t context) {
-  const int64_t want = std::max<int64_t>(total / 10, (context + 2) * 8);
-  return total - want >= context + 2 ? want : 0;
-}
-
 int64_t warmup_steps(const TrainConfig& c) { return c.warmup_steps < 0 ? c.steps / 5 : c.warmup_steps; }
 
 double min_learning_rate(const TrainConfig& c) { return c.min_lr < 0 ? c.lr / 10 : c.min_lr; }
@@ -165,144 +165,17 @@ std::string generated_corpus(size_t bytes) {
 
 namespace {
 
+using Model = Unit<models::GPTImpl>;
+
 std::string read_text(const TrainConfig& c) {
   if (c.data.empty()) return generated_corpus();
   std::ifstream in(c.data, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// A number after `key` in a metrics.jsonl line; nullopt when the key is
-// absent, ConfigError naming the file and line when what follows is not one.
-std::optional<double> metric(const std::string& line, const char* key, const std::string& path, int64_t lineno) {
-  const auto at = line.find(key);
-  if (at == std::string::npos) return std::nullopt;
-  const char* begin = line.c_str() + at + std::strlen(key);
-  char* end = nullptr;
-  const double v = std::strtod(begin, &end);
-  if (end == begin || !std::isfinite(v)) {
-    throw ConfigError(path + " line " + std::to_string(lineno) + ": " + key + " is not followed by a number (line: '" +
-                      line.substr(0, 80) + "'): expected one JSON object per step as fsdp-train writes it");
-  }
-  return v;
-}
-
-// A metrics.jsonl line with its number in the file and its "step".
-struct MetricsLine {
-  int64_t step, lineno;
-  std::string text;
-};
-
-// Each non-empty line, its "step" required; ConfigError naming the line otherwise.
-std::vector<MetricsLine> read_metrics(const std::string& path) {
-  std::vector<MetricsLine> out;
-  std::ifstream in(path);
-  int64_t lineno = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++lineno;
-    if (line.empty()) continue;
-    auto step = metric(line, "\"step\":", path, lineno);
-    if (!step) {
-      throw ConfigError(path + " line " + std::to_string(lineno) + " has no \"step\" (line: '" + line.substr(0, 80) +
-                        "'): expected one JSON object per step as fsdp-train writes it");
-    }
-    out.push_back({static_cast<int64_t>(*step), lineno, line});
-  }
-  return out;
-}
-
-at::Tensor bytes_to_tokens(const std::string& text) {
-  at::Tensor t = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
-  std::memcpy(t.data_ptr(), text.data(), text.size());
-  return t.to(at::kLong);
-}
-
-std::string step_name(int64_t step) {
-  std::ostringstream os;
-  os << "step-" << std::setw(8) << std::setfill('0') << step;
-  return os.str();
-}
-
-// Checkpoints in `dir`, newest first (by step in the name).
-std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() != 13 || name.rfind("step-", 0) != 0) continue;
-    try {
-      out.emplace_back(std::stoll(name.substr(5)), e.path().string());
-    } catch (const std::exception&) {
-    }
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  return out;
-}
-
-void put_config(CheckpointState& s, const TrainConfig& run) {
-  const models::GPTConfig& c = run.model;
-  s.value("model.vocab", c.vocab_size).value("model.context", c.context).value("model.dim", c.dim);
-  s.value("model.layers", c.layers).value("model.heads", c.heads);
-  // The run's settings, so that a resume can say which flags it overrides.
-  s.value("run.lr", run.lr).value("run.min_lr", min_learning_rate(run)).value("run.warmup_steps", warmup_steps(run));
-  s.value("run.steps", run.steps).value("run.batch", run.batch).value("run.seed", static_cast<int64_t>(run.seed));
-}
-
-// The flags of `c` that differ from the run settings saved in a checkpoint
-// ("--lr 0.003 -> 0.03"); checkpoints without them give none.
-std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& c) {
-  std::vector<std::string> out;
-  auto check = [&](const char* key, const char* flag, double now) {
-    auto it = info.values.find(key);
-    if (it == info.values.end()) return;
-    const double was = std::strtod(it->second.c_str(), nullptr);
-    if (std::abs(was - now) > 1e-9 * std::max(1.0, std::abs(now))) {
-      std::ostringstream os;
-      os << flag << " " << was << " -> " << now;
-      out.push_back(os.str());
-    }
-  };
-  check("run.lr", "--lr", c.lr);
-  check("run.min_lr", "--min-lr", min_learning_rate(c));
-  check("run.warmup_steps", "--warmup-steps", static_cast<double>(warmup_steps(c)));
-  check("run.steps", "--steps", static_cast<double>(c.steps));
-  check("run.batch", "--batch", static_cast<double>(c.batch));
-  check("run.seed", "--seed", static_cast<double>(c.seed));
-  return out;
-}
-
-models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path) {
-  models::GPTConfig c;
-  auto get = [&](const char* key) {
-    auto it = info.values.find(key);
-    if (it == info.values.end()) throw ConfigError(path + " was not written by fsdp-train: it has no '" + key + "'");
-    return std::stoll(it->second);
-  };
-  c.vocab_size = get("model.vocab");
-  c.context = get("model.context");
-  c.dim = get("model.dim");
-  c.layers = get("model.layers");
-  c.heads = get("model.heads");
-  return c;
-}
-
-// The global batch of `step`: the same on every rank and after a resume.
-std::pair<at::Tensor, at::Tensor> batch_of(const at::Tensor& tokens, int64_t step, const TrainConfig& c, int rank,
-                                           int world, at::Device device) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(c.seed * 1000003ULL + static_cast<uint64_t>(step));
-  const int64_t span = c.model.context + 1;
-  at::Tensor starts = at::randint(0, tokens.numel() - span, {c.batch * world}, gen, at::kLong);
-  at::Tensor mine = starts.narrow(0, rank * c.batch, c.batch);
-  std::vector<at::Tensor> rows;
-  for (int64_t i = 0; i < c.batch; ++i) rows.push_back(tokens.narrow(0, mine[i].item<int64_t>(), span));
-  at::Tensor b = at::stack(rows).to(device);
-  return {b.narrow(1, 0, c.model.context), b.narrow(1, 1, c.model.context)};
-}
-
-}  // namespace
-
-double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
-  validate(c);
+// The strategy of a run: the one place where TrainConfig's settings become
+// FSDPStrategyOptions.
+FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   FSDPStrategyOptions o;
   o.auto_wrap_module_types<models::GPTBlockImpl>()
       .precision(c.precision)
@@ -320,225 +193,125 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
                       : c.backward_prefetch == "post" ? BackwardPrefetch::kBackwardPost
                                                       : BackwardPrefetch::kNone);
   if (world) o.world(world);
-  FSDPStrategy strategy(o);
-  strategy.setup_environment();
-  const int rank = strategy.global_rank(), nranks = strategy.world_size();
-  // The last tenth of the text is held out for evaluation.
-  const at::Tensor all_tokens = bytes_to_tokens(read_text(c));
-  const int64_t split = all_tokens.numel() - held_out_bytes(all_tokens.numel(), c.model.context);
-  const bool can_eval = split < all_tokens.numel();
-  const at::Tensor tokens = can_eval ? all_tokens.narrow(0, 0, split) : all_tokens;
-  const at::Tensor held_out = can_eval ? all_tokens.narrow(0, split, all_tokens.numel() - split) : all_tokens;
+  return o;
+}
 
-  // The initial weights come from the seed alone: built under a process-wide
-  // lock right after seeding, so that ranks that are threads of one process
-  // (LibTorch's generator is global) build identical weights too. Under
-  // empty_init the blocks are rebuilt at wrapping from the generator state
-  // they were first built from: the same values.
+// [collective] The model, wrapped. Its initial weights come from the seed
+// alone: under empty_init each block is built when FSDP shards it, from the
+// generator state it was first built from, so with the values an eager
+// build has. Seeds LibTorch's process-wide generator.
+Model build_model(FSDPStrategy& strategy, const TrainConfig& c) {
+  torch::manual_seed(c.seed);
   std::shared_ptr<models::GPTImpl> net;
   {
-    static std::mutex init_mutex;
-    std::lock_guard<std::mutex> lock(init_mutex);
-    torch::manual_seed(c.seed);
     auto deferred = strategy.module_init_context(c.empty_init);
     net = std::make_shared<models::GPTImpl>(c.model);
   }
-  // Thread ranks share the generator: no rank wraps (rebuilding its blocks
-  // from replayed generator states) while another still builds, and none
-  // trains (dropout draws) while another still wraps.
-  strategy.barrier();
-  auto model = strategy.setup_module(net);
-  strategy.barrier();
+  return strategy.setup_module(net);
+}
+
+// What a checkpoint of the run holds at `step` (the steps done).
+CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int64_t step) {
+  CheckpointState s;
+  s.model("model", model.ptr()).optimizer("optimizer", opt).value("step", step);
+  return s;
+}
+
+// [collective] One optimizer step on `batch` at learning rate `lr`: the mean
+// loss over the ranks, and the gradient norm before clipping it to 1.
+std::pair<double, double> train_step(const FSDPStrategy& strategy, Model& model, torch::optim::Optimizer& opt,
+                                     const Batch& batch, double lr) {
+  for (auto& group : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  opt.zero_grad();
+  auto loss = models::gpt_loss(model(batch.inputs), batch.targets);
+  strategy.backward(loss);  // scaled under "16-mixed"
+  const double grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
+  strategy.optimizer_step(opt);
+  return {strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>(), grad_norm};
+}
+
+// [collective] The mean loss over 4 fixed held-out batches (the same on every rank).
+double evaluate(const FSDPStrategy& strategy, Model& model, const BatchSampler& batches) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  const int n = 4;
+  for (int i = 0; i < n; ++i) {
+    const Batch b = batches.held_out(i);
+    sum += models::gpt_loss(model(b.inputs), b.targets).to(at::kDouble).item<double>();
+  }
+  return strategy.all_reduce(at::full({1}, sum / n, at::kDouble)).item<double>();
+}
+
+// [collective] Every rank's resident memory in MiB, as text, in rank order.
+std::vector<std::string> memory_of_ranks(const FSDPStrategy& strategy) {
+  std::ostringstream mem;
+  mem << std::fixed << std::setprecision(0) << resident_memory_mib();
+  return strategy.group().all_gather_bytes(mem.str());
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
+  validate(c);
+  FSDPStrategy strategy(strategy_options(c, world));
+  strategy.setup_environment();
+  const int rank = strategy.global_rank(), nranks = strategy.world_size();
+  const BatchSampler batches(read_text(c), c.model.context, c.batch, c.seed, rank, nranks, strategy.root_device());
+  Model model = build_model(strategy, c);
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
   strategy.setup_optimizer(opt);
-  const std::string ckpt_dir = (fs::path(c.out) / "checkpoints").string();
+  const RunDirectory run(c.out);
   int64_t start = 0;
   if (c.resume) {
-    // Rank 0 picks the newest complete checkpoint; everyone loads it.
-    std::string chosen;
-    if (rank == 0) {
-      for (const auto& [step, path] : checkpoints_in(ckpt_dir)) {
-        try {
-          auto info = inspect_checkpoint(path);
-          auto saved = config_of(info, path);
-          std::vector<std::string> diff;
-          auto cmp = [&](const char* what, int64_t a, int64_t b) {
-            if (a != b) diff.push_back(std::string(what) + " " + std::to_string(a) + " (checkpoint) vs " + std::to_string(b));
-          };
-          cmp("context", saved.context, c.model.context);
-          cmp("dim", saved.dim, c.model.dim);
-          cmp("layers", saved.layers, c.model.layers);
-          cmp("heads", saved.heads, c.model.heads);
-          if (!diff.empty()) {
-            std::string msg = "--resume: " + path + " holds a model of another shape:";
-            for (const auto& d : diff) msg += " " + d + ";";
-            chosen = "!" + msg;
-          } else {
-            chosen = path;
-            const auto over = overridden_flags(info, c);
-            if (!over.empty()) {
-              std::string msg = "fsdp-train: --resume: these flags differ from the checkpoint's run and apply from "
-                                "its step on:";
-              for (size_t i = 0; i < over.size(); ++i) msg += (i ? "; " : " ") + over[i];
-              std::cout << msg << std::endl;
-            }
-          }
-          break;
-        } catch (const ConfigError&) {
-          std::cerr << "fsdp-train: skipping incomplete or damaged checkpoint " << path << std::endl;
-        }
-      }
-    }
-    chosen = strategy.broadcast(chosen, 0);
-    if (!chosen.empty() && chosen[0] == '!') throw ConfigError(chosen.substr(1));
-    if (!chosen.empty()) {
-      CheckpointState s;
-      s.model("model", model.ptr()).optimizer("optimizer", opt).value("step", int64_t{0});
-      strategy.load_checkpoint(chosen, s);
+    CheckpointState s = run_state(model, opt, 0);
+    if (const std::string from = run.resume(strategy, c, s); !from.empty()) {
       start = s.get<int64_t>("step");
-      strategy.print("fsdp-train: resumed from " + chosen + " at step " + std::to_string(start));
+      strategy.print("fsdp-train: resumed from " + from + " at step " + std::to_string(start));
     }
   }
-  // Metrics: one JSON object per step; on resume, the lines after the checkpoint go.
-  const std::string metrics_path = (fs::path(c.out) / "metrics.jsonl").string();
-  std::string metrics_problem;  // rank 0's, told to every rank
-  if (rank == 0) {
-    try {
-      std::vector<std::string> kept;
-      if (start > 0) {
-        for (const auto& m : read_metrics(metrics_path)) {
-          if (m.step <= start) kept.push_back(m.text);
-        }
-      }
-      std::ofstream out(metrics_path, std::ios::trunc);
-      for (const auto& l : kept) out << l << "\n";
-    } catch (const ConfigError& e) {
-      metrics_problem = std::string("--resume: ") + e.what();
-    }
-  }
-  metrics_problem = strategy.broadcast(metrics_problem, 0);
-  if (!metrics_problem.empty()) throw ConfigError(metrics_problem);
-  std::ofstream metrics, log;
-  if (rank == 0) {
-    metrics.open(metrics_path, std::ios::app);
-    log.open((fs::path(c.out) / "train.log").string(), start > 0 ? std::ios::app : std::ios::trunc);
-  }
-  const bool terminal = rank == 0 && isatty(STDOUT_FILENO);
-  // [collective] Mean loss over fixed held-out batches (the same on every rank).
-  auto evaluate = [&]() {
-    torch::NoGradGuard no_grad;
-    TrainConfig ec = c;
-    ec.seed = c.seed + 7777;
-    double sum = 0;
-    const int n = 4;
-    for (int i = 0; i < n; ++i) {
-      auto [x, y] = batch_of(held_out, i, ec, rank, nranks, strategy.root_device());
-      sum += models::gpt_loss(model(x), y).to(at::kDouble).item<double>();
-    }
-    return strategy.all_reduce(at::full({1}, sum / n, at::kDouble)).item<double>();
-  };
+  // Rank 0 writes the metrics (on resume, those after the checkpoint's step
+  // go) and the log; its error reaches every rank.
+  std::optional<MetricsWriter> metrics;
+  std::optional<Progress> progress;
+  const auto failure = detail::capture([&] {
+    if (rank != 0) return;
+    metrics.emplace(run.metrics_path(), start);
+    progress.emplace(run.log_path(), start > 0, c.steps, c.log_every, isatty(STDOUT_FILENO) != 0);
+  });
+  detail::agree_from(strategy.group(), 0, failure, start > 0 ? "--resume: " : "");
   double mean_loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = start; step < c.steps; ++step) {
-    detail::ckpt::crash_point("train-step", rank);  // fault injection for the reliability tests
-    auto [x, y] = batch_of(tokens, step, c, rank, nranks, strategy.root_device());
+    const Batch batch = batches.training(step);
     const auto ts = std::chrono::steady_clock::now();
-    const double lr = learning_rate(c, step);
-    for (auto& group : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    opt.zero_grad();
-    auto loss = models::gpt_loss(model(x), y);
-    strategy.backward(loss);  // scaled under "16-mixed"
-    const double grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
-    strategy.optimizer_step(opt);
-    mean_loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    const double tok_s = static_cast<double>(c.batch * c.model.context * nranks) / dt;
-    const bool last = step + 1 == c.steps;
-    double eval_loss = -1;
-    if (c.eval_every > 0 && ((step + 1) % c.eval_every == 0 || last)) eval_loss = evaluate();
-    // Memory of every rank, for the progress line.
-    std::ostringstream mem;
-    mem << std::fixed << std::setprecision(0) << resident_memory_mib();
-    auto mems = strategy.group().all_gather_bytes(mem.str());
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double eta = elapsed / static_cast<double>(step + 1 - start) * static_cast<double>(c.steps - step - 1);
+    StepMetrics m;
+    m.step = step + 1;
+    m.lr = learning_rate(c, step);
+    std::tie(m.loss, m.grad_norm) = train_step(strategy, model, opt, batch, m.lr);
+    m.tokens_per_s = static_cast<double>(c.batch * c.model.context * nranks) / seconds_since(ts);
+    const bool last = m.step == c.steps;
+    if (c.eval_every > 0 && (m.step % c.eval_every == 0 || last)) m.eval_loss = evaluate(strategy, model, batches);
+    const auto mems = memory_of_ranks(strategy);
+    m.elapsed_s = seconds_since(t0);
+    const double eta = m.elapsed_s / static_cast<double>(m.step - start) * static_cast<double>(c.steps - m.step);
     if (rank == 0) {
-      metrics << "{\"step\":" << step + 1 << ",\"loss\":" << mean_loss << ",\"lr\":" << lr
-              << ",\"grad_norm\":" << grad_norm << ",\"tokens_per_s\":" << tok_s << ",\"elapsed_s\":" << elapsed;
-      if (eval_loss >= 0) metrics << ",\"eval_loss\":" << eval_loss;
-      metrics << "}" << std::endl;
-      std::ostringstream os;
-      os << "step " << step + 1 << "/" << c.steps << " loss " << std::fixed << std::setprecision(4) << mean_loss;
-      if (eval_loss >= 0) os << " eval " << eval_loss;
-      os << " tokens/s " << std::setprecision(0) << tok_s << " eta " << eta << "s mem";
-      for (size_t r = 0; r < mems.size(); ++r) os << (r ? "/" : " ") << mems[r];
-      os << " MiB";
-      log << os.str() << std::endl;
-      if (terminal) {
-        std::cout << "\r" << os.str() << "\x1b[K" << std::flush;  // in place
-        if (last) std::cout << std::endl;
-      } else if ((step + 1) % c.log_every == 0 || last || eval_loss >= 0) {
-        std::cout << os.str() << std::endl;
-      }
+      metrics->write(m);
+      progress->report(m, eta, mems);
     }
-    if ((c.save_every > 0 && (step + 1) % c.save_every == 0) || step + 1 == c.steps) {
-      CheckpointState s;
-      s.model("model", model.ptr()).optimizer("optimizer", opt).value("step", step + 1);
+    if ((c.save_every > 0 && m.step % c.save_every == 0) || last) {
+      CheckpointState s = run_state(model, opt, m.step);
       put_config(s, c);
-      const std::string path = (fs::path(ckpt_dir) / step_name(step + 1)).string();
-      if (rank == 0) fs::create_directories(ckpt_dir);
-      strategy.barrier();
-      strategy.save_checkpoint(path, s);
-      if (rank == 0) {  // keep the newest K
-        auto all = checkpoints_in(ckpt_dir);
-        for (size_t i = static_cast<size_t>(c.keep); i < all.size(); ++i) fs::remove_all(all[i].second);
-      }
-      strategy.barrier();
+      run.save(strategy, s, m.step, c.keep);
     }
+    mean_loss = m.loss;
   }
   if (rank == 0) write_loss_curve(c.out);
   return mean_loss;
-}
-
-std::string write_loss_curve(const std::string& out) {
-  std::vector<std::pair<double, double>> train, eval;
-  const std::string metrics_path = (fs::path(out) / "metrics.jsonl").string();
-  for (const auto& m : read_metrics(metrics_path)) {
-    const auto loss = metric(m.text, "\"loss\":", metrics_path, m.lineno);
-    const auto ev = metric(m.text, "\"eval_loss\":", metrics_path, m.lineno);
-    if (!loss) continue;
-    train.emplace_back(static_cast<double>(m.step), *loss);
-    if (ev) eval.emplace_back(static_cast<double>(m.step), *ev);
-  }
-  const std::string path = (fs::path(out) / "loss.svg").string();
-  const double w = 640, h = 360, pad = 50;
-  double max_step = 1, max_loss = 0.1;
-  for (auto& [x, y] : train) max_step = std::max(max_step, x), max_loss = std::max(max_loss, y);
-  for (auto& [x, y] : eval) max_loss = std::max(max_loss, y);
-  auto px = [&](double x) { return pad + (w - 2 * pad) * x / max_step; };
-  auto py = [&](double y) { return h - pad - (h - 2 * pad) * y / max_loss; };
-  std::ofstream svg(path, std::ios::trunc);
-  svg << std::fixed << std::setprecision(1) << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w
-      << "\" height=\"" << h << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<line x1=\"" << pad << "\" y1=\"" << h - pad << "\" x2=\"" << w - pad << "\" y2=\"" << h - pad
-      << "\" stroke=\"black\"/>\n<line x1=\"" << pad << "\" y1=\"" << pad << "\" x2=\"" << pad << "\" y2=\""
-      << h - pad << "\" stroke=\"black\"/>\n"
-      << "<text x=\"" << w / 2 << "\" y=\"" << h - 12 << "\" text-anchor=\"middle\">step (last " << max_step
-      << ")</text>\n<text x=\"14\" y=\"" << h / 2 << "\" transform=\"rotate(-90 14 " << h / 2
-      << ")\" text-anchor=\"middle\">loss (top " << max_loss << ")</text>\n";
-  auto polyline = [&](const std::vector<std::pair<double, double>>& pts, const char* color, const char* label, double ly) {
-    if (pts.empty()) return;
-    svg << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\" points=\"";
-    for (auto& [x, y] : pts) svg << px(x) << "," << py(y) << " ";
-    svg << "\"/>\n<text x=\"" << w - pad - 110 << "\" y=\"" << ly << "\" fill=\"" << color << "\">" << label
-        << "</text>\n";
-  };
-  polyline(train, "steelblue", "training loss", pad);
-  polyline(eval, "darkorange", "held-out loss", pad + 16);
-  svg << "</svg>\n";
-  return path;
 }
 
 std::string generate(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& o,

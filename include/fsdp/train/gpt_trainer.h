@@ -10,6 +10,7 @@
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/models/gpt.h"
+#include "fsdp/train/batches.h"  // held_out_bytes, the split train() makes
 
 namespace fsdp::train {
 
@@ -60,11 +61,6 @@ void validate(const TrainConfig& config);
 // The generated corpus: deterministic English-like text (no file needed).
 std::string generated_corpus(size_t bytes = 1 << 20);
 
-// Bytes of a text of `total` bytes held out for evaluation (its end): a
-// tenth, but at least 8 samples' worth ((context + 2) * 8), and 0 when the
-// rest would then be shorter than one sample (nothing is held out).
-int64_t held_out_bytes(int64_t total, int64_t context);
-
 // The warm-up steps of `config` (its warmup_steps, or a fifth of its steps)
 // and its final learning rate (its min_lr, or a tenth of its lr).
 int64_t warmup_steps(const TrainConfig& config);
@@ -80,7 +76,10 @@ std::string write_loss_curve(const std::string& out);
 // [collective over `world`] Trains; returns the last step's mean loss. Rank 0
 // prints a progress line (updated in place on a terminal), appends plain
 // lines to out/train.log and one JSON object per step to out/metrics.jsonl,
-// and draws out/loss.svg at the end.
+// and draws out/loss.svg at the end. The initial weights come from the seed
+// alone: it seeds LibTorch's process-wide generator (torch::manual_seed) and
+// builds the model from it, so ranks that are threads of one process start
+// from different weights; run ranks as processes (fsdp-run) to get them.
 double train(const TrainConfig& config, const dist::ProcessGroupPtr& world);
 
 struct GenerateOptions {

@@ -1,0 +1,34 @@
+// src/train/progress.h — how rank 0 reports a run's progress: one plain line
+// per step in train.log, and on stdout the same line, updated in place on a
+// terminal, else printed every log_every steps (and at evaluations and the
+// last step). Local: no collectives.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "metrics.h"
+
+namespace fsdp::train {
+
+// "step 10/200 loss 2.3456 eval 2.4567 tokens/s 1234 eta 56s mem 310/305 MiB":
+// `mem_mib` holds every rank's resident memory, in rank order.
+std::string progress_line(const StepMetrics& m, int64_t steps, double eta_s, const std::vector<std::string>& mem_mib);
+
+class Progress {
+ public:
+  // Opens `log_path`: appended to on a resume, else emptied. `terminal`:
+  // stdout is a terminal.
+  Progress(const std::string& log_path, bool resumed, int64_t steps, int64_t log_every, bool terminal);
+
+  void report(const StepMetrics& m, double eta_s, const std::vector<std::string>& mem_mib);
+
+ private:
+  std::ofstream log_;
+  int64_t steps_, log_every_;
+  bool terminal_;
+};
+
+}  // namespace fsdp::train
