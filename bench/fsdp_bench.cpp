@@ -138,9 +138,9 @@ int main(int argc, char** argv) {
   fsdp::models::GPTConfig cfg;
   int64_t batch = 8;
   int steps = 5, warmup = 2;
-  int reductions_in_flight = fsdp::FSDPOptions{}.max_reductions_in_flight;
+  int reductions_in_flight = fsdp::FSDPOptions().max_reductions_in_flight();
   bool eager_init = false;
-  bool use_orig = false, forward_prefetch = fsdp::FSDPOptions{}.forward_prefetch, bf16 = false, trace_memory = false, checkpointing = false;
+  bool use_orig = false, forward_prefetch = fsdp::FSDPOptions().forward_prefetch(), bf16 = false, trace_memory = false, checkpointing = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
   app.add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
@@ -191,20 +191,20 @@ int main(int argc, char** argv) {
       trainable = gpt->parameters();
     } else {
       fsdp::FSDPOptions o;
-      o.sharding_strategy = fsdp::parse_sharding_strategy(strategy);
-      if (o.sharding_strategy == fsdp::ShardingStrategy::kHybridShard) {
+      o.sharding_strategy(fsdp::parse_sharding_strategy(strategy));
+      if (o.sharding_strategy() == fsdp::ShardingStrategy::kHybridShard) {
         const int shard = pg->size() % 2 == 0 ? pg->size() / 2 : pg->size();
-        o.device_mesh = fsdp::dist::init_device_mesh(pg, pg->size() / shard, shard);
-        groups.push_back(o.device_mesh->shard_group);
-        groups.push_back(o.device_mesh->replicate_group);
+        o.device_mesh(fsdp::dist::init_device_mesh(pg, pg->size() / shard, shard));
+        groups.push_back(o.device_mesh()->shard_group);
+        groups.push_back(o.device_mesh()->replicate_group);
       } else {
-        o.process_group = pg;
+        o.process_group(pg);
       }
-      o.auto_wrap_policy = fsdp::transformer_auto_wrap_policy<fsdp::models::GPTBlockImpl>();
-      o.use_orig_params = use_orig;
-      o.max_reductions_in_flight = reductions_in_flight;
-      o.forward_prefetch = forward_prefetch;
-      if (bf16) o.mixed_precision.param_dtype = torch::kBFloat16;
+      o.auto_wrap_policy(fsdp::transformer_auto_wrap_policy<fsdp::models::GPTBlockImpl>());
+      o.use_orig_params(use_orig);
+      o.max_reductions_in_flight(reductions_in_flight);
+      o.forward_prefetch(forward_prefetch);
+      if (bf16) o.mixed_precision().param_dtype = torch::kBFloat16;
       model = std::make_shared<fsdp::FullyShardedDataParallel<fsdp::models::GPTImpl>>(gpt, o);
       forward = [model](const at::Tensor& x) { return (*model)(x); };
       trainable = (*model)->parameters();

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
                             .auto_wrap_module_types<models::GPTBlockImpl>()
                             .activation_checkpointing_module_types<models::GPTBlockImpl>()
                             .precision("bf16-mixed")
-                            .state_dict_type("sharded"));
+                            .state_dict_type(fsdp::CheckpointFormat::kSharded));
   strategy.setup_environment();  // joins the job fsdp-run started
 
   models::GPTConfig config{256, 32, 64, 2, 4};

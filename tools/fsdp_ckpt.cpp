@@ -36,7 +36,7 @@ std::string human_bytes(int64_t b) {
 int inspect(const std::string& path) {
   auto info = fsdp::inspect_checkpoint(path);
   std::cout << "path:       " << path << "\n"
-            << "format:     " << (info.format == fsdp::CheckpointFormat::kFull ? "full" : "sharded") << "\n"
+            << "format:     " << fsdp::to_string(info.format) << "\n"
             << "version:    " << info.version << "\n"
             << "world size: " << info.world_size << " (at save)\n";
   std::cout << "values:\n";

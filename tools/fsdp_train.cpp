@@ -32,8 +32,11 @@ int main(int argc, char** argv) {
   app.add_option("--keep", c.keep, "checkpoints to keep")->capture_default_str();
   app.add_flag("--resume", c.resume,
                "continue from the newest complete checkpoint in --out (automatic after an fsdp-run --max-restarts restart)");
-  app.add_option("--state-dict-type", c.state_dict_type, "checkpoint format: full or sharded")->capture_default_str();
-  app.add_option("--sharding-strategy", c.sharding_strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
+  // Enums by name, parsed (and named in errors) below.
+  std::string state_dict_type = fsdp::to_string(c.state_dict_type), sharding = fsdp::to_string(c.sharding_strategy),
+              backward_prefetch = "pre";
+  app.add_option("--state-dict-type", state_dict_type, "checkpoint format: full or sharded")->capture_default_str();
+  app.add_option("--sharding-strategy", sharding, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
       ->capture_default_str();
   app.add_option("--precision", c.precision, "32-true, bf16-mixed, bf16-true (16-* need CUDA)")->capture_default_str();
   app.add_flag("--activation-checkpointing", c.activation_checkpointing, "recompute each block's activations in backward");
@@ -48,7 +51,7 @@ int main(int argc, char** argv) {
   app.add_option("--mesh", c.mesh, "R,S: HYBRID_SHARD over R replicas of S-rank shard groups (R*S = world)");
   app.add_flag("--forward-prefetch,!--no-forward-prefetch", c.forward_prefetch,
                "gather the next unit while this one computes (default: on)");
-  app.add_option("--backward-prefetch", c.backward_prefetch, "pre, post or none")->capture_default_str();
+  app.add_option("--backward-prefetch", backward_prefetch, "pre, post or none")->capture_default_str();
   bool no_limit = false;
   app.add_flag("--no-limit-all-gathers", no_limit, "let prefetching gather more than two units at once");
 
@@ -73,6 +76,17 @@ int main(int argc, char** argv) {
     if (const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) {
       c.resume = true;
     }
+    // A bad name is an error naming its flag.
+    auto named = [](const char* flag, const auto& parse) {
+      try {
+        return parse();
+      } catch (const fsdp::ConfigError& e) {
+        throw fsdp::ConfigError(std::string(flag) + ": " + e.what());
+      }
+    };
+    c.state_dict_type = named("--state-dict-type", [&] { return fsdp::parse_checkpoint_format(state_dict_type); });
+    c.sharding_strategy = named("--sharding-strategy", [&] { return fsdp::parse_sharding_strategy(sharding); });
+    c.backward_prefetch = named("--backward-prefetch", [&] { return fsdp::parse_backward_prefetch(backward_prefetch); });
     c.limit_all_gathers = !no_limit;
     c.empty_init = !eager_init;
     c.model = fsdp::train::preset(c.preset);

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <functional>
 #include <map>
@@ -52,6 +53,13 @@ class Optimizer;
 namespace fsdp {
 
 enum class CheckpointFormat { kFull, kSharded };
+
+// "full", "sharded" (Lightning's state_dict_type names).
+const char* to_string(CheckpointFormat format);
+// Parses those names (case-insensitive). Throws ConfigError "Unknown <what>:
+// <name>" listing them otherwise (`what`: what the name is for, e.g.
+// "state_dict_type" or a command-line option).
+CheckpointFormat parse_checkpoint_format(const std::string& name, const std::string& what = "checkpoint format");
 
 // A user value kept in a checkpoint.
 using CheckpointValue = std::variant<int64_t, double, bool, std::string, at::Tensor>;
@@ -94,17 +102,23 @@ class CheckpointState {
   std::map<std::string, CheckpointValue> values_;
 };
 
+// How save_checkpoint saves, with chainable setters in LibTorch's TORCH_ARG
+// idiom (`name(value)` sets and returns *this, `name()` reads):
+//   fsdp::CheckpointOptions(fsdp::CheckpointFormat::kFull).async_save(true)
 struct CheckpointOptions {
-  CheckpointFormat format = CheckpointFormat::kSharded;
+  /* implicit */ CheckpointOptions(CheckpointFormat format = CheckpointFormat::kSharded) : format_(format) {}
+  // Full (one file) or sharded (a directory, the default).
+  TORCH_ARG(CheckpointFormat, format);
   // Keeps only the keys for which it returns true: (entry name, key in that
-  // entry's state dict; "" for a value). Works for both formats.
-  std::function<bool(const std::string& entry, const std::string& key)> filter;
+  // entry's state dict; "" for a value). Works for both formats. Unset (the
+  // default): every key.
+  TORCH_ARG(std::function<bool(const std::string& entry, const std::string& key)>, filter);
   // Stage the state in memory (sharded: each rank's pieces; full: rank 0's
   // gathered copy of everything) and write it in the background while
   // training goes on. The save commits at wait_for_checkpoint (which the
   // next save or load calls); until then the previous checkpoint at the
-  // path is the one that loads.
-  bool async_save = false;
+  // path is the one that loads. Default false.
+  TORCH_ARG(bool, async_save) = false;
 };
 
 // [collective over `group` (the whole world): every rank calls it with the

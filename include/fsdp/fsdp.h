@@ -45,6 +45,7 @@
 // of it (NO_SHARD: the whole parameter).
 #pragma once
 
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -126,42 +127,61 @@ enum class BackwardPrefetch {
   kBackwardPost,  // when the current unit's gradients are ready, before its reduce-scatter
 };
 
+// "NONE", "BACKWARD_PRE", "BACKWARD_POST" (PyTorch's names).
+const char* to_string(BackwardPrefetch when);
+// Parses those names, or the command line's short ones "none", "pre",
+// "post" (case-insensitive, '-' or '_'); ConfigError listing them otherwise.
+BackwardPrefetch parse_backward_prefetch(const std::string& name);
+
+// PyTorch's FSDP constructor arguments, with chainable setters in LibTorch's
+// TORCH_ARG idiom: `name(value)` sets and returns *this, `name()` reads.
+//   auto o = fsdp::FSDPOptions().process_group(world).use_orig_params(true)
+//                .auto_wrap_policy(fsdp::transformer_auto_wrap_policy<BlockImpl>());
+// Plain values: copying costs the fields' copies (shared pointers, functions).
 struct FSDPOptions {
   // The ranks that share the model (all of them, usually). Required, except
-  // for kHybridShard with a device_mesh.
-  dist::ProcessGroupPtr process_group;
-  ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
+  // for kHybridShard with a device_mesh. Default: none.
+  TORCH_ARG(dist::ProcessGroupPtr, process_group);
+  // How parameters, gradients and optimizer state are sharded. Default kFullShard.
+  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
   // kHybridShard: shard inside mesh.shard_group, replicate across
   // mesh.replicate_group. Alternatively give process_group and
-  // hybrid_shard_size: the mesh is made from it (a collective).
-  std::optional<dist::DeviceMesh> device_mesh;
-  int hybrid_shard_size = 0;
-  // Which submodules become units of their own (empty: none).
-  AutoWrapPolicy auto_wrap_policy;
+  // hybrid_shard_size: the mesh is made from it (a collective). Default:
+  // none, and hybrid_shard_size 0.
+  TORCH_ARG(std::optional<dist::DeviceMesh>, device_mesh);
+  TORCH_ARG(int, hybrid_shard_size) = 0;
+  // Which submodules become units of their own (empty, the default: none).
+  TORCH_ARG(AutoWrapPolicy, auto_wrap_policy);
   // Modules whose parameters stay whole and unsharded on every rank, outside
   // every unit (their gradients are not reduced either, as in PyTorch).
-  std::vector<std::shared_ptr<torch::nn::Module>> ignored_modules;
-  // false: expose one flat parameter per unit; true: the original parameters.
-  bool use_orig_params = false;
+  // Default: none.
+  TORCH_ARG(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules);
+  // false (the default): expose one flat parameter per unit; true: the
+  // original parameters.
+  TORCH_ARG(bool, use_orig_params) = false;
   // PyTorch's device_id: the module (parameters and buffers, ignored modules
-  // too) is moved to this device before it is sharded. Unset: it stays where
-  // it is, and every parameter must already be on the process group's device
-  // type (CPU for Gloo, CUDA for NCCL), else wrapping throws ConfigError.
-  std::optional<at::Device> device_id;
-  // Broadcast rank 0's parameters and buffers at construction.
-  bool sync_module_states = false;
-  MixedPrecision mixed_precision;
-  CPUOffload cpu_offload;
+  // too) is moved to this device before it is sharded. Unset (the default):
+  // it stays where it is, and every parameter must already be on the
+  // process group's device type (CPU for Gloo, CUDA for NCCL), else wrapping
+  // throws ConfigError.
+  TORCH_ARG(std::optional<at::Device>, device_id);
+  // Broadcast rank 0's parameters and buffers at construction. Default false.
+  TORCH_ARG(bool, sync_module_states) = false;
+  // Default: no dtype set (everything in the parameters' dtype).
+  TORCH_ARG(MixedPrecision, mixed_precision);
+  // Default: offload_params false.
+  TORCH_ARG(CPUOffload, cpu_offload);
   // Start the next unit's all-gather (in the order of the previous
   // iteration) when a unit's forward starts, so it overlaps this compute.
   // On by default here (PyTorch's default is off): measured to cut the time
   // forward waits for all-gathers by a third to a half at 100 M parameters,
   // at no memory cost under limit_all_gathers (docs/performance.md).
-  bool forward_prefetch = true;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  TORCH_ARG(bool, forward_prefetch) = true;
+  // Default kBackwardPre.
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBackwardPre;
   // Prefetch only while fewer than two units (besides the root) hold full
-  // parameters, bounding memory.
-  bool limit_all_gathers = true;
+  // parameters, bounding memory. Default true.
+  TORCH_ARG(bool, limit_all_gathers) = true;
   // Gradient reductions run while backward goes on: a unit's reduce-scatter
   // (NO_SHARD: all-reduce; HYBRID_SHARD: reduce-scatter, then the replicate
   // all-reduce) is issued as soon as its gradients are ready and completed
@@ -172,8 +192,9 @@ struct FSDPOptions {
   // most this many in flight.)
   // The optimizer only ever sees reduced gradients. Each reduction in flight
   // holds one unit-sized full-gradient buffer. 0: every reduction is waited
-  // where it is issued (no overlap, least memory).
-  int max_reductions_in_flight = 2;
+  // where it is issued (no overlap, least memory). Default 2; negative is a
+  // ConfigError at wrapping.
+  TORCH_ARG(int, max_reductions_in_flight) = 2;
 };
 
 // EMPTY INIT (Lightning's module_init_context(empty_init=True)). While an
@@ -383,6 +404,10 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
 // "The optimizer does not seem to reference any FSDP parameters. HINT: Make
 // sure to create the optimizer after setting up the model." (Lightning's words).
 void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer);
+// [local] The same for several models: `optimizer` must step parameters of
+// at least one of them (ConfigError as above otherwise, also for no models).
+void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                     const torch::optim::Optimizer& optimizer);
 
 // [local] Bytes this rank holds right now for the model's FSDP units (padding included).
 struct MemoryStats {

@@ -6,7 +6,7 @@
 //   auto strategy = fsdp::FSDPStrategy(fsdp::FSDPStrategyOptions()
 //                                          .auto_wrap_module_types<BlockImpl>()
 //                                          .precision("bf16-mixed")
-//                                          .state_dict_type("sharded"));
+//                                          .state_dict_type(fsdp::CheckpointFormat::kSharded));
 //   strategy.setup_environment();                       // [collective] process group from fsdp-run's env
 //   auto model = strategy.setup_module(std::make_shared<NetImpl>());
 //   torch::optim::AdamW opt(model->parameters(), ...);
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <c10/util/typeid.h>
+#include <torch/arg.h>
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_io.h"
@@ -78,63 +79,116 @@ class ShardedGradScaler {
   bool unscaled_ = false, found_inf_ = false;
 };
 
-// The options, with chainable setters (Lightning's constructor arguments).
+// FSDPStrategyOptions::NAME(value) sets fsdp().NAME and returns the
+// strategy's options; NAME() reads fsdp().NAME (Lightning passes these
+// arguments through to FSDP).
+#define FSDP_STRATEGY_PASS_THROUGH(T, name)           \
+ public:                                              \
+  FSDPStrategyOptions& name(T value) {                \
+    fsdp_.name(std::move(value));                     \
+    return *this;                                     \
+  }                                                   \
+  const T& name() const noexcept { return fsdp_.name(); }
+
+// Lightning's FSDPStrategy constructor arguments, with chainable setters in
+// LibTorch's TORCH_ARG idiom (`name(value)` sets and returns *this, `name()`
+// reads). Plain values; setting one is local and cheap (precision and the
+// string overloads parse their name at once: ConfigError for an unknown one).
 class FSDPStrategyOptions {
  public:
+  FSDPStrategyOptions() { fsdp_.use_orig_params(true); }
+
+  // The FSDP options the model is wrapped with (FSDPOptions's defaults,
+  // except use_orig_params = true, Lightning's). The strategy completes
+  // them at setup_module: process_group unset means the world group (with
+  // device_mesh below: the mesh's groups instead); HYBRID_SHARD without a
+  // mesh shards within a node (hybrid_shard_size = LOCAL_WORLD_SIZE when it
+  // divides the group); device_id unset means the group's CUDA device under
+  // NCCL; mixed_precision is replaced by the one mixed_precision() or
+  // precision() below gives, if any.
+  TORCH_ARG(FSDPOptions, fsdp);
+
+  // Pass-through FSDP options (see FSDPOptions; Lightning's arguments of
+  // the same names).
+  FSDP_STRATEGY_PASS_THROUGH(ShardingStrategy, sharding_strategy)
+  // Parses `name` as parse_sharding_strategy does (case-insensitive).
+  FSDPStrategyOptions& sharding_strategy(const std::string& name);
+  FSDP_STRATEGY_PASS_THROUGH(CPUOffload, cpu_offload)
+  // Lightning's cpu_offload=True / False.
   FSDPStrategyOptions& cpu_offload(bool on);
-  FSDPStrategyOptions& cpu_offload(CPUOffload config);
-  // An explicit MixedPrecision wins over the precision name's.
-  FSDPStrategyOptions& mixed_precision(MixedPrecision config);
-  FSDPStrategyOptions& precision(const std::string& name);
-  FSDPStrategyOptions& auto_wrap_policy(AutoWrapPolicy policy);
+  FSDP_STRATEGY_PASS_THROUGH(AutoWrapPolicy, auto_wrap_policy)
+  // Lightning's auto_wrap_policy={Block, ...}: wrap every module of these types.
   template <class... ModuleImpls>
   FSDPStrategyOptions& auto_wrap_module_types() {
     return auto_wrap_policy(transformer_auto_wrap_policy<ModuleImpls...>());
   }
-  FSDPStrategyOptions& activation_checkpointing_policy(CheckpointCheck policy);
+  // FSDP's process_group: the ranks that shard the model (default: the world).
+  FSDP_STRATEGY_PASS_THROUGH(dist::ProcessGroupPtr, process_group)
+  FSDP_STRATEGY_PASS_THROUGH(bool, use_orig_params)
+  FSDP_STRATEGY_PASS_THROUGH(bool, forward_prefetch)
+  FSDP_STRATEGY_PASS_THROUGH(BackwardPrefetch, backward_prefetch)
+  FSDP_STRATEGY_PASS_THROUGH(bool, limit_all_gathers)
+  FSDP_STRATEGY_PASS_THROUGH(bool, sync_module_states)
+  FSDP_STRATEGY_PASS_THROUGH(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules)
+
+ public:
+  // Lightning's precision name ("32-true" by default; see parse_precision,
+  // which checks it here).
+  FSDPStrategyOptions& precision(const std::string& name);
+  const std::string& precision() const noexcept { return precision_; }
+  // An explicit MixedPrecision wins over the precision name's (unset by default).
+  TORCH_ARG(std::optional<MixedPrecision>, mixed_precision);
+  // Which modules run under activation checkpointing (none by default).
+  TORCH_ARG(CheckpointCheck, activation_checkpointing_policy);
+
+ public:
+  // Lightning's activation_checkpointing_policy={Block, ...}.
   template <class... ModuleImpls>
   FSDPStrategyOptions& activation_checkpointing_module_types() {
     return activation_checkpointing_policy(checkpoint_module_types<ModuleImpls...>());
   }
   // Deprecated (as in Lightning): use activation_checkpointing_policy.
-  FSDPStrategyOptions& activation_checkpointing(CheckpointCheck policy);
-  FSDPStrategyOptions& sharding_strategy(ShardingStrategy strategy);
-  FSDPStrategyOptions& sharding_strategy(const std::string& name);  // case-insensitive
-  FSDPStrategyOptions& state_dict_type(const std::string& type);   // "full" or "sharded" (default)
-  FSDPStrategyOptions& device_mesh(int replicate, int shard);       // HYBRID_SHARD; product = world size
-  FSDPStrategyOptions& timeout(std::chrono::milliseconds timeout);
-  FSDPStrategyOptions& process_group_backend(const std::string& backend);  // "gloo", "nccl"
-  // FSDP's process_group: the ranks that shard the model (default: the world).
-  FSDPStrategyOptions& process_group(dist::ProcessGroupPtr group);
+  TORCH_ARG(CheckpointCheck, activation_checkpointing);
+  // The format save_checkpoint writes: Lightning's state_dict_type, "full"
+  // (one file) or "sharded" (a directory, the default). A CheckpointFormat
+  // (fsdp/checkpoint_io.h), not an fsdp::StateDictType: the setting decides
+  // the checkpoint's form on disk, and StateDictType::kLocal has none.
+  TORCH_ARG(CheckpointFormat, state_dict_type) = CheckpointFormat::kSharded;
+
+ public:
+  // Lightning's string form: parses "full" / "sharded" (parse_checkpoint_format).
+  FSDPStrategyOptions& state_dict_type(const std::string& name);
+
+ public:
+  // HYBRID_SHARD: a (replicate, shard) mesh; the product must be the world
+  // size (checked at setup_environment). Unset by default.
+  FSDPStrategyOptions& device_mesh(int replicate, int shard);
+  const std::optional<std::pair<int, int>>& device_mesh() const noexcept { return device_mesh_; }
+  // The collectives' timeout; unset (the default): the environment's
+  // (FSDP_TIMEOUT_S) or dist::kDefaultTimeout.
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout);
+  // The backend setup_environment joins with; unset (the default): the
+  // environment's (FSDP_BACKEND, else kAuto).
+  TORCH_ARG(std::optional<dist::Backend>, process_group_backend);
+
+ public:
+  // Lightning's string form: parses "auto", "gloo", "nccl" (dist::parse_backend).
+  FSDPStrategyOptions& process_group_backend(const std::string& name);
+
+ public:
   // The world group to use instead of joining one from the environment in
-  // setup_environment (ranks as threads, or a group made elsewhere).
-  FSDPStrategyOptions& world(dist::ProcessGroupPtr group);
-  // Pass-through FSDP options (use_orig_params defaults to true, as in Lightning).
-  FSDPStrategyOptions& use_orig_params(bool on);
-  FSDPStrategyOptions& forward_prefetch(bool on);
-  FSDPStrategyOptions& backward_prefetch(BackwardPrefetch when);
-  FSDPStrategyOptions& limit_all_gathers(bool on);
-  FSDPStrategyOptions& sync_module_states(bool on);
-  FSDPStrategyOptions& ignored_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules);
-  FSDPStrategyOptions& seed(uint64_t seed);  // set on every rank at setup_environment (default 0)
+  // setup_environment (ranks as threads, or a group made elsewhere). Unset
+  // by default.
+  TORCH_ARG(dist::ProcessGroupPtr, world);
+  // Set on every rank at setup_environment (default 0).
+  TORCH_ARG(uint64_t, seed) = 0;
 
  private:
-  friend class FSDPStrategy;
-  CPUOffload cpu_offload_;
-  std::optional<MixedPrecision> mixed_precision_;
   std::string precision_ = "32-true";
-  AutoWrapPolicy auto_wrap_policy_;
-  CheckpointCheck ac_policy_, ac_deprecated_;
-  ShardingStrategy sharding_strategy_ = ShardingStrategy::kFullShard;
-  std::string state_dict_type_ = "sharded";
   std::optional<std::pair<int, int>> device_mesh_;
-  std::optional<std::chrono::milliseconds> timeout_;  // unset: the environment's (FSDP_TIMEOUT_S) or the default
-  std::string backend_;
-  dist::ProcessGroupPtr process_group_, world_;
-  FSDPOptions fsdp_;
-  uint64_t seed_ = 0;
-  bool use_orig_params_ = true;
 };
+
+#undef FSDP_STRATEGY_PASS_THROUGH
 
 // What FSDPStrategy::module_init_context returns: while it lives, modules
 // built on this thread are deferred (empty_init, see EmptyInitGuard) and,
@@ -157,9 +211,11 @@ class ModuleInitContext {
 
 class FSDPStrategy {
  public:
-  // Validates the options (ConfigError with the seed's messages: hybrid
+  // Validates the options (ConfigError with Lightning's messages: hybrid
   // sharding without a policy, group or mesh; process_group with
-  // device_mesh; both checkpointing options; an unknown state dict type).
+  // device_mesh; a mesh without HYBRID_SHARD; both checkpointing options).
+  // Unknown names (precision, state_dict_type, backend, sharding strategy)
+  // are refused earlier, by the options' setters.
   explicit FSDPStrategy(FSDPStrategyOptions options = {});
 
   // [collective] Joins the job described by the environment (fsdp-run /
@@ -188,14 +244,14 @@ class FSDPStrategy {
   };
   SamplerArgs distributed_sampler_kwargs() const;
   const PrecisionConfig& precision() const { return precision_; }
-  const std::string& state_dict_type() const { return options_.state_dict_type_; }
+  CheckpointFormat state_dict_type() const { return options_.state_dict_type(); }
   // The effective FSDP settings, as Lightning's attributes of the same names:
   // the sharding strategy, the MixedPrecision the model is wrapped with (an
   // explicit mixed_precision, else the precision name's; none for "-true"
   // and "32"), and the CPU offload.
-  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy_; }
+  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy(); }
   std::optional<MixedPrecision> mixed_precision_config() const;
-  CPUOffload cpu_offload() const { return options_.cpu_offload_; }
+  CPUOffload cpu_offload() const { return options_.cpu_offload(); }
   // Lightning's module_sharded_context: the FSDP options this strategy wraps
   // with (sharding strategy, mixed precision, CPU offload, groups, device,
   // pass-through options), without its auto-wrap policy, for wrapping
@@ -246,9 +302,10 @@ class FSDPStrategy {
   Unit<ModuleImpl> setup_module(const torch::nn::ModuleHolder<ModuleImpl>& module) {
     return setup_module(module.ptr());
   }
-  // [local] Checks that `optimizer` steps the wrapped model's parameters
-  // (with use_orig_params=false: Lightning's "does not seem to reference any
-  // FSDP parameters" error).
+  // [local] With use_orig_params=false, checks that `optimizer` steps the
+  // parameters of a model this strategy set up (fsdp::check_optimizer:
+  // Lightning's "does not seem to reference any FSDP parameters" error);
+  // with use_orig_params=true it checks nothing, as Lightning.
   void setup_optimizer(const torch::optim::Optimizer& optimizer) const;
   // Lightning's joint setup: the optimizers must have been built on the
   // model's parameters and use_orig_params must be true (its error otherwise).
@@ -262,8 +319,12 @@ class FSDPStrategy {
   }
 
   // Collectives over the whole world, for the training loop.
-  // [collective] Reduces in place and returns `tensor`; op: "mean" (default), "sum", "max".
-  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op = "mean") const;
+  // [collective] Reduces `tensor` in place over the world and returns it
+  // (default: the mean, dist::ReduceOp::kAvg).
+  at::Tensor all_reduce(const at::Tensor& tensor, dist::ReduceOp op = dist::ReduceOp::kAvg) const;
+  // Lightning's reduce_op string: "mean" (or "avg"), "sum", "max", parsed by
+  // dist::parse_reduce_op (ConfigError listing them for another name).
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op) const;
   void barrier() const;  // [collective]
   // [collective] Rank `src`'s bytes / string / value on every rank.
   std::string broadcast(const std::string& data, int src = 0) const;
@@ -308,8 +369,8 @@ class FSDPStrategy {
   // error if the root is not FSDP-wrapped.
   std::unique_ptr<NoSync> no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const;
 
-  // [collective] Checkpoints in the options' state_dict_type ("full" or
-  // "sharded"); see fsdp/checkpoint_io.h. Errors as Lightning's.
+  // [collective] Checkpoints in the options' state_dict_type (kFull: one
+  // file, kSharded: a directory); see fsdp/checkpoint_io.h. Errors as Lightning's.
   void save_checkpoint(const std::string& path, const CheckpointState& state,
                        std::function<bool(const std::string&, const std::string&)> filter = nullptr) const;
   std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
@@ -341,6 +402,8 @@ class FSDPStrategy {
   PrecisionConfig precision_;
   dist::ProcessGroupPtr group_;
   std::optional<dist::DeviceMesh> mesh_;
+  // The models setup_module set up, for setup_optimizer (not kept alive).
+  std::vector<std::weak_ptr<torch::nn::Module>> models_;
   std::shared_ptr<ShardedGradScaler> scaler_;
 };
 

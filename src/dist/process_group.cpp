@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cstdlib>
 #include <functional>
@@ -182,6 +183,25 @@ Backend resolve_backend(Backend requested) {
 }
 
 }  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(const std::string& name, const std::string& what) {
+  std::string n;
+  for (char c : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (n == "mean") return ReduceOp::kAvg;
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    if (n == to_string(op)) return op;
+  }
+  throw ConfigError(what + ": reduce op '" + name + "' is unknown: expected one of sum, avg (or mean), max");
+}
 
 ChunkRange chunk_range(int64_t numel, int world, int rank) {
   check(world >= 1 && rank >= 0 && rank < world && numel >= 0,

@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +44,19 @@ using detail::capture;
 using detail::Failure;
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
+
+const char* to_string(CheckpointFormat format) {
+  return format == CheckpointFormat::kFull ? "full" : "sharded";
+}
+
+CheckpointFormat parse_checkpoint_format(const std::string& name, const std::string& what) {
+  std::string n;
+  for (char c : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto f : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
+    if (n == to_string(f)) return f;
+  }
+  throw ConfigError("Unknown " + what + ": " + name + " (expected one of \"full\", \"sharded\")");
+}
 
 // ---------------------------------------------------------------------------
 // CheckpointState.
@@ -119,7 +133,7 @@ std::pair<std::string, std::shared_ptr<torch::nn::Module>> the_fsdp_model(const 
 }
 
 bool keep(const CheckpointOptions& o, const std::string& entry, const std::string& key) {
-  return !o.filter || o.filter(entry, key);
+  return !o.filter() || o.filter()(entry, key);
 }
 
 std::string json_number(double v) {
@@ -318,7 +332,7 @@ void save_full(const std::string& path, const CheckpointState& state,
   auto finish_on_all = [path, &group](const Failure& error) {
     detail::agree_from(group, 0, error, "save_checkpoint: saving " + path + " failed: ");  // [collective]
   };
-  if (options.async_save) {
+  if (options.async_save()) {
     // Rank 0 keeps a copy of the gathered state and writes it in the background.
     auto staged = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
     auto entries = std::make_shared<std::vector<ck::EntryRecord>>();
@@ -836,11 +850,11 @@ void save_checkpoint(const std::string& path, const CheckpointState& state, dist
     for (const auto& e : fs::directory_iterator(parent, ec)) {
       if (e.path().filename().string().rfind(stale, 0) == 0) fs::remove_all(e.path(), ec);
     }
-    const bool full = options.format == CheckpointFormat::kFull;
+    const bool full = options.format() == CheckpointFormat::kFull;
     if (full ? is_sharded_checkpoint(path) : (fs::exists(path, ec) && !fs::is_directory(path, ec))) other = "1";
   }
   if (!group.broadcast_bytes(other, 0).empty()) {  // [collective]
-    if (options.async_save) {
+    if (options.async_save()) {
       throw ConfigError("save_checkpoint: " + path + " holds a checkpoint of the other format; replacing it is done "
                         "synchronously: save with async_save=false (or to another path)");
     }
@@ -858,12 +872,12 @@ void save_checkpoint(const std::string& path, const CheckpointState& state, dist
     agree(group, error, "save_checkpoint: replacing " + path);
     return;
   }
-  if (options.format == CheckpointFormat::kFull) {
+  if (options.format() == CheckpointFormat::kFull) {
     save_full(path, state, model, group, options);
     return;
   }
-  auto job = std::make_shared<ShardedJob>(stage_sharded(path, state, model, group, options, options.async_save));
-  if (!options.async_save) {
+  auto job = std::make_shared<ShardedJob>(stage_sharded(path, state, model, group, options, options.async_save()));
+  if (!options.async_save()) {
     commit_sharded(*job, write_sharded(*job), group);
     return;
   }

@@ -118,128 +118,51 @@ void ShardedGradScaler::update() {
 // ---------------------------------------------------------------------------
 // Options.
 
-FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(bool on) {
-  cpu_offload_.offload_params = on;
-  return *this;
+FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(const std::string& name) {
+  return sharding_strategy(parse_sharding_strategy(name));
 }
-FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(CPUOffload config) {
-  cpu_offload_ = config;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::mixed_precision(MixedPrecision config) {
-  mixed_precision_ = config;
-  return *this;
-}
+FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(bool on) { return cpu_offload(CPUOffload{on}); }
 FSDPStrategyOptions& FSDPStrategyOptions::precision(const std::string& name) {
   parse_precision(name);  // fails early for unknown names
   precision_ = name;
   return *this;
 }
-FSDPStrategyOptions& FSDPStrategyOptions::auto_wrap_policy(AutoWrapPolicy policy) {
-  auto_wrap_policy_ = std::move(policy);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::activation_checkpointing_policy(CheckpointCheck policy) {
-  ac_policy_ = std::move(policy);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::activation_checkpointing(CheckpointCheck policy) {
-  ac_deprecated_ = std::move(policy);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(ShardingStrategy strategy) {
-  sharding_strategy_ = strategy;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(const std::string& name) {
-  sharding_strategy_ = parse_sharding_strategy(name);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::state_dict_type(const std::string& type) {
-  state_dict_type_ = type;
-  return *this;
+FSDPStrategyOptions& FSDPStrategyOptions::state_dict_type(const std::string& name) {
+  return state_dict_type(parse_checkpoint_format(name, "state_dict_type"));
 }
 FSDPStrategyOptions& FSDPStrategyOptions::device_mesh(int replicate, int shard) {
   device_mesh_ = std::make_pair(replicate, shard);
   return *this;
 }
-FSDPStrategyOptions& FSDPStrategyOptions::timeout(std::chrono::milliseconds timeout) {
-  timeout_ = timeout;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::process_group_backend(const std::string& backend) {
-  backend_ = backend;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::process_group(dist::ProcessGroupPtr group) {
-  process_group_ = std::move(group);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::world(dist::ProcessGroupPtr group) {
-  world_ = std::move(group);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::use_orig_params(bool on) {
-  use_orig_params_ = on;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::forward_prefetch(bool on) {
-  fsdp_.forward_prefetch = on;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::backward_prefetch(BackwardPrefetch when) {
-  fsdp_.backward_prefetch = when;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::limit_all_gathers(bool on) {
-  fsdp_.limit_all_gathers = on;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::sync_module_states(bool on) {
-  fsdp_.sync_module_states = on;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::ignored_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules) {
-  fsdp_.ignored_modules = std::move(modules);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::seed(uint64_t seed) {
-  seed_ = seed;
-  return *this;
+FSDPStrategyOptions& FSDPStrategyOptions::process_group_backend(const std::string& name) {
+  return process_group_backend(dist::parse_backend(name, "process_group_backend"));
 }
 
 // ---------------------------------------------------------------------------
 // The strategy.
 
 FSDPStrategy::FSDPStrategy(FSDPStrategyOptions options) : options_(std::move(options)) {
-  precision_ = parse_precision(options_.precision_);
-  if (options_.process_group_ && options_.device_mesh_) {
+  precision_ = parse_precision(options_.precision());
+  if (options_.process_group() && options_.device_mesh()) {
     throw ConfigError("The arguments `FSDPStrategy(process_group=..., device_mesh=...)` are mutually exclusive."
                       "Pass only one of them.");
   }
-  if (options_.sharding_strategy_ == ShardingStrategy::kHybridShard && !options_.auto_wrap_policy_ &&
-      !options_.process_group_ && !options_.device_mesh_) {
+  if (options_.sharding_strategy() == ShardingStrategy::kHybridShard && !options_.auto_wrap_policy() &&
+      !options_.process_group() && !options_.device_mesh()) {
     throw ConfigError("The hybrid sharding strategy requires you to pass at least one of the parameters: "
                       "`auto_wrap_policy`, `process_group` tuple, or `device_mesh`.");
   }
-  if (options_.device_mesh_ && options_.sharding_strategy_ != ShardingStrategy::kHybridShard) {
-    throw ConfigError("FSDPStrategy: device_mesh (" + std::to_string(options_.device_mesh_->first) + ", " +
-                      std::to_string(options_.device_mesh_->second) +
+  if (options_.device_mesh() && options_.sharding_strategy() != ShardingStrategy::kHybridShard) {
+    throw ConfigError("FSDPStrategy: device_mesh (" + std::to_string(options_.device_mesh()->first) + ", " +
+                      std::to_string(options_.device_mesh()->second) +
                       ") is only valid with the HYBRID_SHARD sharding strategy, not " +
-                      to_string(options_.sharding_strategy_));
+                      to_string(options_.sharding_strategy()));
   }
-  if (options_.ac_policy_ && options_.ac_deprecated_) {
+  if (options_.activation_checkpointing_policy() && options_.activation_checkpointing()) {
     throw ConfigError("You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the "
                       "latter.");
   }
-  if (options_.state_dict_type_ != "full" && options_.state_dict_type_ != "sharded") {
-    throw ConfigError("Unknown state_dict_type: " + options_.state_dict_type_ + " (expected \"full\" or \"sharded\")");
-  }
-  if (!options_.backend_.empty() && options_.backend_ != "gloo" && options_.backend_ != "nccl") {
-    throw ConfigError("FSDPStrategy: process_group_backend '" + options_.backend_ +
-                      "' is invalid: expected \"gloo\" or \"nccl\"");
-  }
-  if (options_.ac_deprecated_) {
+  if (options_.activation_checkpointing()) {
     std::cerr << "fsdp: warning: FSDPStrategyOptions::activation_checkpointing is deprecated, use "
                  "activation_checkpointing_policy instead."
               << std::endl;
@@ -247,8 +170,8 @@ FSDPStrategy::FSDPStrategy(FSDPStrategyOptions options) : options_(std::move(opt
 }
 
 void FSDPStrategy::setup_environment() {
-  if (options_.world_) {
-    group_ = options_.world_;
+  if (options_.world()) {
+    group_ = options_.world();
   } else {
     // The world group this process joined from its environment, while any
     // strategy still holds it: a second strategy uses it (as Lightning uses
@@ -267,20 +190,19 @@ void FSDPStrategy::setup_environment() {
       group_ = existing;
     } else {
       dist::InitOptions o = dist::InitOptions::from_env(env);
-      if (options_.timeout_) o.timeout = *options_.timeout_;
-      if (options_.backend_ == "gloo") o.backend = dist::Backend::kGloo;
-      if (options_.backend_ == "nccl") o.backend = dist::Backend::kNccl;
+      if (options_.timeout()) o.timeout = *options_.timeout();
+      if (options_.process_group_backend()) o.backend = *options_.process_group_backend();
       group_ = dist::init_process_group(o);
       joined = group_;
     }
   }
-  torch::manual_seed(options_.seed_);  // the same on every rank
+  torch::manual_seed(options_.seed());  // the same on every rank
   // Ranks that are threads of one process share the generator: no rank
   // returns (and builds its model) while another may still reseed it.
   group_->barrier();
   if (precision_.needs_grad_scaler) scaler_ = std::make_shared<ShardedGradScaler>(group_);
-  if (options_.device_mesh_) {
-    const auto [replicate, shard] = *options_.device_mesh_;
+  if (options_.device_mesh()) {
+    const auto [replicate, shard] = *options_.device_mesh();
     if (replicate * shard != group_->size()) {
       throw ConfigError("FSDPStrategy: device_mesh (" + std::to_string(replicate) + ", " + std::to_string(shard) +
                         ") has " + std::to_string(replicate * shard) + " ranks but the world size is " +
@@ -310,23 +232,15 @@ FSDPStrategy::SamplerArgs FSDPStrategy::distributed_sampler_kwargs() const {
 }
 
 FSDPOptions FSDPStrategy::fsdp_options() const {
-  FSDPOptions o = options_.fsdp_;
-  o.sharding_strategy = options_.sharding_strategy_;
-  o.use_orig_params = options_.use_orig_params_;
-  o.cpu_offload = options_.cpu_offload_;
-  o.auto_wrap_policy = options_.auto_wrap_policy_;
-  if (options_.mixed_precision_) {
-    o.mixed_precision = *options_.mixed_precision_;
-  } else if (precision_.mixed) {
-    o.mixed_precision = *precision_.mixed;
-  }
+  FSDPOptions o = options_.fsdp();
+  if (auto mixed = mixed_precision_config()) o.mixed_precision(*mixed);
   // Lightning's device_id=root_device.index: a CUDA group gets the model on its device.
-  if (!o.device_id && group_ && group_->device().is_cuda()) o.device_id = group_->device();
+  if (!o.device_id() && group_ && group_->device().is_cuda()) o.device_id(group_->device());
   if (mesh_) {
-    o.device_mesh = *mesh_;
+    o.device_mesh(*mesh_);
   } else {
-    o.process_group = options_.process_group_ ? options_.process_group_ : group_;
-    if (o.sharding_strategy == ShardingStrategy::kHybridShard) {
+    if (!o.process_group()) o.process_group(group_);
+    if (o.sharding_strategy() == ShardingStrategy::kHybridShard) {
       // Lightning's default: shard within a node, replicate across nodes.
       int local = 0;
       try {
@@ -335,8 +249,8 @@ FSDPOptions FSDPStrategy::fsdp_options() const {
       } catch (const ConfigError&) {
         // a partial launcher environment: one node
       }
-      const int size = o.process_group->size();
-      o.hybrid_shard_size = local > 0 && size % local == 0 ? local : size;
+      const int size = o.process_group()->size();
+      o.hybrid_shard_size(local > 0 && size % local == 0 ? local : size);
     }
   }
   return o;
@@ -355,7 +269,7 @@ std::optional<FSDPOptions> FSDPStrategy::begin_setup(const std::shared_ptr<torch
   if (precision_.model_dtype) detail::module_to(*module, std::nullopt, *precision_.model_dtype);
   const auto units = fsdp_modules(module);
   if (units.empty()) return fsdp_options();
-  if (options_.auto_wrap_policy_ && is_global_zero()) {
+  if (options_.auto_wrap_policy() && is_global_zero()) {
     std::cerr << "fsdp: warning: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy "
                  "will be ignored."
               << std::endl;
@@ -377,18 +291,18 @@ ModuleInitContext::~ModuleInitContext() {
 
 FSDPOptions FSDPStrategy::module_sharded_options() const {
   require_group("module_sharded_options");
-  FSDPOptions o = fsdp_options();
-  o.auto_wrap_policy = nullptr;
-  return o;
+  return fsdp_options().auto_wrap_policy(nullptr);
 }
 
 std::optional<MixedPrecision> FSDPStrategy::mixed_precision_config() const {
-  if (options_.mixed_precision_) return options_.mixed_precision_;
+  if (options_.mixed_precision()) return options_.mixed_precision();
   return precision_.mixed;
 }
 
 void FSDPStrategy::after_wrap(const std::shared_ptr<torch::nn::Module>& module) {
-  const CheckpointCheck& policy = options_.ac_policy_ ? options_.ac_policy_ : options_.ac_deprecated_;
+  models_.push_back(module);
+  const CheckpointCheck& policy = options_.activation_checkpointing_policy() ? options_.activation_checkpointing_policy()
+                                                                             : options_.activation_checkpointing();
   if (!policy) return;
   for (const auto& m : module->modules(/*include_self=*/true)) {
     if (is_checkpointed(*m)) {
@@ -404,38 +318,30 @@ void FSDPStrategy::after_wrap(const std::shared_ptr<torch::nn::Module>& module) 
 }
 
 void FSDPStrategy::setup_optimizer(const torch::optim::Optimizer& optimizer) const {
-  if (options_.use_orig_params_) return;  // the optimizer holds the original parameters either way
-  for (const auto& g : optimizer.param_groups()) {
-    for (const auto& p : g.params()) {
-      if (detail::is_flat_param(p)) return;
-    }
+  if (options_.use_orig_params()) return;  // the optimizer holds the original parameters either way
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (const auto& m : models_) {
+    if (auto model = m.lock()) models.push_back(std::move(model));
   }
-  throw ConfigError("The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the "
-                    "optimizer after setting up the model.");
+  check_optimizer(models, optimizer);
 }
 
 void FSDPStrategy::check_joint_setup() const {
-  if (!options_.use_orig_params_) {
+  if (!options_.use_orig_params()) {
     throw ConfigError("You set `FSDPStrategy(use_orig_params=False)` but this is not supported when setting the model "
                       "and optimizer up jointly. Either set it to `True` or set the objects up in this order: Create "
                       "the model, call `setup_module`, create the optimizer, call `setup_optimizer`.");
   }
 }
 
-at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, const std::string& op) const {
+at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, dist::ReduceOp op) const {
   require_group("all_reduce");
-  dist::ReduceOp r;
-  if (op == "mean" || op == "avg") {
-    r = dist::ReduceOp::kAvg;
-  } else if (op == "sum") {
-    r = dist::ReduceOp::kSum;
-  } else if (op == "max") {
-    r = dist::ReduceOp::kMax;
-  } else {
-    throw ConfigError("FSDPStrategy::all_reduce: reduce op '" + op + "' is unknown: expected \"mean\", \"sum\" or \"max\"");
-  }
-  group_->all_reduce(tensor, r).wait();
+  group_->all_reduce(tensor, op).wait();
   return tensor;
+}
+
+at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, const std::string& op) const {
+  return all_reduce(tensor, dist::parse_reduce_op(op, "FSDPStrategy::all_reduce"));
 }
 
 void FSDPStrategy::backward(const at::Tensor& loss) const { (scaler_ ? scaler_->scale(loss) : loss).backward(); }
@@ -517,10 +423,7 @@ std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<tor
 void FSDPStrategy::save_checkpoint(const std::string& path, const CheckpointState& state,
                                    std::function<bool(const std::string&, const std::string&)> filter) const {
   require_group("save_checkpoint");
-  CheckpointOptions o;
-  o.format = options_.state_dict_type_ == "full" ? CheckpointFormat::kFull : CheckpointFormat::kSharded;
-  o.filter = std::move(filter);
-  fsdp::save_checkpoint(path, state, *group_, o);
+  fsdp::save_checkpoint(path, state, *group_, CheckpointOptions(options_.state_dict_type()).filter(std::move(filter)));
 }
 
 std::map<std::string, CheckpointValue> FSDPStrategy::load_checkpoint(const std::string& path, CheckpointState& state,

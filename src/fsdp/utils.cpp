@@ -101,12 +101,19 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
 }
 
 void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer) {
+  check_optimizer(std::vector<std::shared_ptr<torch::nn::Module>>{model}, optimizer);
+}
+
+void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                     const torch::optim::Optimizer& optimizer) {
   std::unordered_set<const c10::TensorImpl*> fsdp_params;
-  for (auto& u : detail::units_of(model)) {
-    if (u->config().use_orig_params) {
-      for (const auto& p : u->params()) fsdp_params.insert(p.param.unsafeGetTensorImpl());
-    } else {
-      fsdp_params.insert(u->flat_shard().unsafeGetTensorImpl());
+  for (const auto& model : models) {
+    for (auto& u : detail::units_of(model)) {
+      if (u->config().use_orig_params) {
+        for (const auto& p : u->params()) fsdp_params.insert(p.param.unsafeGetTensorImpl());
+      } else {
+        fsdp_params.insert(u->flat_shard().unsafeGetTensorImpl());
+      }
     }
   }
   for (const auto& group : optimizer.param_groups()) {

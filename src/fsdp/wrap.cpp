@@ -27,15 +27,42 @@ const char* to_string(ShardingStrategy s) {
   return "?";
 }
 
-ShardingStrategy parse_sharding_strategy(const std::string& name) {
+namespace {
+// `name` in upper case, '-' as '_': the form the tables below compare.
+std::string canonical_name(const std::string& name) {
   std::string n;
   for (char c : name) n += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return n;
+}
+}  // namespace
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  const std::string n = canonical_name(name);
   for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
                  ShardingStrategy::kHybridShard}) {
     if (n == to_string(s)) return s;
   }
   throw ConfigError("sharding strategy '" + name +
                     "' is unknown: expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+}
+
+const char* to_string(BackwardPrefetch when) {
+  switch (when) {
+    case BackwardPrefetch::kNone: return "NONE";
+    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
+    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
+  }
+  return "?";
+}
+
+BackwardPrefetch parse_backward_prefetch(const std::string& name) {
+  const std::string n = canonical_name(name);
+  for (auto w : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
+    // The command line's short names: the part after "BACKWARD_".
+    if (n == to_string(w) || "BACKWARD_" + n == to_string(w)) return w;
+  }
+  throw ConfigError("backward prefetch '" + name +
+                    "' is unknown: expected one of BACKWARD_PRE (or pre), BACKWARD_POST (or post), NONE (or none)");
 }
 
 AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
@@ -150,10 +177,10 @@ void broadcast_from_rank0(const WrapContext& ctx, const std::vector<at::Tensor>&
 // Makes `m` a unit owning what no nested unit owns.
 std::shared_ptr<UnitState> make_unit(const WrapContext& ctx, torch::nn::Module& m) {
   // Deferred modules of this unit (EmptyInitGuard) get their values now.
-  auto fresh = materialize_deferred(m, ctx.options.device_id, [&](const torch::nn::Module& x) {
+  auto fresh = materialize_deferred(m, ctx.options.device_id(), [&](const torch::nn::Module& x) {
     return &x != &m && (is_unit(&x) || ignored(ctx, &x));
   });
-  if (ctx.options.sync_module_states && !fresh.empty()) broadcast_from_rank0(ctx, fresh);
+  if (ctx.options.sync_module_states() && !fresh.empty()) broadcast_from_rank0(ctx, fresh);
   std::vector<ParamInfo> params;
   collect_params(ctx, m, "", params);
   if (!ctx.config.use_orig_params && !params.empty()) {
@@ -218,7 +245,7 @@ int64_t recursive_wrap(WrapContext& ctx, torch::nn::Module* parent, torch::nn::M
   for (auto& p : m.named_parameters(/*recurse=*/false)) {
     if (!ctx.ignored_params.count(p.value().unsafeGetTensorImpl())) unwrapped += p.value().numel();
   }
-  if (!is_root && ctx.options.auto_wrap_policy(m, path, unwrapped)) {
+  if (!is_root && ctx.options.auto_wrap_policy()(m, path, unwrapped)) {
     auto slot = interpose(parent, m, path, "FSDP: auto_wrap_policy");
     slot->unit = make_unit(ctx, m);
     return 0;
@@ -237,8 +264,8 @@ void broadcast_from_rank0(const WrapContext& ctx, const std::vector<at::Tensor>&
       if (!c.is_same(t)) t.copy_(c);
     }
   };
-  if (ctx.options.process_group) {
-    broadcast_all(ctx.options.process_group);
+  if (ctx.options.process_group()) {
+    broadcast_all(ctx.options.process_group());
   } else {  // mesh only: shard group's rank 0, then across replicas
     broadcast_all(ctx.config.shard_group);
     broadcast_all(ctx.config.replicate_group);
@@ -273,7 +300,7 @@ void check_devices(const WrapContext& ctx, torch::nn::Module& module, const FSDP
                         group->name() + "' communicates on " + comm.str() + " (" + dist::backend_name(group->backend()) +
                         "): set FSDPOptions::device_id (e.g. " + comm.str() + ") or move the module there first");
     }
-    if (o.cpu_offload.offload_params && p.device().type() != at::kCPU) {
+    if (o.cpu_offload().offload_params && p.device().type() != at::kCPU) {
       throw ConfigError("FSDP: cpu_offload.offload_params with parameters on " + p.device().str() +
                         " is not implemented yet (parameter '" + item.key() +
                         "'): keep the model on CPU with Gloo, or turn CPU offload off");
@@ -283,46 +310,46 @@ void check_devices(const WrapContext& ctx, torch::nn::Module& module, const FSDP
 
 UnitConfig resolve_groups(const FSDPOptions& o) {
   UnitConfig c;
-  c.strategy = o.sharding_strategy;
-  c.use_orig_params = o.use_orig_params;
+  c.strategy = o.sharding_strategy();
+  c.use_orig_params = o.use_orig_params();
   auto check_float = [](const std::optional<at::ScalarType>& t, const char* what) {
     if (t && !at::isFloatingType(*t)) {
       throw ConfigError(std::string("FSDP: mixed_precision.") + what + "=" + c10::toString(*t) +
                         " is not a floating-point dtype: expected e.g. BFloat16, Half or Float");
     }
   };
-  check_float(o.mixed_precision.param_dtype, "param_dtype");
-  check_float(o.mixed_precision.reduce_dtype, "reduce_dtype");
-  check_float(o.mixed_precision.buffer_dtype, "buffer_dtype");
-  c.param_dtype = o.mixed_precision.param_dtype;
-  c.reduce_dtype = o.mixed_precision.reduce_dtype ? o.mixed_precision.reduce_dtype : o.mixed_precision.param_dtype;
-  c.buffer_dtype = o.mixed_precision.buffer_dtype;
-  c.forward_prefetch = o.forward_prefetch;
-  c.backward_prefetch = o.backward_prefetch;
-  c.limit_all_gathers = o.limit_all_gathers;
-  if (o.max_reductions_in_flight < 0) {
-    throw ConfigError("FSDP: max_reductions_in_flight=" + std::to_string(o.max_reductions_in_flight) +
+  check_float(o.mixed_precision().param_dtype, "param_dtype");
+  check_float(o.mixed_precision().reduce_dtype, "reduce_dtype");
+  check_float(o.mixed_precision().buffer_dtype, "buffer_dtype");
+  c.param_dtype = o.mixed_precision().param_dtype;
+  c.reduce_dtype = o.mixed_precision().reduce_dtype ? o.mixed_precision().reduce_dtype : o.mixed_precision().param_dtype;
+  c.buffer_dtype = o.mixed_precision().buffer_dtype;
+  c.forward_prefetch = o.forward_prefetch();
+  c.backward_prefetch = o.backward_prefetch();
+  c.limit_all_gathers = o.limit_all_gathers();
+  if (o.max_reductions_in_flight() < 0) {
+    throw ConfigError("FSDP: max_reductions_in_flight=" + std::to_string(o.max_reductions_in_flight()) +
                       " is negative: expected 0 (wait for each reduction where it is issued) or more");
   }
-  c.max_reductions_in_flight = o.max_reductions_in_flight;
-  const std::string strategy = to_string(o.sharding_strategy);
-  if (o.process_group && o.device_mesh) {
+  c.max_reductions_in_flight = o.max_reductions_in_flight();
+  const std::string strategy = to_string(o.sharding_strategy());
+  if (o.process_group() && o.device_mesh()) {
     throw ConfigError("FSDP: process_group and device_mesh are mutually exclusive: pass only one of them");
   }
-  if (o.sharding_strategy == ShardingStrategy::kHybridShard) {
-    if (o.device_mesh) {
-      if (!o.device_mesh->shard_group || !o.device_mesh->replicate_group) {
+  if (o.sharding_strategy() == ShardingStrategy::kHybridShard) {
+    if (o.device_mesh()) {
+      if (!o.device_mesh()->shard_group || !o.device_mesh()->replicate_group) {
         throw ConfigError("FSDP: HYBRID_SHARD's device_mesh lacks this rank's shard or replicate group");
       }
-      c.shard_group = o.device_mesh->shard_group;
-      c.replicate_group = o.device_mesh->replicate_group;
-    } else if (o.process_group && o.hybrid_shard_size > 0) {
-      if (o.process_group->size() % o.hybrid_shard_size != 0) {
-        throw ConfigError("FSDP: hybrid_shard_size=" + std::to_string(o.hybrid_shard_size) +
-                          " does not divide the world size " + std::to_string(o.process_group->size()));
+      c.shard_group = o.device_mesh()->shard_group;
+      c.replicate_group = o.device_mesh()->replicate_group;
+    } else if (o.process_group() && o.hybrid_shard_size() > 0) {
+      if (o.process_group()->size() % o.hybrid_shard_size() != 0) {
+        throw ConfigError("FSDP: hybrid_shard_size=" + std::to_string(o.hybrid_shard_size()) +
+                          " does not divide the world size " + std::to_string(o.process_group()->size()));
       }
-      auto mesh = dist::init_device_mesh(o.process_group, o.process_group->size() / o.hybrid_shard_size,
-                                         o.hybrid_shard_size);
+      auto mesh = dist::init_device_mesh(o.process_group(), o.process_group()->size() / o.hybrid_shard_size(),
+                                         o.hybrid_shard_size());
       c.shard_group = mesh.shard_group;
       c.replicate_group = mesh.replicate_group;
     } else {
@@ -332,14 +359,14 @@ UnitConfig resolve_groups(const FSDPOptions& o) {
     }
     return c;
   }
-  if (!o.process_group) {
+  if (!o.process_group()) {
     throw ConfigError("FSDP: options.process_group is null: expected the group of ranks that share the model (" +
                       strategy + ")");
   }
-  if (o.sharding_strategy == ShardingStrategy::kNoShard) {
-    c.replicate_group = o.process_group;
+  if (o.sharding_strategy() == ShardingStrategy::kNoShard) {
+    c.replicate_group = o.process_group();
   } else {
-    c.shard_group = o.process_group;
+    c.shard_group = o.process_group();
   }
   return c;
 }
@@ -404,21 +431,21 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
                       " is already wrapped by FullyShardedDataParallel; wrap each module once");
   }
   WrapContext ctx{options, resolve_groups(options), {}, {}};
-  for (const auto& m : options.ignored_modules) {
+  for (const auto& m : options.ignored_modules()) {
     if (!m) continue;
     for (const auto& sub : m->modules(/*include_self=*/true)) ctx.ignored_modules.insert(sub.get());
     for (const auto& p : m->parameters(/*recurse=*/true)) ctx.ignored_params.insert(p.unsafeGetTensorImpl());
   }
-  if (options.device_id) module_to(*module, options.device_id, std::nullopt);
+  if (options.device_id()) module_to(*module, options.device_id(), std::nullopt);
   check_devices(ctx, *module, options);
-  for (const auto& m : options.ignored_modules) {
-    if (m) materialize_deferred(*m, options.device_id, nullptr);  // ignored modules stay whole
+  for (const auto& m : options.ignored_modules()) {
+    if (m) materialize_deferred(*m, options.device_id(), nullptr);  // ignored modules stay whole
   }
   // Units and checkpointed modules placed in a Sequential before this wrap
   // (the `Sequential(FSDP(lin1), lin2)` pattern) get their stand-ins now.
   interpose_sequential_elements(*module);
-  if (options.sync_module_states) sync_module_states(ctx, *module);
-  if (options.auto_wrap_policy) recursive_wrap(ctx, nullptr, *module, "", /*is_root=*/true);
+  if (options.sync_module_states()) sync_module_states(ctx, *module);
+  if (options.auto_wrap_policy()) recursive_wrap(ctx, nullptr, *module, "", /*is_root=*/true);
   slot->unit = make_unit(ctx, *module);
 }
 

@@ -94,9 +94,6 @@ void validate(const TrainConfig& c) {
   }
   if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
   if (c.eval_every < 0) throw ConfigError("--eval-every must be 0 (never) or positive");
-  if (c.backward_prefetch != "pre" && c.backward_prefetch != "post" && c.backward_prefetch != "none") {
-    throw ConfigError("--backward-prefetch '" + c.backward_prefetch + "' is invalid: expected pre, post or none");
-  }
   if (!c.mesh.empty()) parse_mesh(c.mesh);
   if (c.model.dim % c.model.heads != 0) {
     throw ConfigError("--heads " + std::to_string(c.model.heads) + " does not divide the model width --dim " +
@@ -189,9 +186,7 @@ FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGr
     o.sharding_strategy(ShardingStrategy::kHybridShard).device_mesh(r, sh);
   }
   o.forward_prefetch(c.forward_prefetch).limit_all_gathers(c.limit_all_gathers);
-  o.backward_prefetch(c.backward_prefetch == "pre"    ? BackwardPrefetch::kBackwardPre
-                      : c.backward_prefetch == "post" ? BackwardPrefetch::kBackwardPost
-                                                      : BackwardPrefetch::kNone);
+  o.backward_prefetch(c.backward_prefetch);
   if (world) o.world(world);
   return o;
 }

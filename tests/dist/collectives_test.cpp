@@ -48,7 +48,6 @@ std::vector<ReduceOp> ops_for(at::ScalarType dtype) {
   return {ReduceOp::kSum, ReduceOp::kMax};
 }
 
-const char* op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : op == ReduceOp::kAvg ? "avg" : "max"; }
 
 class Collectives : public ::testing::TestWithParam<std::tuple<int, at::ScalarType>> {};
 
@@ -78,7 +77,7 @@ TEST_P(Collectives, ReduceScatter) {
         at::Tensor out = at::empty({mine.numel}, at::TensorOptions().dtype(dtype));
         pg.reduce_scatter(out, input_of(pg.rank(), n, dtype), op).wait();
         expect_same(out, reference(world, n, dtype, op).narrow(0, mine.offset, mine.numel),
-                    std::string("reduce_scatter ") + op_name(op) + " n=" + std::to_string(n));
+                    std::string("reduce_scatter ") + to_string(op) + " n=" + std::to_string(n));
       }
     }
   });
@@ -91,7 +90,7 @@ TEST_P(Collectives, AllReduce) {
       for (int64_t n : kSizes) {
         at::Tensor t = input_of(pg.rank(), n, dtype, 1);
         pg.all_reduce(t, op).wait();
-        expect_same(t, reference(world, n, dtype, op, 1), std::string("all_reduce ") + op_name(op) + " n=" + std::to_string(n));
+        expect_same(t, reference(world, n, dtype, op, 1), std::string("all_reduce ") + to_string(op) + " n=" + std::to_string(n));
       }
     }
   });

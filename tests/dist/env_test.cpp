@@ -185,3 +185,27 @@ TEST(DistEnv, BadInitOptions) {
   o.master_port = 0;
   EXPECT_THROW(fsdp::dist::init_process_group(o), ConfigError);
 }
+
+// Each enum's one name table: every name parses back to its value, and an
+// unknown name is a ConfigError that lists the valid ones.
+TEST(DistNames, BackendAndReduceOpParseTheirNames) {
+  using fsdp::dist::Backend;
+  using fsdp::dist::ReduceOp;
+  for (auto b : {Backend::kAuto, Backend::kGloo, Backend::kNccl}) {
+    EXPECT_EQ(fsdp::dist::parse_backend(fsdp::dist::backend_name(b), "backend"), b);
+  }
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+    EXPECT_EQ(fsdp::dist::parse_reduce_op(to_string(op)), op);
+  }
+  EXPECT_STREQ(to_string(ReduceOp::kAvg), "avg");
+  EXPECT_EQ(fsdp::dist::parse_reduce_op("mean"), ReduceOp::kAvg);  // Lightning's name
+  EXPECT_EQ(fsdp::dist::parse_reduce_op("SUM"), ReduceOp::kSum);   // case-insensitive
+  try {
+    fsdp::dist::parse_reduce_op("median", "all_reduce");
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "all_reduce: reduce op 'median' is unknown: expected one of sum, avg (or mean), max");
+  }
+  EXPECT_THROW(fsdp::dist::parse_backend("mpi", "backend"), ConfigError);
+}

@@ -38,7 +38,6 @@ void expect_equal(const std::map<std::string, torch::Tensor>& got, const std::ma
   }
 }
 
-std::string fmt_name(CheckpointFormat f) { return f == CheckpointFormat::kFull ? "full" : "sharded"; }
 
 class CheckpointRoundTrip : public ::testing::TestWithParam<std::tuple<CheckpointFormat, Opt>> {};
 
@@ -76,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, CheckpointRoundTrip,
                          ::testing::Combine(::testing::Values(CheckpointFormat::kFull, CheckpointFormat::kSharded),
                                             ::testing::Values(Opt::kSgd, Opt::kAdamW)),
                          [](const auto& info) {
-                           return fmt_name(std::get<0>(info.param)) +
+                           return std::string(to_string(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) == Opt::kSgd ? "_sgd" : "_adamw");
                          });
 
@@ -111,7 +110,7 @@ INSTANTIATE_TEST_SUITE_P(AllPairs, CheckpointReshard,
                          ::testing::Combine(::testing::Values(CheckpointFormat::kFull, CheckpointFormat::kSharded),
                                             ::testing::Values(1, 2, 3, 4), ::testing::Values(1, 2, 3, 4)),
                          [](const auto& info) {
-                           return fmt_name(std::get<0>(info.param)) + "_" + std::to_string(std::get<1>(info.param)) +
+                           return std::string(to_string(std::get<0>(info.param))) + "_" + std::to_string(std::get<1>(info.param)) +
                                   "_to_" + std::to_string(std::get<2>(info.param));
                          });
 
@@ -119,7 +118,7 @@ TEST(Checkpoint, AsyncSaveKeepsTheSnapshotAndCommitsAtWait) {
   TempDir dir;
   const auto batches = make_batches(4, kGlobalBatch, 8);
   for (auto format : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
-    const std::string path = dir.path() + "/" + fmt_name(format);
+    const std::string path = dir.path() + "/" + to_string(format);
     run_ranks(2, [&](dist::ProcessGroup& pg) {
       Trainer a(pg, Opt::kAdamW, 1);
       a.train(pg, batches, 0, 1);
@@ -127,7 +126,7 @@ TEST(Checkpoint, AsyncSaveKeepsTheSnapshotAndCommitsAtWait) {
       a.train(pg, batches, 1, 2);
       auto want = a.snapshot();
       CheckpointOptions o{format};
-      o.async_save = true;
+      o.async_save(true);
       save_checkpoint(path, state_of(a).value("step", int64_t{2}), pg, o);
       EXPECT_TRUE(checkpoint_pending(pg));
       a.train(pg, batches, 2, 4);  // training goes on while the save is written
@@ -140,7 +139,7 @@ TEST(Checkpoint, AsyncSaveKeepsTheSnapshotAndCommitsAtWait) {
       CheckpointState s = state_of(b).value("step", int64_t{0});
       load_checkpoint(path, s, pg);
       EXPECT_EQ(s.get<int64_t>("step"), 2);
-      expect_equal(b.snapshot(), want, "async " + fmt_name(format));  // the state at the save, not after
+      expect_equal(b.snapshot(), want, std::string("async ") + to_string(format));  // the state at the save, not after
     });
   }
 }
@@ -189,7 +188,7 @@ TEST(Checkpoint, LoadsIntoAnUnwrappedModelAndBack) {
   std::map<std::string, torch::Tensor> want;
   std::mutex mu;
   for (auto format : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
-    const std::string path = dir.path() + "/" + fmt_name(format);
+    const std::string path = dir.path() + "/" + to_string(format);
     run_ranks(3, [&](dist::ProcessGroup& pg) {
       Trainer a(pg, Opt::kSgd, 1);
       save_checkpoint(path, state_of(a), pg, {format});
@@ -199,23 +198,23 @@ TEST(Checkpoint, LoadsIntoAnUnwrappedModelAndBack) {
     });
     auto plain = make_net(7);
     run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(path, plain, pg); });
-    expect_equal(named_params(*plain), want, "unwrapped from " + fmt_name(format));
+    expect_equal(named_params(*plain), want, std::string("unwrapped from ") + to_string(format));
   }
 }
 
 TEST(Checkpoint, FilterKeepsOnlySomeKeysInBothFormats) {
   TempDir dir;
   for (auto format : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
-    const std::string path = dir.path() + "/" + fmt_name(format);
+    const std::string path = dir.path() + "/" + to_string(format);
     run_ranks(2, [&](dist::ProcessGroup& pg) {
       Trainer a(pg, Opt::kSgd, 1);
       CheckpointState s = state_of(a);
       s.value("step", int64_t{1}).value("secret", std::string("x"));
       CheckpointOptions o{format};
-      o.filter = [](const std::string& entry, const std::string& key) {
+      o.filter([](const std::string& entry, const std::string& key) {
         if (entry == "secret") return false;
         return entry != "model" || key.rfind("blocks.", 0) == 0;
-      };
+      });
       save_checkpoint(path, s, pg, o);
     });
     auto info = inspect_checkpoint(path);
@@ -233,6 +232,26 @@ TEST(Checkpoint, FilterKeepsOnlySomeKeysInBothFormats) {
       load_checkpoint(path, model_only, pg, /*strict=*/false);
     });
   }
+}
+
+// CheckpointOptions: TORCH_ARG setters chain, the format converts
+// implicitly, and the format's one name table parses back.
+TEST(Checkpoint, OptionsChainAndFormatNamesParse) {
+  const CheckpointOptions defaults;
+  EXPECT_EQ(defaults.format(), CheckpointFormat::kSharded);
+  EXPECT_FALSE(defaults.async_save());
+  EXPECT_FALSE(static_cast<bool>(defaults.filter()));
+  const CheckpointOptions o =
+      CheckpointOptions(CheckpointFormat::kFull).async_save(true).filter([](const std::string&, const std::string&) {
+        return false;
+      });
+  EXPECT_EQ(o.format(), CheckpointFormat::kFull);
+  EXPECT_TRUE(o.async_save());
+  EXPECT_FALSE(o.filter()("model", "w"));
+  for (auto f : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) EXPECT_EQ(parse_checkpoint_format(to_string(f)), f);
+  EXPECT_EQ(parse_checkpoint_format("FULL"), CheckpointFormat::kFull);
+  expect_config_error([] { parse_checkpoint_format("zip", "--format"); },
+                      "Unknown --format: zip (expected one of \"full\", \"sharded\")");
 }
 
 TEST(Checkpoint, LightningsErrors) {
@@ -302,8 +321,8 @@ TEST(CheckpointIO, AnotherFormatAtThePathIsReplacedOnceTheNewOneIsComplete) {
     }
     // An async save would commit later: replacing the other format is synchronous only.
     CheckpointOptions async;
-    async.format = CheckpointFormat::kFull;
-    async.async_save = true;
+    async.format(CheckpointFormat::kFull);
+    async.async_save(true);
     expect_config_error([&] { save_checkpoint(path, state_of(c), pg, async); }, "save with async_save=false");
     loaded_equals(a);
   });

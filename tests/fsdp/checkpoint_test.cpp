@@ -197,10 +197,10 @@ enum class Placement { kNone, kBeforeWrap, kAfterWrap };
 std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, Placement placement, ShardingStrategy s,
                                                 bool bf16, double dropout, const std::vector<Batch>& batches) {
   FSDPOptions o = options_for_strategy(pg, s);
-  o.auto_wrap_policy = transformer_auto_wrap_policy<DropBlockImpl>();
+  o.auto_wrap_policy(transformer_auto_wrap_policy<DropBlockImpl>());
   if (bf16) {
-    o.mixed_precision.param_dtype = torch::kBFloat16;
-    o.mixed_precision.buffer_dtype = torch::kBFloat16;
+    o.mixed_precision().param_dtype = torch::kBFloat16;
+    o.mixed_precision().buffer_dtype = torch::kBFloat16;
   }
   auto net = make_drop_net(11, dropout);
   if (placement == Placement::kBeforeWrap) apply_activation_checkpointing(net, checkpoint_module_types<DropBlockImpl>());
@@ -303,7 +303,7 @@ TEST(ActivationCheckpointing, ManualNestingAndSequentialOfWrappedUnits) {
   }
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     FSDPOptions o;
-    o.process_group = borrow(pg);
+    o.process_group(borrow(pg));
     std::map<std::string, torch::Tensor> results[2];
     for (int ck = 0; ck < 2; ++ck) {
       std::shared_ptr<ManualImpl> net;

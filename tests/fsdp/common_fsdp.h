@@ -47,7 +47,7 @@ struct SeedModelImpl : torch::nn::Module {
     }
     if (wrap) {
       FSDPOptions o = *wrap;
-      if (ignore_inner) o.ignored_modules = {in.ptr()};
+      if (ignore_inner) o.ignored_modules({in.ptr()});
       inner = register_module("inner", FullyShardedDataParallel<LinearImpl>(in, o));
     } else {
       inner = register_module("inner", Unit<LinearImpl>(in));
@@ -216,7 +216,7 @@ inline std::shared_ptr<TransformerWithSharedParamsImpl> make_transformer(uint64_
 }
 
 inline std::shared_ptr<torch::nn::Module> transformer_recursive(uint64_t seed, FSDPOptions o) {
-  if (!o.auto_wrap_policy) o.auto_wrap_policy = transformer_auto_wrap_policy<EncoderLayerImpl, DecoderLayerImpl>();
+  if (!o.auto_wrap_policy()) o.auto_wrap_policy(transformer_auto_wrap_policy<EncoderLayerImpl, DecoderLayerImpl>());
   FullyShardedDataParallel<TransformerWithSharedParamsImpl> model(make_transformer(seed), o);
   return model.ptr();
 }

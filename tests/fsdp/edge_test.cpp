@@ -24,10 +24,10 @@ TEST(Edge, EvaluationWithoutGradientsBetweenSteps) {
   for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
     run_ranks(2, [&](dist::ProcessGroup& pg) {
       FSDPOptions o;
-      o.process_group = borrow(pg);
-      o.sharding_strategy = strategy;
-      o.forward_prefetch = true;
-      o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+      o.process_group(borrow(pg));
+      o.sharding_strategy(strategy);
+      o.forward_prefetch(true);
+      o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
       FullyShardedDataParallel<NetImpl> model(make_net(4), o);
       torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
       for (const auto& b : batches) {
@@ -63,9 +63,9 @@ TEST(Edge, FrozenParametersStayFrozen) {
     auto net = make_net(6);
     freeze(*net);
     FSDPOptions o;
-    o.process_group = borrow(pg);
-    o.use_orig_params = true;
-    o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+    o.process_group(borrow(pg));
+    o.use_orig_params(true);
+    o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
     FullyShardedDataParallel<NetImpl> model(net, o);
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
     for (const auto& b : batches) {
@@ -81,8 +81,8 @@ TEST(Edge, FrozenParametersStayFrozen) {
     auto net = make_net(6);
     freeze(*net);
     FSDPOptions o;
-    o.process_group = borrow(pg);
-    o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+    o.process_group(borrow(pg));
+    o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
     try {
       FullyShardedDataParallel<NetImpl> model(net, o);
       ADD_FAILURE() << "mixed requires_grad accepted with use_orig_params=false";
@@ -132,9 +132,9 @@ TEST(Edge, UnitAppliedTwiceInOneForward) {
   for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     run_ranks(3, [&](dist::ProcessGroup& pg) {
       FSDPOptions o;
-      o.process_group = borrow(pg);
-      o.sharding_strategy = strategy;
-      o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+      o.process_group(borrow(pg));
+      o.sharding_strategy(strategy);
+      o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
       FullyShardedDataParallel<TwiceImpl> model(make(), o);
       torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
       for (int s = 0; s < 3; ++s) {
@@ -164,8 +164,8 @@ struct WithParameterlessUnitImpl : torch::nn::Module {
 TEST(Edge, UnitWithoutParameters) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     FSDPOptions o;
-    o.process_group = borrow(pg);
-    o.auto_wrap_policy = transformer_auto_wrap_policy<ScaleImpl>();
+    o.process_group(borrow(pg));
+    o.auto_wrap_policy(transformer_auto_wrap_policy<ScaleImpl>());
     std::shared_ptr<WithParameterlessUnitImpl> net;
     {
       std::lock_guard<std::mutex> lock(rng_mutex());

@@ -47,9 +47,9 @@ std::map<std::string, torch::Tensor> train_local(const std::vector<Batch>& batch
 std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, ShardingStrategy s, MixedPrecision mp,
                                                 bool use_orig, const std::vector<Batch>& batches) {
   FSDPOptions o = options_for_strategy(pg, s);
-  o.use_orig_params = use_orig;
-  o.mixed_precision = mp;
-  o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+  o.use_orig_params(use_orig);
+  o.mixed_precision(mp);
+  o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
   FullyShardedDataParallel<NetImpl> model(make_net(1234), o);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat) << "master shards must stay float32";
@@ -130,8 +130,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, MixedPrecisionParity,
 TEST(MixedPrecisionOptions, NonFloatingDtypeIsRejected) {
   fsdp::testing::run_ranks(1, [](dist::ProcessGroup& pg) {
     FSDPOptions o;
-    o.process_group = borrow(pg);
-    o.mixed_precision.param_dtype = torch::kLong;
+    o.process_group(borrow(pg));
+    o.mixed_precision().param_dtype = torch::kLong;
     try {
       FullyShardedDataParallel<NetImpl> m(make_net(1), o);
       ADD_FAILURE();
@@ -149,9 +149,9 @@ TEST(CpuOffload, AcceptedOnCpuAndTrainsTheSame) {
   for (int offload = 0; offload < 2; ++offload) {
     fsdp::testing::run_ranks(2, [&](dist::ProcessGroup& pg) {
       FSDPOptions o;
-      o.process_group = borrow(pg);
-      o.cpu_offload.offload_params = offload == 1;
-      o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+      o.process_group(borrow(pg));
+      o.cpu_offload().offload_params = offload == 1;
+      o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
       FullyShardedDataParallel<NetImpl> model(make_net(3), o);
       torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
       for (const auto& b : batches) {

@@ -142,11 +142,11 @@ inline dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
 // Options for `strategy` over `pg`; HYBRID_SHARD gets a (2, size/2) mesh.
 inline FSDPOptions options_for_strategy(dist::ProcessGroup& pg, ShardingStrategy strategy) {
   FSDPOptions o;
-  o.sharding_strategy = strategy;
+  o.sharding_strategy(strategy);
   if (strategy == ShardingStrategy::kHybridShard) {
-    o.device_mesh = dist::init_device_mesh(borrow(pg), 2, pg.size() / 2);
+    o.device_mesh(dist::init_device_mesh(borrow(pg), 2, pg.size() / 2));
   } else {
-    o.process_group = borrow(pg);
+    o.process_group(borrow(pg));
   }
   return o;
 }

@@ -50,15 +50,15 @@ Trained train(dist::ProcessGroup& pg, ShardingStrategy strategy, int max_in_flig
   }
   FSDPOptions o;
   if (strategy == ShardingStrategy::kHybridShard) {
-    o.process_group = borrow(pg);
-    o.hybrid_shard_size = 2;
+    o.process_group(borrow(pg));
+    o.hybrid_shard_size(2);
   } else {
-    o.process_group = borrow(pg);
+    o.process_group(borrow(pg));
   }
-  o.sharding_strategy = strategy;
-  o.auto_wrap_policy = transformer_auto_wrap_policy<SpyImpl>();
-  o.max_reductions_in_flight = max_in_flight;
-  o.forward_prefetch = forward_prefetch;
+  o.sharding_strategy(strategy);
+  o.auto_wrap_policy(transformer_auto_wrap_policy<SpyImpl>());
+  o.max_reductions_in_flight(max_in_flight);
+  o.forward_prefetch(forward_prefetch);
   FullyShardedDataParallel<torch::nn::SequentialImpl> model(seq, o);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   Trained run;
@@ -165,8 +165,8 @@ TEST(Overlap, PrefetchStaysWithinTheAllGatherLimit) {
 TEST(Overlap, NegativeBoundIsRefused) {
   run_ranks(1, [](dist::ProcessGroup& pg) {
     FSDPOptions o;
-    o.process_group = borrow(pg);
-    o.max_reductions_in_flight = -1;
+    o.process_group(borrow(pg));
+    o.max_reductions_in_flight(-1);
     auto net = std::make_shared<SpyImpl>();
     try {
       FullyShardedDataParallel<SpyImpl> model(net, o);

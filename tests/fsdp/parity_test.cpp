@@ -41,10 +41,10 @@ struct Case {
 std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, const Case& c, Opt opt, bool use_orig,
                                                 Nesting nesting, const std::vector<Batch>& batches) {
   FSDPOptions o = options_for_strategy(pg, c.strategy);
-  o.use_orig_params = use_orig;
+  o.use_orig_params(use_orig);
   std::shared_ptr<NetImpl> net;
   if (nesting == Nesting::kAutoWrap) {
-    o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+    o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
     net = make_net(1234);
   } else {
     net = make_net(1234, &o);  // `extra` wrapped inside the model's constructor

@@ -35,11 +35,11 @@ std::vector<int64_t> full_units_seen(dist::ProcessGroup& pg, bool forward_prefet
     }
   }
   FSDPOptions o;
-  o.process_group = borrow(pg);
-  o.use_orig_params = true;
-  o.auto_wrap_policy = transformer_auto_wrap_policy<ProbeImpl>();
-  o.forward_prefetch = forward_prefetch;
-  o.limit_all_gathers = limit;
+  o.process_group(borrow(pg));
+  o.use_orig_params(true);
+  o.auto_wrap_policy(transformer_auto_wrap_policy<ProbeImpl>());
+  o.forward_prefetch(forward_prefetch);
+  o.limit_all_gathers(limit);
   FullyShardedDataParallel<torch::nn::SequentialImpl> model(seq, o);
   std::vector<int64_t> seen;
   const int64_t unit_bytes = memory_stats(model.ptr()).largest_unit_bytes;
@@ -83,12 +83,12 @@ TEST(Prefetch, LimitAllGathersBoundsFullUnits) {
         net = std::make_shared<PairImpl>();
       }
       FSDPOptions o;
-      o.process_group = borrow(pg);
-      o.use_orig_params = true;
-      o.auto_wrap_policy = transformer_auto_wrap_policy<ProbeImpl>();
-      o.forward_prefetch = true;
-      o.sharding_strategy = ShardingStrategy::kShardGradOp;  // keeps each unit full until backward
-      o.limit_all_gathers = limit;
+      o.process_group(borrow(pg));
+      o.use_orig_params(true);
+      o.auto_wrap_policy(transformer_auto_wrap_policy<ProbeImpl>());
+      o.forward_prefetch(true);
+      o.sharding_strategy(ShardingStrategy::kShardGradOp);  // keeps each unit full until backward
+      o.limit_all_gathers(limit);
       FullyShardedDataParallel<PairImpl> model(net, o);
       const int64_t unit_bytes = memory_stats(model.ptr()).largest_unit_bytes;
       int64_t at_b = 0;
@@ -108,10 +108,10 @@ TEST(Prefetch, TrainingResultsDoNotChange) {
     for (bool fwd : {false, true}) {
       for (auto bwd : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
         FSDPOptions o;
-        o.process_group = borrow(pg);
-        o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
-        o.forward_prefetch = fwd;
-        o.backward_prefetch = bwd;
+        o.process_group(borrow(pg));
+        o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
+        o.forward_prefetch(fwd);
+        o.backward_prefetch(bwd);
         FullyShardedDataParallel<NetImpl> model(make_net(9), o);
         torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
         for (const auto& b : batches) {

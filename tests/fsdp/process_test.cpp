@@ -148,10 +148,10 @@ int64_t peak_over_state_in_units(fsdp::dist::ProcessGroupPtr pg, CountingAllocat
     for (int i = 0; i < 8; ++i) seq->push_back(fsdp::Unit<WideImpl>(int64_t{384}));
   }
   fsdp::FSDPOptions o;
-  o.process_group = pg;
-  o.auto_wrap_policy = fsdp::transformer_auto_wrap_policy<WideImpl>();
-  o.forward_prefetch = true;
-  o.max_reductions_in_flight = in_flight;
+  o.process_group(pg);
+  o.auto_wrap_policy(fsdp::transformer_auto_wrap_policy<WideImpl>());
+  o.forward_prefetch(true);
+  o.max_reductions_in_flight(in_flight);
   fsdp::FullyShardedDataParallel<torch::nn::SequentialImpl> model(seq, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   const auto stats = fsdp::memory_stats(model.ptr());

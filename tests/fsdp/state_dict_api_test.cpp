@@ -19,7 +19,7 @@ namespace {
 
 FSDPOptions auto_wrapped(dist::ProcessGroup& pg, ShardingStrategy s = ShardingStrategy::kFullShard) {
   FSDPOptions o = options_for_strategy(pg, s);
-  o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+  o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
   return o;
 }
 
@@ -232,7 +232,7 @@ TEST(StateDict, MixedPrecisionGivesMasterParametersAndOriginalBufferDtypes) {
   const auto batch = make_batches(1, 4, 2)[0];
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     FSDPOptions o = auto_wrapped(pg);
-    o.mixed_precision = MixedPrecision{torch::kBFloat16, torch::kFloat, torch::kBFloat16};
+    o.mixed_precision(MixedPrecision{torch::kBFloat16, torch::kFloat, torch::kBFloat16});
     FullyShardedDataParallel<NetImpl> model(make_net(5), o);
     torch::nn::functional::cross_entropy(model(batch.tokens.narrow(0, pg.rank() * 2, 2)).to(torch::kFloat),
                                          batch.target.narrow(0, pg.rank() * 2, 2))
@@ -260,7 +260,7 @@ TEST(StateDict, ModuleToOnAWrappedModelChangesItsDtype) {
   for (bool use_orig : {false, true}) {
     run_ranks(2, [&](dist::ProcessGroup& pg) {
       FSDPOptions o = auto_wrapped(pg);
-      o.use_orig_params = use_orig;
+      o.use_orig_params(use_orig);
       FullyShardedDataParallel<NetImpl> model(make_net(8), o);
       model->to(torch::kDouble);
       torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));

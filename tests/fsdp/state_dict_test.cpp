@@ -46,7 +46,7 @@ std::string type_name(StateDictType t) {
 
 FSDPOptions base_options(dist::ProcessGroup& pg) {
   FSDPOptions o;
-  o.process_group = borrow(pg);
+  o.process_group(borrow(pg));
   return o;
 }
 
@@ -226,7 +226,7 @@ TEST_P(TestFSDPStateDictRank0Flow, StateDictRank0OffloadSaveLoadFlow) {
   const bool use_orig_params = GetParam();
   run_ranks(kWorld, [&](dist::ProcessGroup& pg) {
     FSDPOptions o = base_options(pg);
-    o.use_orig_params = use_orig_params;
+    o.use_orig_params(use_orig_params);
     auto fsdp_model = transformer_recursive(5, o);
     // Force model parameters and buffers to be nonzero.
     {
@@ -252,8 +252,8 @@ TEST_P(TestFSDPStateDictRank0Flow, StateDictRank0OffloadSaveLoadFlow) {
     assert_module_states(*new_model, pg, /*expect_equal=*/false);
     // Broadcast the module states from rank 0 with sync_module_states.
     FSDPOptions o2 = base_options(pg);
-    o2.auto_wrap_policy = transformer_auto_wrap_policy<EncoderLayerImpl, DecoderLayerImpl>();
-    o2.sync_module_states = true;
+    o2.auto_wrap_policy(transformer_auto_wrap_policy<EncoderLayerImpl, DecoderLayerImpl>());
+    o2.sync_module_states(true);
     FullyShardedDataParallel<TransformerWithSharedParamsImpl> new_fsdp_model(new_model, o2);
     {
       SummonFullParams summon(new_fsdp_model.ptr());
@@ -276,8 +276,8 @@ TEST_P(TestFSDPStateDictBasic, BasicSaveAndLoadStateDict) {
   run_ranks(kWorld, [&, type = type, offload_params = offload_params, fp16 = fp16, rank0 = rank0,
                      use_orig_params = use_orig_params](dist::ProcessGroup& pg) {
     FSDPOptions o = base_options(pg);
-    o.cpu_offload.offload_params = offload_params;
-    o.use_orig_params = use_orig_params;
+    o.cpu_offload().offload_params = offload_params;
+    o.use_orig_params(use_orig_params);
     std::vector<std::function<TestModel()>> model_calls = {
         [&] { return seeded(11, [&] { return non_fsdp_root_module(o); }); },
         [&] { return seeded(12, [&] { return simple_nested_model(o); }); },
@@ -333,7 +333,7 @@ TEST_P(TestFSDPStateDictAfterForward, SaveAndLoadAfterForwardStateDict) {
   run_ranks(kWorld, [&, type = type, mixed = mixed, rank0 = rank0](dist::ProcessGroup& pg) {
     FSDPOptions o = base_options(pg);
     const auto low = float16_compute_available(torch::kCPU) ? torch::kHalf : torch::kBFloat16;
-    if (mixed) o.mixed_precision = MixedPrecision{low, low, low};
+    if (mixed) o.mixed_precision(MixedPrecision{low, low, low});
     TestModel model = seeded(21, [&] { return simple_nested_model(o); });
     torch::optim::SGD optim(model.module->parameters(), torch::optim::SGDOptions(0.1));
     auto initial_params = get_full_params(model.module);
@@ -535,7 +535,7 @@ std::pair<TestModel, std::vector<std::string>> create_skip_module(const FSDPOpti
   }
   if (!wrap_fsdp) return {{module, [module](torch::Tensor x) { return module->forward(x); }}, linear_skip_tensor_names};
   FSDPOptions root = o;
-  root.ignored_modules = {module->linear_skip};
+  root.ignored_modules({module->linear_skip});
   FullyShardedDataParallel<SkipModelImpl> fsdp(module, root);
   return {{fsdp.ptr(), [fsdp](torch::Tensor x) mutable { return fsdp(x); }}, linear_skip_tensor_names};
 }
@@ -642,7 +642,7 @@ TEST_P(TestFSDPStateDictIgnored, StateDictWithIgnoredModules) {
     ignored.push_back({model->inner->named_buffers()["buffer"], "inner.buffer"});
     ignored.push_back({model->outer->named_buffers()["buffer"], "outer.buffer"});
     FSDPOptions root = o;
-    root.ignored_modules = {model->outer.ptr()};
+    root.ignored_modules({model->outer.ptr()});
     FullyShardedDataParallel<SeedModelImpl> fsdp_model(model, root);
     const std::string prefix_str = prefix ? "foo." : "";
     StateDict sd1;

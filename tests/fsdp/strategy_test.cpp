@@ -70,7 +70,7 @@ TEST(Strategy, InvalidCombinationsGetTheSeedsMessages) {
                       "only valid with the HYBRID_SHARD sharding strategy");
   expect_config_error([] { FSDPStrategyOptions().sharding_strategy("quarter_shard"); }, "sharding strategy 'quarter_shard'");
   expect_config_error([] { FSDPStrategy(FSDPStrategyOptions().process_group_backend("mpi")); },
-                      "process_group_backend 'mpi' is invalid");
+                      "process_group_backend='mpi' is not a backend: expected one of auto, gloo, nccl");
   // Hybrid with an auto-wrap policy, or with a mesh, is fine.
   FSDPStrategy(FSDPStrategyOptions().sharding_strategy("HYBRID_SHARD").auto_wrap_module_types<BlockImpl>());
   FSDPStrategy(FSDPStrategyOptions().sharding_strategy("Hybrid-Shard").device_mesh(1, 2));
@@ -114,7 +114,7 @@ TEST(Strategy, SetupModuleWrapsChecksPointsAndRespectsManualWrapping) {
     // Wrapped by hand: the policy is ignored, the root is wrapped around the
     // user's unit (and owns the rest).
     FSDPOptions o;
-    o.process_group = borrow(pg);
+    o.process_group(borrow(pg));
     auto manual = make_net(2, &o);  // `extra` wrapped in the constructor
     auto m2 = s.setup_module(manual);
     EXPECT_EQ(fsdp_modules(m2.ptr()).size(), 2u);
@@ -161,6 +161,10 @@ TEST(Strategy, CollectivesAndSampler) {
     EXPECT_TRUE(torch::equal(s.all_reduce(t.clone()), torch::full({2}, 2.0, torch::kDouble)));  // mean
     EXPECT_TRUE(torch::equal(s.all_reduce(t.clone(), "max"), torch::full({2}, 3.0, torch::kDouble)));
     expect_config_error([&] { s.all_reduce(t, "median"); }, "reduce op 'median' is unknown");
+    // The enum and Lightning's strings alike.
+    EXPECT_TRUE(torch::equal(s.all_reduce(t.clone(), dist::ReduceOp::kSum), torch::full({2}, 6.0, torch::kDouble)));
+    EXPECT_TRUE(torch::equal(s.all_reduce(t.clone(), dist::ReduceOp::kMax), torch::full({2}, 3.0, torch::kDouble)));
+    EXPECT_TRUE(torch::equal(s.all_reduce(t.clone(), "mean"), torch::full({2}, 2.0, torch::kDouble)));
     EXPECT_EQ(s.broadcast(pg.rank() == 1 ? std::string("from one") : std::string(), 1), "from one");
     EXPECT_EQ(s.broadcast_value<int64_t>(pg.rank() == 0 ? 42 : -1), 42);
     s.barrier();
@@ -259,6 +263,49 @@ TEST(Strategy, ClipGradientsValueClampsTheFullGradient) {
   });
 }
 
+// The options: TORCH_ARG setters chain; the FSDP ones live in fsdp() with
+// Lightning's use_orig_params=true; enums and Lightning's strings alike.
+TEST(Strategy, OptionsChainAndHoldTheFSDPOptions) {
+  const FSDPStrategyOptions defaults;
+  EXPECT_TRUE(defaults.use_orig_params());
+  EXPECT_TRUE(defaults.fsdp().use_orig_params());  // Lightning's default, not FSDP's
+  EXPECT_EQ(defaults.state_dict_type(), CheckpointFormat::kSharded);
+  EXPECT_FALSE(defaults.process_group_backend().has_value());
+  EXPECT_FALSE(defaults.timeout().has_value());
+  EXPECT_EQ(defaults.seed(), 0u);
+  EXPECT_EQ(defaults.precision(), "32-true");
+  const auto o = FSDPStrategyOptions()
+                     .forward_prefetch(false)
+                     .backward_prefetch(BackwardPrefetch::kNone)
+                     .cpu_offload(true)
+                     .sharding_strategy("shard_grad_op")
+                     .seed(7)
+                     .timeout(std::chrono::seconds(5));
+  EXPECT_FALSE(o.fsdp().forward_prefetch());
+  EXPECT_EQ(o.fsdp().backward_prefetch(), BackwardPrefetch::kNone);
+  EXPECT_TRUE(o.fsdp().cpu_offload().offload_params);
+  EXPECT_EQ(o.fsdp().sharding_strategy(), ShardingStrategy::kShardGradOp);
+  EXPECT_EQ(o.seed(), 7u);
+  EXPECT_EQ(*o.timeout(), std::chrono::milliseconds(5000));
+  // The enum and Lightning's string give the same setting.
+  using Named = std::pair<const char*, CheckpointFormat>;
+  for (const auto& [name, format] : {Named{"full", CheckpointFormat::kFull}, Named{"sharded", CheckpointFormat::kSharded}}) {
+    EXPECT_EQ(FSDPStrategy(FSDPStrategyOptions().state_dict_type(name)).state_dict_type(), format);
+    EXPECT_EQ(FSDPStrategy(FSDPStrategyOptions().state_dict_type(format)).state_dict_type(), format);
+  }
+  EXPECT_EQ(FSDPStrategyOptions().process_group_backend("gloo").process_group_backend(), dist::Backend::kGloo);
+  EXPECT_EQ(FSDPStrategyOptions().process_group_backend(dist::Backend::kGloo).process_group_backend(),
+            dist::Backend::kGloo);
+  // FSDP options set whole reach the wrapping options; the strategy fills in the group.
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().fsdp(FSDPOptions().max_reductions_in_flight(0)));
+    const FSDPOptions w = s.module_sharded_options();
+    EXPECT_EQ(w.max_reductions_in_flight(), 0);
+    EXPECT_FALSE(w.use_orig_params());  // a whole FSDPOptions brings its own defaults
+    EXPECT_EQ(w.process_group().get(), &pg);
+  });
+}
+
 // The effective settings read back as Lightning's attributes.
 TEST(Strategy, EffectiveOptionsReadBack) {
   FSDPStrategy mixed(FSDPStrategyOptions().precision("bf16-mixed").sharding_strategy("SHARD_GRAD_OP").cpu_offload(true));
@@ -278,8 +325,8 @@ TEST(Strategy, EffectiveOptionsReadBack) {
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     auto s = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>().sharding_strategy("NO_SHARD"));
     const FSDPOptions o = s.module_sharded_options();
-    EXPECT_FALSE(static_cast<bool>(o.auto_wrap_policy));
-    EXPECT_EQ(o.sharding_strategy, ShardingStrategy::kNoShard);
+    EXPECT_FALSE(static_cast<bool>(o.auto_wrap_policy()));
+    EXPECT_EQ(o.sharding_strategy(), ShardingStrategy::kNoShard);
   });
 }
 

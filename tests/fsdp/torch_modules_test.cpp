@@ -103,9 +103,9 @@ TEST(TorchModuleUnits, TrainAsUnitsLikeThePlainModelEagerAndUnderEmptyInit) {
       auto net = build(5, empty_init);
       pg.barrier();  // no rank wraps (replaying the shared generator) while another builds
       FSDPOptions o;
-      o.process_group = borrow(pg);
-      o.auto_wrap_policy = zoo_policy();
-      o.use_orig_params = true;
+      o.process_group(borrow(pg));
+      o.auto_wrap_policy(zoo_policy());
+      o.use_orig_params(true);
       FullyShardedDataParallel<ZooImpl> model(net, o);
       EXPECT_TRUE(model->lin.is_fsdp_unit());
       EXPECT_TRUE(model->gru.is_fsdp_unit());

@@ -27,8 +27,8 @@ struct Trainer {
   Trainer(dist::ProcessGroup& pg, Opt opt, uint64_t seed, ShardingStrategy s = ShardingStrategy::kFullShard,
           bool use_orig = false) {
     FSDPOptions o = options_for_strategy(pg, s);
-    o.use_orig_params = use_orig;
-    o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+    o.use_orig_params(use_orig);
+    o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
     model = FullyShardedDataParallel<NetImpl>(make_net(seed), o);
     optimizer = make_optimizer(opt, model->parameters());
   }

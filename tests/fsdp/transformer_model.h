@@ -48,7 +48,7 @@ struct TransformerNetImpl : torch::nn::Module {
 inline std::map<std::string, torch::Tensor> train_transformer(dist::ProcessGroup* pg, double dropout, bool checkpoint,
                                                        const torch::Tensor& data) {
   FSDPOptions o;
-  if (pg) o.process_group = borrow(*pg);
+  if (pg) o.process_group(borrow(*pg));
   std::shared_ptr<TransformerNetImpl> net;
   {
     std::lock_guard<std::mutex> lock(rng_mutex());

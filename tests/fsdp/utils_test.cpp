@@ -14,10 +14,10 @@ namespace {
 
 FSDPOptions options_for(dist::ProcessGroup& pg, bool use_orig, ShardingStrategy s = ShardingStrategy::kFullShard) {
   FSDPOptions o;
-  o.process_group = borrow(pg);
-  o.use_orig_params = use_orig;
-  o.sharding_strategy = s;
-  o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+  o.process_group(borrow(pg));
+  o.use_orig_params(use_orig);
+  o.sharding_strategy(s);
+  o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
   return o;
 }
 

@@ -16,9 +16,9 @@ namespace {
 
 FSDPOptions options_for(dist::ProcessGroup& pg, bool use_orig, bool auto_wrap = true) {
   FSDPOptions o;
-  o.process_group = borrow(pg);
-  o.use_orig_params = use_orig;
-  if (auto_wrap) o.auto_wrap_policy = transformer_auto_wrap_policy<BlockImpl>();
+  o.process_group(borrow(pg));
+  o.use_orig_params(use_orig);
+  if (auto_wrap) o.auto_wrap_policy(transformer_auto_wrap_policy<BlockImpl>());
   return o;
 }
 
@@ -85,7 +85,7 @@ TEST(Wrap, SyncModuleStatesMakesDifferentlySeededRanksEqual) {
     auto net = make_net(100 + pg.rank());  // different initial weights per rank
     net->extra->scale.fill_(static_cast<float>(pg.rank()));
     auto o = options_for(pg, true);
-    o.sync_module_states = true;
+    o.sync_module_states(true);
     FullyShardedDataParallel<NetImpl> model(net, o);
     auto got = to_map(full_parameters(model.ptr()));
     auto want = named_params(*make_net(100));  // rank 0's
@@ -98,7 +98,7 @@ TEST(Wrap, IgnoredModulesStayWholeOnEveryRank) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     auto net = make_net(1);
     auto o = options_for(pg, true);
-    o.ignored_modules = {net->emb.ptr()};
+    o.ignored_modules({net->emb.ptr()});
     FullyShardedDataParallel<NetImpl> model(net, o);
     EXPECT_EQ(model->emb->weight.sizes(), (std::vector<int64_t>{kVocab, kDim}));
     auto full = to_map(full_parameters(model.ptr()));
@@ -210,7 +210,7 @@ TEST(WrapErrors, ParameterSharedByTwoUnits) {
   run_ranks(1, [](dist::ProcessGroup& pg) {
     FSDPOptions o = options_for(pg, true, false);
     // A user function as policy: wrap the module named "a" only.
-    o.auto_wrap_policy = [](const torch::nn::Module&, const std::string& name, int64_t) { return name == "a"; };
+    o.auto_wrap_policy([](const torch::nn::Module&, const std::string& name, int64_t) { return name == "a"; });
     const std::string e = config_error(
         [&] { FullyShardedDataParallel<SharedAcrossUnitsImpl> m(std::make_shared<SharedAcrossUnitsImpl>(), o); });
     EXPECT_NE(e.find("parameter 'b.weight_tied' is also a parameter of another FSDP unit"), std::string::npos) << e;
@@ -227,6 +227,14 @@ TEST(WrapErrors, OptimizerBuiltBeforeWrapping) {
               "after setting up the model.");
     torch::optim::SGD late(model->parameters(), torch::optim::SGDOptions(0.1));
     EXPECT_NO_THROW(check_optimizer(model.ptr(), late));
+    // Several models: the optimizer must step one of them.
+    using Models = std::vector<std::shared_ptr<torch::nn::Module>>;
+    FullyShardedDataParallel<NetImpl> other(make_net(2), options_for(pg, /*use_orig=*/false));
+    EXPECT_NO_THROW(check_optimizer(Models{other.ptr(), model.ptr()}, late));
+    EXPECT_NE(config_error([&] { check_optimizer(Models{other.ptr()}, late); }).find("does not seem to reference"),
+              std::string::npos);
+    EXPECT_NE(config_error([&] { check_optimizer(Models{}, late); }).find("does not seem to reference"),
+              std::string::npos);
   });
 }
 
@@ -260,7 +268,7 @@ TEST(WrapErrors, BadOptions) {
                   .find("options.process_group is null"),
               std::string::npos);
     FSDPOptions hybrid = options_for(pg, true);
-    hybrid.sharding_strategy = ShardingStrategy::kHybridShard;
+    hybrid.sharding_strategy(ShardingStrategy::kHybridShard);
     EXPECT_NE(config_error([&] { FullyShardedDataParallel<NetImpl> m(make_net(1), hybrid); })
                   .find("the hybrid sharding strategy (HYBRID_SHARD) needs a device_mesh"),
               std::string::npos);
@@ -269,6 +277,56 @@ TEST(WrapErrors, BadOptions) {
               "HYBRID_SHARD");
     EXPECT_EQ(parse_sharding_strategy("shard-grad-op"), ShardingStrategy::kShardGradOp);
   });
+}
+
+// FSDPOptions: TORCH_ARG setters chain, getters read back, and the defaults
+// are the documented ones.
+TEST(Options, SettersChainAndDefaultsHold) {
+  const FSDPOptions defaults;
+  EXPECT_EQ(defaults.process_group(), nullptr);
+  EXPECT_EQ(defaults.sharding_strategy(), ShardingStrategy::kFullShard);
+  EXPECT_FALSE(defaults.use_orig_params());
+  EXPECT_TRUE(defaults.forward_prefetch());
+  EXPECT_EQ(defaults.backward_prefetch(), BackwardPrefetch::kBackwardPre);
+  EXPECT_TRUE(defaults.limit_all_gathers());
+  EXPECT_EQ(defaults.max_reductions_in_flight(), 2);
+  EXPECT_EQ(defaults.hybrid_shard_size(), 0);
+  EXPECT_FALSE(defaults.device_mesh().has_value());
+  EXPECT_FALSE(static_cast<bool>(defaults.auto_wrap_policy()));
+  const FSDPOptions o = FSDPOptions()
+                            .sharding_strategy(ShardingStrategy::kNoShard)
+                            .use_orig_params(true)
+                            .backward_prefetch(BackwardPrefetch::kBackwardPost)
+                            .max_reductions_in_flight(0)
+                            .cpu_offload(CPUOffload{true})
+                            .mixed_precision(MixedPrecision{at::kBFloat16, std::nullopt, std::nullopt});
+  EXPECT_EQ(o.sharding_strategy(), ShardingStrategy::kNoShard);
+  EXPECT_TRUE(o.use_orig_params());
+  EXPECT_EQ(o.backward_prefetch(), BackwardPrefetch::kBackwardPost);
+  EXPECT_EQ(o.max_reductions_in_flight(), 0);
+  EXPECT_TRUE(o.cpu_offload().offload_params);
+  EXPECT_EQ(o.mixed_precision().param_dtype, at::kBFloat16);
+  EXPECT_TRUE(o.forward_prefetch());  // untouched fields keep their defaults
+}
+
+TEST(Options, EnumNamesParseBackAndUnknownNamesListTheValidOnes) {
+  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
+                 ShardingStrategy::kHybridShard}) {
+    EXPECT_EQ(parse_sharding_strategy(to_string(s)), s);
+  }
+  for (auto w : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
+    EXPECT_EQ(parse_backward_prefetch(to_string(w)), w);
+  }
+  EXPECT_STREQ(to_string(BackwardPrefetch::kBackwardPre), "BACKWARD_PRE");
+  // The command line's short names.
+  EXPECT_EQ(parse_backward_prefetch("pre"), BackwardPrefetch::kBackwardPre);
+  EXPECT_EQ(parse_backward_prefetch("post"), BackwardPrefetch::kBackwardPost);
+  EXPECT_EQ(parse_backward_prefetch("none"), BackwardPrefetch::kNone);
+  EXPECT_EQ(parse_backward_prefetch("backward-post"), BackwardPrefetch::kBackwardPost);
+  EXPECT_EQ(config_error([] { parse_backward_prefetch("sometimes"); }),
+            "backward prefetch 'sometimes' is unknown: expected one of BACKWARD_PRE (or pre), BACKWARD_POST (or "
+            "post), NONE (or none)");
+  EXPECT_THROW(parse_backward_prefetch("backward_none"), ConfigError);
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ World& world() {
     w->group = fsdp::dist::init_process_group(o);
     torch::manual_seed(3);
     fsdp::FSDPOptions fo;
-    fo.process_group = w->group;
+    fo.process_group(w->group);
     w->fsdp = std::make_unique<fsdp::FullyShardedDataParallel<TinyImpl>>(std::make_shared<TinyImpl>(), fo);
     w->model = w->fsdp->ptr();
     w->optimizer = std::make_unique<torch::optim::Adam>(w->model->parameters(), torch::optim::AdamOptions(1e-3));
@@ -167,7 +167,7 @@ void write_seeds(const fs::path& seeds) {
   fs::remove_all(tmp);
   for (auto format : {fsdp::CheckpointFormat::kSharded, fsdp::CheckpointFormat::kFull}) {
     fsdp::CheckpointOptions o;
-    o.format = format;
+    o.format(format);
     const bool full = format == fsdp::CheckpointFormat::kFull;
     const fs::path path = tmp / (full ? "ckpt.pt" : "ckpt");
     fsdp::save_checkpoint(path.string(), state_of(w), *w.group, o);

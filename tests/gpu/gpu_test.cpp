@@ -94,15 +94,15 @@ TEST(Gpu, CpuParametersUnderNcclAreNamed) {
   REQUIRE_CUDA();
   auto pg = nccl_world();
   FSDPOptions o;
-  o.process_group = pg;
+  o.process_group(pg);
   try {
     FullyShardedDataParallel<models::GPTImpl> m(make_gpt(1, tiny()), o);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("device_id"), std::string::npos) << e.what();
   }
-  o.device_id = kCuda;
-  o.cpu_offload.offload_params = true;
+  o.device_id(kCuda);
+  o.cpu_offload().offload_params = true;
   EXPECT_THROW((FullyShardedDataParallel<models::GPTImpl>(make_gpt(1, tiny()), o)), ConfigError);
 }
 
@@ -125,11 +125,11 @@ TEST(Gpu, ParityWithPlainTrainingOnCuda) {
     for (bool orig : {false, true}) {
       SCOPED_TRACE(std::string(to_string(strategy)) + (orig ? " use_orig_params" : ""));
       FSDPOptions o;
-      o.process_group = pg;
-      o.sharding_strategy = strategy;
-      o.use_orig_params = orig;
-      o.device_id = kCuda;
-      o.auto_wrap_policy = transformer_auto_wrap_policy<models::GPTBlockImpl>();
+      o.process_group(pg);
+      o.sharding_strategy(strategy);
+      o.use_orig_params(orig);
+      o.device_id(kCuda);
+      o.auto_wrap_policy(transformer_auto_wrap_policy<models::GPTBlockImpl>());
       FullyShardedDataParallel<models::GPTImpl> model(make_gpt(7, c), o);
       torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
       for (int s = 0; s < 5; ++s) {
@@ -150,11 +150,11 @@ TEST(Gpu, Float16MixedPrecisionComputes) {
   auto pg = nccl_world();
   const auto c = tiny();
   FSDPOptions o;
-  o.process_group = pg;
-  o.device_id = kCuda;
-  o.mixed_precision.param_dtype = at::kHalf;
-  o.mixed_precision.reduce_dtype = at::kHalf;
-  o.auto_wrap_policy = transformer_auto_wrap_policy<models::GPTBlockImpl>();
+  o.process_group(pg);
+  o.device_id(kCuda);
+  o.mixed_precision().param_dtype = at::kHalf;
+  o.mixed_precision().reduce_dtype = at::kHalf;
+  o.auto_wrap_policy(transformer_auto_wrap_policy<models::GPTBlockImpl>());
   FullyShardedDataParallel<models::GPTImpl> model(make_gpt(3, c), o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3));
   auto [x, y] = batch(0, c);
@@ -200,9 +200,9 @@ TEST(Gpu, CheckpointsRoundTripFromCuda) {
   fs::remove_all(dir);
   for (auto format : {CheckpointFormat::kSharded, CheckpointFormat::kFull}) {
     FSDPOptions o;
-    o.process_group = pg;
-    o.device_id = kCuda;
-    o.auto_wrap_policy = transformer_auto_wrap_policy<models::GPTBlockImpl>();
+    o.process_group(pg);
+    o.device_id(kCuda);
+    o.auto_wrap_policy(transformer_auto_wrap_policy<models::GPTBlockImpl>());
     FullyShardedDataParallel<models::GPTImpl> a(make_gpt(11, c), o);
     FullyShardedDataParallel<models::GPTImpl> b(make_gpt(12, c), o);
     const std::string path = (dir / (format == CheckpointFormat::kFull ? "full.pt" : "sharded")).string();
@@ -210,7 +210,7 @@ TEST(Gpu, CheckpointsRoundTripFromCuda) {
     CheckpointState sa;
     sa.model("model", a.ptr());
     CheckpointOptions co;
-    co.format = format;
+    co.format(format);
     save_checkpoint(path, sa, *pg, co);
     CheckpointState sb;
     sb.model("model", b.ptr());
@@ -279,9 +279,9 @@ TEST(Gpu, EmptyInitMaterialisesOnCuda) {
   materialize(reference);
   const auto want = cpu_params(reference->named_parameters().pairs());
   FSDPOptions o;
-  o.process_group = pg;
-  o.device_id = kCuda;
-  o.auto_wrap_policy = transformer_auto_wrap_policy<models::GPTBlockImpl>();
+  o.process_group(pg);
+  o.device_id(kCuda);
+  o.auto_wrap_policy(transformer_auto_wrap_policy<models::GPTBlockImpl>());
   FullyShardedDataParallel<models::GPTImpl> model(build_deferred(), o);
   expect_close(cpu_params(full_parameters(model.ptr())), want, 0);
   auto [x, y] = batch(0, c);

@@ -67,8 +67,8 @@ TEST(GPT, FullShardTrainingMatchesUnwrapped) {
   }
   fsdp::testing::run_ranks(2, [&](fsdp::dist::ProcessGroup& pg) {
     fsdp::FSDPOptions o;
-    o.process_group = fsdp::testing::borrow(pg);
-    o.auto_wrap_policy = fsdp::transformer_auto_wrap_policy<fsdp::models::GPTBlockImpl>();
+    o.process_group(fsdp::testing::borrow(pg));
+    o.auto_wrap_policy(fsdp::transformer_auto_wrap_policy<fsdp::models::GPTBlockImpl>());
     fsdp::FullyShardedDataParallel<GPTImpl> model(make_gpt(2), o);
     EXPECT_EQ(fsdp::fsdp_modules(model.ptr()).size(), 3u);  // root + 2 blocks
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));

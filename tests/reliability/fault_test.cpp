@@ -349,7 +349,7 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
     ~Unmount() { std::system(("umount '" + path + "'").c_str()); }
   } unmount{mnt};
   for (auto format : {CheckpointFormat::kSharded, CheckpointFormat::kFull}) {
-    const std::string tag = format == CheckpointFormat::kFull ? "full" : "sharded";
+    const std::string tag = to_string(format);
     SCOPED_TRACE(tag);
     const std::string good = mnt + "/" + tag + "-good", bad = mnt + "/" + tag + "-bad";
     std::map<std::string, torch::Tensor> saved;
@@ -359,7 +359,7 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
       FSDPOptions o = options_for_strategy(pg, ShardingStrategy::kFullShard);
       FullyShardedDataParallel<NetImpl> model(net, o);
       CheckpointOptions co;
-      co.format = format;
+      co.format(format);
       CheckpointState s;
       s.model("model", model.ptr());
       save_checkpoint(good, s, pg, co);
@@ -409,7 +409,7 @@ TEST(HostileFiles, APickleInAFullCheckpointIsNeverRun) {
     CheckpointState s;
     s.model("model", model.ptr());
     CheckpointOptions o;
-    o.format = CheckpointFormat::kFull;
+    o.format(CheckpointFormat::kFull);
     save_checkpoint(good, s, pg, o);
   });
   // Protocol-2 pickle: os.system("touch <marker>").

@@ -45,6 +45,12 @@ enum class ReduceOp {
   kMax,
 };
 
+// "sum", "avg", "max".
+const char* to_string(ReduceOp op);
+// Parses those names, or "mean" for kAvg (Lightning's name), case-insensitive.
+// Throws ConfigError "<what>: reduce op '<name>' is unknown" listing them otherwise.
+ReduceOp parse_reduce_op(const std::string& name, const std::string& what = "reduce op");
+
 // The slice of a flat buffer that one rank holds (see SHARDING CONVENTION).
 struct ChunkRange {
   int64_t offset = 0;

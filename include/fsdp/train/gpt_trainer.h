@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <string>
 
+#include "fsdp/checkpoint_io.h"  // CheckpointFormat
 #include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp.h"  // ShardingStrategy, BackwardPrefetch
 #include "fsdp/models/gpt.h"
 #include "fsdp/train/batches.h"  // held_out_bytes, the split train() makes
 
@@ -31,8 +33,8 @@ struct TrainConfig {
   int64_t save_every = 0;           // 0: only at the end
   int keep = 2;                     // checkpoints kept
   bool resume = false;              // continue from the newest complete checkpoint in out/checkpoints
-  std::string state_dict_type = "sharded";
-  std::string sharding_strategy = "FULL_SHARD";
+  CheckpointFormat state_dict_type = CheckpointFormat::kSharded;
+  ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
   std::string precision = "32-true";
   bool activation_checkpointing = false;
   bool cpu_offload = false;
@@ -45,7 +47,7 @@ struct TrainConfig {
   int64_t eval_every = 50;          // held-out loss every N steps (and at the end); 0: never
   std::string mesh;                 // "R,S": HYBRID_SHARD's (replicate, shard) sizes
   bool forward_prefetch = true;  // as FSDPOptions (on; PyTorch: off)
-  std::string backward_prefetch = "pre";  // pre, post, none
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool limit_all_gathers = true;
 };
 
