@@ -20,6 +20,7 @@ import sys
 # repository) and the modules it may include.
 MODULES = [
     ("error", ["include/fsdp/error.h"], []),
+    ("fault_points", ["src/fsdp/fault_points.*"], []),
     ("dist", ["include/fsdp/dist/*", "src/dist/*"], ["error"]),
     ("launch", ["include/fsdp/launch/*", "src/launch/*"], ["error"]),
     ("core", ["include/fsdp/fsdp.h", "include/fsdp/detail/unit.h", "src/fsdp/autograd_node.h",
@@ -31,11 +32,12 @@ MODULES = [
      ["error", "dist", "core"]),
     ("optim_state_dict", ["include/fsdp/optim_state_dict.h", "src/fsdp/optim_state_dict.cpp"],
      ["error", "dist", "core", "state_dict"]),
-    ("checkpoint_files", ["src/fsdp/rank_errors.*", "src/fsdp/torch_pickle.*", "src/fsdp/ckpt_format.*",
+    ("checkpoint_files", ["src/fsdp/rank_errors.*", "src/fsdp/torch_pickle.*", "src/fsdp/ckpt_*",
                           "include/fsdp/checkpoint_io.h", "src/fsdp/checkpoint_io.cpp"],
-     ["error", "dist", "core", "state_dict", "optim_state_dict"]),
+     ["error", "fault_points", "dist", "core", "state_dict", "optim_state_dict"]),
     ("strategy", ["include/fsdp/strategy.h", "src/fsdp/strategy.cpp"],
-     ["error", "dist", "core", "activation_checkpointing", "state_dict", "optim_state_dict", "checkpoint_files"]),
+     ["error", "fault_points", "dist", "core", "activation_checkpointing", "state_dict", "optim_state_dict",
+      "checkpoint_files"]),
     ("models", ["include/fsdp/models/*", "src/models/*"], ["error", "dist", "core"]),
     ("train", ["include/fsdp/train/*", "src/train/*"],
      ["error", "dist", "core", "activation_checkpointing", "state_dict", "optim_state_dict", "checkpoint_files",
