@@ -292,7 +292,7 @@ TensorEntry decode_tensor(const Json& x, const Index& ix, const std::string& whe
   if (chunks.size() > 1000000) bad(where, "too many chunks");
   for (const auto& c : chunks) {
     Chunk ch = decode_chunk(c, t, where);
-    if (ix.kind == "sharded") {
+    if (ix.kind == Index::Kind::kSharded) {
       if (std::find(ix.files.begin(), ix.files.end(), ch.file) == ix.files.end()) {
         bad(where, "chunk file '" + ch.file + "' is not one of the checkpoint's data files");
       }
@@ -308,11 +308,11 @@ TensorEntry decode_tensor(const Json& x, const Index& ix, const std::string& whe
 
 void encode_header(Json& j, const Index& index) {
   j["format"] = "fsdp-cpp";
-  j["kind"] = index.kind;
+  j["kind"] = index.kind == Index::Kind::kSharded ? "sharded" : "full";
   j["version"] = index.version;
   j["world_size"] = index.world_size;
   j["save_id"] = index.save_id;
-  if (index.kind == "sharded") j["files"] = index.files;
+  if (index.kind == Index::Kind::kSharded) j["files"] = index.files;
 }
 
 Index decode_header(const Json& j, const std::string& where) {
@@ -325,11 +325,12 @@ Index decode_header(const Json& j, const std::string& where) {
     bad(where, "written by a newer fsdp-cpp (format version " + std::to_string(ix.version) +
                    "; this build reads versions up to " + std::to_string(kVersion) + ")");
   }
-  ix.kind = str_field(j, "kind", where);
-  if (ix.kind != "full" && ix.kind != "sharded") bad(where, "field 'kind' must be \"full\" or \"sharded\"");
+  const std::string kind = str_field(j, "kind", where);
+  if (kind != "full" && kind != "sharded") bad(where, "field 'kind' must be \"full\" or \"sharded\"");
+  ix.kind = kind == "sharded" ? Index::Kind::kSharded : Index::Kind::kFull;
   ix.world_size = static_cast<int>(int_field(j, "world_size", where, 1, 1 << 20));
   ix.save_id = str_field(j, "save_id", where);
-  if (ix.kind == "sharded") {
+  if (ix.kind == Index::Kind::kSharded) {
     ix.files = str_list(j, "files", where);
     for (const auto& f : ix.files) {
       if (!safe_file_name(f)) bad(where, "data file name '" + f + "' is not a plain file name inside the checkpoint");

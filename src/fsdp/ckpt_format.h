@@ -75,7 +75,7 @@ struct EntryRecord {
 std::string value_text(const EntryRecord& entry);
 
 struct Index {
-  std::string kind;  // "full" or "sharded"
+  enum class Kind { kFull, kSharded } kind = Kind::kFull;  // "full", "sharded"
   int version = kVersion;
   int world_size = 1;
   std::string save_id;

@@ -33,7 +33,7 @@ void release_free_memory() {
 }  // namespace
 
 FullFileWriter::FullFileWriter(const std::string& path, int world_size) {
-  ix_.kind = "full";
+  ix_.kind = ck::Index::Kind::kFull;
   ix_.world_size = world_size;
   ix_.save_id = ck::new_save_id();
   keep_first_error(capture([&] {
@@ -103,11 +103,10 @@ void start_async_full(const std::string& path, const CheckpointState& state,
   const bool writer = group.rank() == 0;
   auto staged = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
   auto entries = std::make_shared<std::vector<ck::EntryRecord>>();
-  const Failure error = capture([&] {
-    *entries = visit_state(state, fsdp_model, StateDictType::kFull, options, [&](const std::string& k, const StateValue& v) {
-      if (writer) staged->emplace_back(k, std::get<at::Tensor>(v).detach().to(at::kCPU, false, /*copy=*/true));
-    });
-  });
+  auto stage = [&](const std::string& k, const StateValue& v) {
+    if (writer) staged->emplace_back(k, std::get<at::Tensor>(v).detach().to(at::kCPU, false, /*copy=*/true));
+  };
+  const Failure error = capture([&] { *entries = visit_state(state, fsdp_model, StateDictType::kFull, options, stage); });
   if (!error.empty()) return agree_from(group, 0, error, save_failed(path));  // [collective]
   const int world = group.size();
   auto report = std::make_shared<Failure>();

@@ -93,7 +93,9 @@ void open_sharded(Source& s) {
   const int64_t size = ck::file_size(s.where);
   if (size > (int64_t{1} << 30)) throw ConfigError("checkpoint: " + s.where + " is implausibly large");
   s.ix = ck::parse_index(ck::read_range(s.where, 0, size), s.where);
-  if (s.ix.kind != "sharded") throw ConfigError("checkpoint: " + s.where + ": a directory's index must be of kind \"sharded\"");
+  if (s.ix.kind != ck::Index::Kind::kSharded) {
+    throw ConfigError("checkpoint: " + s.where + ": a directory's index must be of kind \"sharded\"");
+  }
   s.dir = s.path;
 }
 
@@ -130,7 +132,9 @@ void open_file(Source& s, bool accept_raw) {
   }
   s.where = path + " (record " + ck::kFullIndexRecord + ")";
   s.ix = ck::parse_index(s.full->read(ck::kFullIndexRecord), s.where);
-  if (s.ix.kind != "full") throw ConfigError("checkpoint: " + s.where + ": a file's index must be of kind \"full\"");
+  if (s.ix.kind != ck::Index::Kind::kFull) {
+    throw ConfigError("checkpoint: " + s.where + ": a file's index must be of kind \"full\"");
+  }
 }
 
 }  // namespace
@@ -416,7 +420,9 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
     const ck::EntryRecord* model = nullptr;
     for (const auto& e : src->ix.entries) {
       if (e.type != ck::EntryType::kModel) continue;
-      if (model) throw ConfigError("load_checkpoint: " + path + " holds several models; load it with a CheckpointState naming one");
+      if (model) {
+        throw ConfigError("load_checkpoint: " + path + " holds several models; load it with a CheckpointState naming one");
+      }
       model = &e;
     }
     if (!model) throw ConfigError("load_checkpoint: " + path + " holds no model");

@@ -69,7 +69,9 @@ std::vector<Piece> local_pieces(ShardedJob& job, const CheckpointState& state,
       return;
     }
     const auto& st = std::get<ShardedTensor>(v);
-    for (const auto& s : st.local_shards) pieces.push_back(make_piece(key, st.dtype, st.global_shape, s.offsets, s.tensor));
+    for (const auto& s : st.local_shards) {
+      pieces.push_back(make_piece(key, st.dtype, st.global_shape, s.offsets, s.tensor));
+    }
   };
   error = capture([&] { job.entries = visit_state(state, fsdp_model, StateDictType::kSharded, options, put); });
   return pieces;
@@ -89,9 +91,8 @@ void claim_pieces(ShardedJob& job, std::vector<Piece> pieces, Failure error, dis
   auto box = [](const ck::PieceRecord& r) { return Box{r.key, r.chunk.offsets, r.chunk.sizes}; };
   std::set<Box> taken;  // the boxes of lower ranks
   for (int r = 0; r < group.rank(); ++r) {
-    for (const auto& x : ck::decode_pieces(everyone[static_cast<size_t>(r)], "rank " + std::to_string(r) + "'s pieces")) {
-      taken.insert(box(x));
-    }
+    const std::string where = "rank " + std::to_string(r) + "'s pieces";
+    for (const auto& x : ck::decode_pieces(everyone[static_cast<size_t>(r)], where)) taken.insert(box(x));
   }
   for (auto& p : pieces) {
     if (!taken.insert(box(p.record)).second) continue;
@@ -142,7 +143,7 @@ void write_data(ShardedJob& job) {
 // The index of every rank's written pieces.
 ck::Index index_of(const ShardedJob& job, const std::vector<std::string>& written) {
   ck::Index ix;
-  ix.kind = "sharded";
+  ix.kind = ck::Index::Kind::kSharded;
   ix.world_size = job.world;
   ix.save_id = job.save_id;
   ix.entries = job.entries;
@@ -173,19 +174,18 @@ void commit_index(const std::string& path, const ck::Index& ix) {
 }
 
 // [collective] Every rank's written pieces to rank 0, which commits the
-// index; on any failure, every rank removes its data file and throws.
+// index; on any failure, every rank removes its data file and throws. (A
+// rank 0 that dies after the commit fails the broadcast: the data file,
+// referenced by the new index, stays.)
 void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
   Failure failed;
   const auto written = gather_outcomes(group, ck::encode_pieces(job.written), job.write_failure, failed);
   if (group.rank() == 0 && failed.empty()) failed = capture([&] { commit_index(job.path, index_of(job, written)); });
-  try {
-    agree_from(group, 0, failed,
-               "save_checkpoint: saving " + job.path + " failed (the previous checkpoint there is intact): ");
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(fs::path(job.path) / job.file_name, ec);  // never referenced by an index
-    throw;
-  }
+  failed = failure_from(group, 0, failed);
+  if (failed.empty()) return;
+  std::error_code ec;
+  fs::remove(fs::path(job.path) / job.file_name, ec);  // never referenced by an index
+  rethrow(failed, "save_checkpoint: saving " + job.path + " failed (the previous checkpoint there is intact): ");
 }
 
 }  // namespace

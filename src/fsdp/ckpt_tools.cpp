@@ -63,7 +63,9 @@ void consolidate_checkpoint(const std::string& sharded_dir, const std::string& o
   detail::FullFileWriter out(out_file, src->ix.world_size);
   for (const auto& key : src->ix.tensor_order) out.add(key, src->read_whole(key));  // one tensor in memory at a time
   out.finish(src->ix.entries);
-  if (!out.error().empty()) throw Error("consolidate: writing " + out_file + " failed: " + detail::failure_message(out.error()));
+  if (!out.error().empty()) {
+    throw Error("consolidate: writing " + out_file + " failed: " + detail::failure_message(out.error()));
+  }
 }
 
 }  // namespace fsdp

@@ -110,8 +110,12 @@ std::vector<std::string> gather_outcomes(dist::ProcessGroup& group, const std::s
   return payloads(std::move(all));
 }
 
+Failure failure_from(dist::ProcessGroup& group, int root, const Failure& failure) {
+  return group.broadcast_bytes(failure, root);
+}
+
 void agree_from(dist::ProcessGroup& group, int root, const Failure& failure, const std::string& prefix) {
-  const Failure f = group.broadcast_bytes(failure, root);
+  const Failure f = failure_from(group, root, failure);
   if (!f.empty()) rethrow(f, prefix);
 }
 

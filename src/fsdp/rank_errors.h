@@ -68,4 +68,9 @@ std::vector<std::string> gather_outcomes(dist::ProcessGroup& group, const std::s
 // rank with `prefix`; nothing if it succeeded.
 void agree_from(dist::ProcessGroup& group, int root, const Failure& failure, const std::string& prefix);
 
+// [collective: broadcast from `root`] The root's failure on every rank, not
+// thrown (for a rank that must undo something first); empty if it succeeded.
+// A failing broadcast itself throws its CollectiveError.
+Failure failure_from(dist::ProcessGroup& group, int root, const Failure& failure);
+
 }  // namespace fsdp::detail
