@@ -1,24 +1,17 @@
+// The index of both formats: its records, each encoded and decoded here
+// (docs/checkpoint-format.md); checksums and dtype names.
 #include "ckpt_format.h"
 
-#include <caffe2/serialize/inline_container.h>
-#include <fcntl.h>
 #include <nlohmann/json.hpp>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
-#include <cerrno>
-#include <csignal>
-#include <cstdio>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
-#include <chrono>
-#include <cstring>
-#include <random>
 #include <regex>
-#include <sstream>
 
 #include "fsdp/error.h"
-#include "torch_pickle.h"
 
 namespace fsdp::detail::ckpt {
 
@@ -34,36 +27,6 @@ uint32_t crc32(const void* data, size_t n, uint32_t crc) {
     n -= step;
   }
   return static_cast<uint32_t>(c);
-}
-
-namespace {
-
-// Touches ever more memory until the kernel's OOM killer ends the process
-// (the tests run it under a memory cgroup's limit); gives up after 4 GiB.
-[[noreturn]] void exhaust_memory() {
-  constexpr size_t kBlock = size_t{64} << 20, kMax = size_t{4} << 30, kPage = 4096;
-  for (size_t total = 0; total < kMax; total += kBlock) {
-    auto* p = static_cast<volatile char*>(std::malloc(kBlock));  // never freed: the point is to hold it
-    if (p == nullptr) break;
-    for (size_t i = 0; i < kBlock; i += kPage) p[i] = 1;
-  }
-  std::fprintf(stderr, "fault injection: no out-of-memory kill after touching 4 GiB\n");
-  std::_Exit(99);
-}
-
-}  // namespace
-
-void crash_point(const char* point, int rank) {
-  static const char* spec = std::getenv("FSDP_CKPT_TEST_CRASH");
-  if (spec == nullptr) return;
-  // A fault happens once: a worker restarted by fsdp-run --max-restarts runs on.
-  static const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
-  if (restarts != nullptr && std::string(restarts) != "0") return;
-  static std::map<std::string, int> hits;
-  const std::string here = std::string(point) + ":" + std::to_string(rank);
-  const std::string hit = here + ":" + std::to_string(++hits[here]);
-  if (spec == hit) ::raise(SIGKILL);
-  if (spec == hit + ":oom") exhaust_memory();
 }
 
 namespace {
@@ -84,12 +47,6 @@ constexpr int64_t kMaxNumel = int64_t{1} << 48;
   throw ConfigError("checkpoint: " + where + ": " + what);
 }
 
-std::string errno_text(int err) {
-  std::string s = std::strerror(err);
-  if (err == ENOSPC) s += " (the disk is full)";
-  return s;
-}
-
 }  // namespace
 
 std::string dtype_name(at::ScalarType dtype) {
@@ -108,49 +65,7 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& where) {
 }
 
 // ---------------------------------------------------------------------------
-// Index <-> JSON.
-
-std::string to_json(const Index& index) {
-  Json j;
-  j["format"] = "fsdp-cpp";
-  j["kind"] = index.kind;
-  j["version"] = index.version;
-  j["world_size"] = index.world_size;
-  j["save_id"] = index.save_id;
-  if (index.kind == "sharded") j["files"] = index.files;
-  Json entries = Json::array();
-  for (const auto& e : index.entries) {
-    Json x;
-    x["name"] = e.name;
-    x["type"] = e.type;
-    if (e.type == "model" || e.type == "optimizer") x["keys"] = e.keys;
-    if (e.type == "optimizer") x["param_groups"] = Json::parse(e.param_groups);
-    if (e.type == "str") x["value"] = e.value;
-    if (e.type == "int" || e.type == "float" || e.type == "bool") x["value"] = Json::parse(e.value);
-    entries.push_back(std::move(x));
-  }
-  j["entries"] = std::move(entries);
-  Json tensors = Json::object();
-  for (const auto& key : index.tensor_order) {
-    const auto& t = index.tensors.at(key);
-    Json x;
-    x["dtype"] = dtype_name(t.dtype);
-    x["shape"] = t.shape;
-    Json chunks = Json::array();
-    for (const auto& c : t.chunks) {
-      chunks.push_back(Json{{"file", c.file},
-                            {"offset", c.offset},
-                            {"nbytes", c.nbytes},
-                            {"offsets", c.offsets},
-                            {"sizes", c.sizes},
-                            {"crc32", c.crc}});
-    }
-    x["chunks"] = std::move(chunks);
-    tensors[key] = std::move(x);
-  }
-  j["tensors"] = std::move(tensors);
-  return j.dump(1);
-}
+// Records <-> JSON: each record's encode and decode, side by side.
 
 namespace {
 
@@ -174,9 +89,13 @@ std::string str_field(const Json& j, const char* name, const std::string& where)
   return j.at(name).get<std::string>();
 }
 
-std::vector<int64_t> int_list(const Json& j, const char* name, const std::string& where, int64_t max_value) {
+const Json& list_field(const Json& j, const char* name, const std::string& where) {
   if (!j.contains(name) || !j.at(name).is_array()) bad(where, std::string("field '") + name + "' must be a list");
-  const Json& a = j.at(name);
+  return j.at(name);
+}
+
+std::vector<int64_t> int_list(const Json& j, const char* name, const std::string& where, int64_t max_value) {
+  const Json& a = list_field(j, name, where);
   if (static_cast<int64_t>(a.size()) > kMaxDims) bad(where, std::string("field '") + name + "' has too many dimensions");
   std::vector<int64_t> out;
   for (const auto& x : a) {
@@ -189,9 +108,8 @@ std::vector<int64_t> int_list(const Json& j, const char* name, const std::string
 }
 
 std::vector<std::string> str_list(const Json& j, const char* name, const std::string& where) {
-  if (!j.contains(name) || !j.at(name).is_array()) bad(where, std::string("field '") + name + "' must be a list");
   std::vector<std::string> out;
-  for (const auto& x : j.at(name)) {
+  for (const auto& x : list_field(j, name, where)) {
     if (!x.is_string()) bad(where, std::string("field '") + name + "' must hold strings");
     out.push_back(x.get<std::string>());
   }
@@ -207,114 +125,263 @@ int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& wher
   return n;
 }
 
+// Entry types.
+
+constexpr std::pair<EntryType, const char*> kEntryTypes[] = {
+    {EntryType::kModel, "model"}, {EntryType::kOptimizer, "optimizer"}, {EntryType::kInt, "int"},
+    {EntryType::kFloat, "float"}, {EntryType::kBool, "bool"},           {EntryType::kStr, "str"},
+    {EntryType::kTensor, "tensor"}};
+
+EntryType parse_entry_type(const std::string& name, const std::string& where) {
+  for (const auto& [t, n] : kEntryTypes) {
+    if (name == n) return t;
+  }
+  bad(where, "unknown entry type '" + name + "'");
+}
+
+// Parameter groups: [{"params": [...], "options": {name: number}}].
+
+Json encode_param_groups(const std::vector<ParamGroup>& groups) {
+  Json a = Json::array();
+  for (const auto& g : groups) a.push_back(Json{{"params", g.params}, {"options", g.options}});
+  return a;
+}
+
+std::vector<ParamGroup> decode_param_groups(const Json& x, const std::string& where) {
+  std::vector<ParamGroup> out;
+  for (const auto& g : list_field(x, "param_groups", where)) {
+    if (!g.is_object()) bad(where, "a parameter group must be an object");
+    ParamGroup pg;
+    pg.params = str_list(g, "params", where);
+    if (!g.contains("options") || !g["options"].is_object()) bad(where, "a parameter group needs 'options'");
+    for (const auto& [k, v] : g["options"].items()) {
+      if (!v.is_number()) bad(where, "option '" + k + "' must be a number");
+      pg.options[k] = v.get<double>();
+    }
+    out.push_back(std::move(pg));
+  }
+  return out;
+}
+
+// Scalar values: a float that is not finite is written as a string.
+
+Json encode_value(const EntryRecord& e) {
+  switch (e.type) {
+    case EntryType::kInt: return std::get<int64_t>(e.value);
+    case EntryType::kBool: return std::get<bool>(e.value);
+    case EntryType::kStr: return std::get<std::string>(e.value);
+    case EntryType::kFloat: {
+      const double v = std::get<double>(e.value);
+      if (std::isfinite(v)) return v;
+      return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+    }
+    default: return Json();
+  }
+}
+
+std::variant<int64_t, double, bool, std::string> decode_value(const Json& x, EntryType type, const std::string& where) {
+  const Json* v = x.contains("value") ? &x.at("value") : nullptr;
+  switch (type) {
+    case EntryType::kInt:
+      if (!v || !v->is_number_integer() || (v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX)) {
+        bad(where, "'value' must be an integer");
+      }
+      return v->get<int64_t>();
+    case EntryType::kBool:
+      if (!v || !v->is_boolean()) bad(where, "'value' must be true or false");
+      return v->get<bool>();
+    case EntryType::kStr: return str_field(x, "value", where);
+    case EntryType::kFloat:
+      if (v && v->is_number()) return v->get<double>();
+      if (v && v->is_string()) {  // "nan", "inf", "-inf"
+        const std::string s = v->get<std::string>();
+        char* end = nullptr;
+        const double d = std::strtod(s.c_str(), &end);
+        if (!s.empty() && end == s.c_str() + s.size()) return d;
+      }
+      bad(where, "'value' must be a number");
+    default: return int64_t{0};
+  }
+}
+
+// Entries.
+
+Json encode_entry(const EntryRecord& e) {
+  Json x;
+  x["name"] = e.name;
+  x["type"] = entry_type_name(e.type);
+  if (e.is_state_dict()) x["keys"] = e.keys;
+  if (e.type == EntryType::kOptimizer) x["param_groups"] = encode_param_groups(e.param_groups);
+  if (!e.is_state_dict() && e.type != EntryType::kTensor) x["value"] = encode_value(e);
+  return x;
+}
+
+EntryRecord decode_entry(const Json& x, const std::string& where) {
+  if (!x.is_object()) bad(where, "an entry must be an object");
+  EntryRecord e;
+  e.name = str_field(x, "name", where);
+  const std::string ew = where + ", entry '" + e.name + "'";
+  e.type = parse_entry_type(str_field(x, "type", where), ew);
+  if (e.is_state_dict()) e.keys = str_list(x, "keys", ew);
+  if (e.type == EntryType::kOptimizer) e.param_groups = decode_param_groups(x, ew);
+  if (!e.is_state_dict() && e.type != EntryType::kTensor) e.value = decode_value(x, e.type, ew);
+  return e;
+}
+
+// Chunks, and tensors' dtype and shape.
+
+Json encode_chunk(const Chunk& c) {
+  return Json{{"file", c.file}, {"offset", c.offset}, {"nbytes", c.nbytes},
+              {"offsets", c.offsets}, {"sizes", c.sizes}, {"crc32", c.crc}};
+}
+
+// A chunk of the tensor `t` (its dtype and shape), checked to lie inside it.
+Chunk decode_chunk(const Json& c, const TensorEntry& t, const std::string& where) {
+  if (!c.is_object()) bad(where, "a chunk must be an object");
+  Chunk ch;
+  ch.file = str_field(c, "file", where);
+  ch.offset = int_field(c, "offset", where, 0, int64_t{1} << 56);
+  ch.nbytes = int_field(c, "nbytes", where, 0, int64_t{1} << 56);
+  ch.offsets = int_list(c, "offsets", where, kMaxDim);
+  ch.sizes = int_list(c, "sizes", where, kMaxDim);
+  ch.crc = static_cast<uint32_t>(int_field(c, "crc32", where, 0, 0xffffffffLL));
+  if (ch.offsets.size() != t.shape.size() || ch.sizes.size() != t.shape.size()) {
+    bad(where, "a chunk's offsets and sizes must have one value per dimension of the shape");
+  }
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    if (ch.offsets[d] + ch.sizes[d] > t.shape[d]) bad(where, "a chunk lies outside the tensor's shape");
+  }
+  const int64_t want = checked_numel(ch.sizes, where) * static_cast<int64_t>(c10::elementSize(t.dtype));
+  if (want != ch.nbytes) {
+    bad(where, "a chunk of " + std::to_string(ch.nbytes) + " bytes does not match its sizes x dtype (" +
+                   std::to_string(want) + " bytes)");
+  }
+  return ch;
+}
+
+void encode_tensor_type(Json& x, at::ScalarType dtype, const std::vector<int64_t>& shape) {
+  x["dtype"] = dtype_name(dtype);
+  x["shape"] = shape;
+}
+
+TensorEntry decode_tensor_type(const Json& x, const std::string& where) {
+  if (!x.is_object()) bad(where, "must be an object");
+  TensorEntry t;
+  t.dtype = parse_dtype(str_field(x, "dtype", where), where);
+  t.shape = int_list(x, "shape", where, kMaxDim);
+  checked_numel(t.shape, where);
+  return t;
+}
+
+// Tensors of the index: {"dtype", "shape", "chunks": [...]}, their chunks in
+// the checkpoint's files (sharded) or records (full).
+
+Json encode_tensor(const TensorEntry& t) {
+  Json x;
+  encode_tensor_type(x, t.dtype, t.shape);
+  Json chunks = Json::array();
+  for (const auto& c : t.chunks) chunks.push_back(encode_chunk(c));
+  x["chunks"] = std::move(chunks);
+  return x;
+}
+
+TensorEntry decode_tensor(const Json& x, const Index& ix, const std::string& where) {
+  static const std::regex record("data/[0-9]{1,12}");
+  TensorEntry t = decode_tensor_type(x, where);
+  const Json& chunks = list_field(x, "chunks", where);
+  if (chunks.size() > 1000000) bad(where, "too many chunks");
+  for (const auto& c : chunks) {
+    Chunk ch = decode_chunk(c, t, where);
+    if (ix.kind == Index::Kind::kSharded) {
+      if (std::find(ix.files.begin(), ix.files.end(), ch.file) == ix.files.end()) {
+        bad(where, "chunk file '" + ch.file + "' is not one of the checkpoint's data files");
+      }
+    } else if (!std::regex_match(ch.file, record)) {
+      bad(where, "chunk record '" + ch.file + "' is not a data record of the checkpoint");
+    }
+    t.chunks.push_back(std::move(ch));
+  }
+  return t;
+}
+
+// The index's header: format, kind, version, world size, save id, files.
+
+void encode_header(Json& j, const Index& index) {
+  j["format"] = "fsdp-cpp";
+  j["kind"] = index.kind == Index::Kind::kSharded ? "sharded" : "full";
+  j["version"] = index.version;
+  j["world_size"] = index.world_size;
+  j["save_id"] = index.save_id;
+  if (index.kind == Index::Kind::kSharded) j["files"] = index.files;
+}
+
+Index decode_header(const Json& j, const std::string& where) {
+  if (!j.is_object() || !j.contains("format") || j["format"] != "fsdp-cpp") {
+    bad(where, "not an fsdp-cpp checkpoint index (no \"format\": \"fsdp-cpp\")");
+  }
+  Index ix;
+  ix.version = static_cast<int>(int_field(j, "version", where, 1, 1 << 30));
+  if (ix.version > kVersion) {
+    bad(where, "written by a newer fsdp-cpp (format version " + std::to_string(ix.version) +
+                   "; this build reads versions up to " + std::to_string(kVersion) + ")");
+  }
+  const std::string kind = str_field(j, "kind", where);
+  if (kind != "full" && kind != "sharded") bad(where, "field 'kind' must be \"full\" or \"sharded\"");
+  ix.kind = kind == "sharded" ? Index::Kind::kSharded : Index::Kind::kFull;
+  ix.world_size = static_cast<int>(int_field(j, "world_size", where, 1, 1 << 20));
+  ix.save_id = str_field(j, "save_id", where);
+  if (ix.kind == Index::Kind::kSharded) {
+    ix.files = str_list(j, "files", where);
+    for (const auto& f : ix.files) {
+      if (!safe_file_name(f)) bad(where, "data file name '" + f + "' is not a plain file name inside the checkpoint");
+    }
+  }
+  return ix;
+}
+
+Json parse_json(const std::string& text, const std::string& where, const char* what) {
+  try {
+    return Json::parse(text);
+  } catch (const std::exception& e) {
+    bad(where, std::string(what) + " is not valid JSON (" + e.what() + ")");
+  }
+}
+
 }  // namespace
 
-Index parse_index(const std::string& text, const std::string& where) {
-  Json j;
-  try {
-    j = Json::parse(text);
-  } catch (const std::exception& e) {
-    bad(where, std::string("the index is not valid JSON (") + e.what() + ")");
+const char* entry_type_name(EntryType type) {
+  for (const auto& [t, n] : kEntryTypes) {
+    if (t == type) return n;
   }
+  return "?";
+}
+
+std::string value_text(const EntryRecord& entry) {
+  if (entry.type == EntryType::kStr) return std::get<std::string>(entry.value);
+  return encode_value(entry).dump();
+}
+
+std::string to_json(const Index& index) {
+  Json j;
+  encode_header(j, index);
+  Json entries = Json::array();
+  for (const auto& e : index.entries) entries.push_back(encode_entry(e));
+  j["entries"] = std::move(entries);
+  Json tensors = Json::object();
+  for (const auto& key : index.tensor_order) tensors[key] = encode_tensor(index.tensors.at(key));
+  j["tensors"] = std::move(tensors);
+  return j.dump(1);
+}
+
+Index parse_index(const std::string& text, const std::string& where) {
+  const Json j = parse_json(text, where, "the index");
   try {
-    if (!j.is_object() || !j.contains("format") || j["format"] != "fsdp-cpp") {
-      bad(where, "not an fsdp-cpp checkpoint index (no \"format\": \"fsdp-cpp\")");
-    }
-    Index ix;
-    ix.version = static_cast<int>(int_field(j, "version", where, 1, 1 << 30));
-    if (ix.version > kVersion) {
-      bad(where, "written by a newer fsdp-cpp (format version " + std::to_string(ix.version) +
-                     "; this build reads versions up to " + std::to_string(kVersion) + ")");
-    }
-    ix.kind = str_field(j, "kind", where);
-    if (ix.kind != "full" && ix.kind != "sharded") bad(where, "field 'kind' must be \"full\" or \"sharded\"");
-    ix.world_size = static_cast<int>(int_field(j, "world_size", where, 1, 1 << 20));
-    ix.save_id = str_field(j, "save_id", where);
-    if (ix.kind == "sharded") {
-      ix.files = str_list(j, "files", where);
-      for (const auto& f : ix.files) {
-        if (!safe_file_name(f)) bad(where, "data file name '" + f + "' is not a plain file name inside the checkpoint");
-      }
-    }
-    if (!j.contains("entries") || !j["entries"].is_array()) bad(where, "field 'entries' must be a list");
-    for (const auto& x : j["entries"]) {
-      if (!x.is_object()) bad(where, "an entry must be an object");
-      EntryRecord e;
-      e.name = str_field(x, "name", where);
-      e.type = str_field(x, "type", where);
-      const std::string ew = where + ", entry '" + e.name + "'";
-      if (e.type == "model" || e.type == "optimizer") {
-        e.keys = str_list(x, "keys", ew);
-        if (e.type == "optimizer") {
-          if (!x.contains("param_groups") || !x["param_groups"].is_array()) bad(ew, "field 'param_groups' must be a list");
-          for (const auto& g : x["param_groups"]) {
-            if (!g.is_object()) bad(ew, "a parameter group must be an object");
-            str_list(g, "params", ew);
-            if (!g.contains("options") || !g["options"].is_object()) bad(ew, "a parameter group needs 'options'");
-            for (const auto& [k, v] : g["options"].items()) {
-              if (!v.is_number()) bad(ew, "option '" + k + "' must be a number");
-            }
-          }
-          e.param_groups = x["param_groups"].dump();
-        }
-      } else if (e.type == "str") {
-        e.value = str_field(x, "value", ew);
-      } else if (e.type == "int") {
-        if (!x.contains("value") || !x["value"].is_number_integer()) bad(ew, "'value' must be an integer");
-        e.value = x["value"].dump();
-      } else if (e.type == "float") {
-        if (!x.contains("value") || !(x["value"].is_number() || x["value"].is_string())) bad(ew, "'value' must be a number");
-        e.value = x["value"].dump();
-      } else if (e.type == "bool") {
-        if (!x.contains("value") || !x["value"].is_boolean()) bad(ew, "'value' must be true or false");
-        e.value = x["value"].dump();
-      } else if (e.type != "tensor") {
-        bad(ew, "unknown entry type '" + e.type + "'");
-      }
-      ix.entries.push_back(std::move(e));
-    }
+    Index ix = decode_header(j, where);
+    for (const auto& x : list_field(j, "entries", where)) ix.entries.push_back(decode_entry(x, where));
     if (!j.contains("tensors") || !j["tensors"].is_object()) bad(where, "field 'tensors' must be an object");
-    static const std::regex record("data/[0-9]{1,12}");
     for (const auto& [key, x] : j["tensors"].items()) {
-      const std::string tw = where + ", tensor '" + key + "'";
-      if (!x.is_object()) bad(tw, "must be an object");
-      TensorEntry t;
-      t.dtype = parse_dtype(str_field(x, "dtype", tw), tw);
-      t.shape = int_list(x, "shape", tw, kMaxDim);
-      checked_numel(t.shape, tw);
-      const int64_t item = static_cast<int64_t>(c10::elementSize(t.dtype));
-      if (!x.contains("chunks") || !x["chunks"].is_array()) bad(tw, "field 'chunks' must be a list");
-      if (x["chunks"].size() > 1000000) bad(tw, "too many chunks");
-      for (const auto& c : x["chunks"]) {
-        if (!c.is_object()) bad(tw, "a chunk must be an object");
-        Chunk ch;
-        ch.file = str_field(c, "file", tw);
-        if (ix.kind == "sharded") {
-          if (std::find(ix.files.begin(), ix.files.end(), ch.file) == ix.files.end()) {
-            bad(tw, "chunk file '" + ch.file + "' is not one of the checkpoint's data files");
-          }
-        } else if (!std::regex_match(ch.file, record)) {
-          bad(tw, "chunk record '" + ch.file + "' is not a data record of the checkpoint");
-        }
-        ch.offset = int_field(c, "offset", tw, 0, int64_t{1} << 56);
-        ch.nbytes = int_field(c, "nbytes", tw, 0, int64_t{1} << 56);
-        ch.offsets = int_list(c, "offsets", tw, kMaxDim);
-        ch.sizes = int_list(c, "sizes", tw, kMaxDim);
-        ch.crc = static_cast<uint32_t>(int_field(c, "crc32", tw, 0, 0xffffffffLL));
-        if (ch.offsets.size() != t.shape.size() || ch.sizes.size() != t.shape.size()) {
-          bad(tw, "a chunk's offsets and sizes must have one value per dimension of the shape");
-        }
-        for (size_t d = 0; d < t.shape.size(); ++d) {
-          if (ch.offsets[d] + ch.sizes[d] > t.shape[d]) bad(tw, "a chunk lies outside the tensor's shape");
-        }
-        if (checked_numel(ch.sizes, tw) * item != ch.nbytes) {
-          bad(tw, "a chunk of " + std::to_string(ch.nbytes) + " bytes does not match its sizes x dtype (" +
-                      std::to_string(checked_numel(ch.sizes, tw) * item) + " bytes)");
-        }
-        t.chunks.push_back(std::move(ch));
-      }
+      ix.tensors.emplace(key, decode_tensor(x, ix, where + ", tensor '" + key + "'"));
       ix.tensor_order.push_back(key);
-      ix.tensors.emplace(key, std::move(t));
     }
     return ix;
   } catch (const nlohmann::json::exception& e) {
@@ -322,329 +389,44 @@ Index parse_index(const std::string& text, const std::string& where) {
   }
 }
 
-// ---------------------------------------------------------------------------
-// Files.
-
-std::string dirname_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-void sync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort: some filesystems refuse directory fds
-  ::fsync(fd);
-  ::close(fd);
-}
-
-std::string new_save_id() {
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  std::random_device rd;
-  std::ostringstream os;
-  os << std::hex << std::chrono::duration_cast<std::chrono::milliseconds>(now).count() << "-" << (rd() & 0xffffff);
-  return os.str();
-}
-
-AtomicFile::AtomicFile(std::string final_path) : final_(std::move(final_path)) {
-  tmp_ = final_ + ".tmp-" + new_save_id();
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    const int err = errno;
-    throw Error("checkpoint: cannot create " + tmp_ + ": " + errno_text(err));
+std::string encode_pieces(const std::vector<PieceRecord>& pieces) {
+  Json a = Json::array();
+  for (const auto& p : pieces) {
+    Json x = encode_chunk(p.chunk);
+    x["key"] = p.key;
+    encode_tensor_type(x, p.dtype, p.shape);
+    a.push_back(std::move(x));
   }
+  return a.dump();
 }
 
-AtomicFile::~AtomicFile() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!tmp_.empty()) ::unlink(tmp_.c_str());
-}
-
-void AtomicFile::write(const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      throw Error("checkpoint: writing " + final_ + " failed: " + errno_text(err));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    size_ += w;
-  }
-}
-
-void AtomicFile::commit() {
-  if (::fsync(fd_) != 0) {
-    const int err = errno;
-    throw Error("checkpoint: syncing " + final_ + " failed: " + errno_text(err));
-  }
-  ::close(fd_);
-  fd_ = -1;
-  if (::rename(tmp_.c_str(), final_.c_str()) != 0) {
-    const int err = errno;
-    throw Error("checkpoint: renaming " + tmp_ + " to " + final_ + " failed: " + errno_text(err));
-  }
-  tmp_.clear();
-  sync_dir(dirname_of(final_));
-}
-
-int64_t file_size(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return -1;
-  return static_cast<int64_t>(st.st_size);
-}
-
-std::string read_range(const std::string& path, int64_t offset, int64_t nbytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    throw ConfigError("checkpoint: cannot open " + path + ": " + std::strerror(err) +
-                      (err == ENOENT ? " (a data file of the checkpoint is missing)" : ""));
-  }
-  struct stat st {};
-  ::fstat(fd, &st);
-  if (offset + nbytes > static_cast<int64_t>(st.st_size)) {
-    ::close(fd);
-    throw ConfigError("checkpoint: " + path + " is truncated: it has " + std::to_string(st.st_size) +
-                      " bytes, the index needs bytes [" + std::to_string(offset) + ", " +
-                      std::to_string(offset + nbytes) + ")");
-  }
-  std::string out(static_cast<size_t>(nbytes), '\0');
-  int64_t done = 0;
-  while (done < nbytes) {
-    const ssize_t r = ::pread(fd, out.data() + done, static_cast<size_t>(nbytes - done), offset + done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      const int err = errno;
-      ::close(fd);
-      throw ConfigError("checkpoint: reading " + path + " failed: " + (r == 0 ? "unexpected end" : std::strerror(err)));
-    }
-    done += r;
-  }
-  ::close(fd);
-  return out;
-}
-
-FullReader::FullReader(const std::string& path) : path_(path) {
+std::vector<PieceRecord> decode_pieces(const std::string& text, const std::string& where) {
+  const Json a = parse_json(text, where, "the list of pieces");
   try {
-    reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
-    throw ConfigError("checkpoint: " + path + " is not a readable full checkpoint (a PyTorch zip file): " + what);
+    if (!a.is_array()) bad(where, "the pieces must be a list");
+    std::vector<PieceRecord> out;
+    for (const auto& x : a) {
+      PieceRecord p;
+      p.key = str_field(x, "key", where);
+      const TensorEntry t = decode_tensor_type(x, where + ", tensor '" + p.key + "'");
+      p.dtype = t.dtype;
+      p.shape = t.shape;
+      p.chunk = decode_chunk(x, t, where + ", tensor '" + p.key + "'");
+      out.push_back(std::move(p));
+    }
+    return out;
+  } catch (const nlohmann::json::exception& e) {
+    bad(where, std::string("malformed pieces (") + e.what() + ")");
   }
 }
 
-FullReader::~FullReader() = default;
-
-bool FullReader::has(const std::string& record) const {
-  try {
-    return reader_->hasRecord(record);
-  } catch (const std::exception&) {
-    return false;
+void add_piece(Index& index, const PieceRecord& piece) {
+  auto it = index.tensors.find(piece.key);
+  if (it == index.tensors.end()) {
+    it = index.tensors.emplace(piece.key, TensorEntry{piece.dtype, piece.shape, {}}).first;
+    index.tensor_order.push_back(piece.key);
   }
-}
-
-std::string FullReader::read(const std::string& record) const {
-  try {
-    auto [data, size] = reader_->getRecord(record);
-    return std::string(static_cast<const char*>(data.get()), size);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
-    throw ConfigError("checkpoint: " + path_ + ": cannot read record '" + record + "': " + what);
-  }
-}
-
-std::string read_chunk(const Chunk& chunk, const std::string& key, const FullReader* full, const std::string& dir) {
-  std::string bytes;
-  std::string file;
-  if (full) {
-    file = full->path() + " (record " + chunk.file + ")";
-    bytes = full->read(chunk.file);
-    if (static_cast<int64_t>(bytes.size()) != chunk.nbytes) {
-      throw ConfigError("checkpoint: " + file + " holds " + std::to_string(bytes.size()) + " bytes for tensor '" + key +
-                        "', the index says " + std::to_string(chunk.nbytes));
-    }
-  } else {
-    file = dir + "/" + chunk.file;
-    bytes = read_range(file, chunk.offset, chunk.nbytes);
-  }
-  if (crc32(bytes.data(), bytes.size()) != chunk.crc) {
-    throw ConfigError("checkpoint: checksum mismatch in " + file + " for tensor '" + key + "' (bytes [" +
-                      std::to_string(chunk.offset) + ", " + std::to_string(chunk.offset + chunk.nbytes) +
-                      ")): the file is damaged");
-  }
-  return bytes;
-}
-
-// ---------------------------------------------------------------------------
-// The pickle of a full checkpoint.
-
-namespace {
-
-class Pickler {
- public:
-  std::string out;
-  Pickler() { out += "\x80\x02"; }
-  void op(char c) { out += c; }
-  void str(const std::string& s) {
-    op('X');
-    u32(static_cast<uint32_t>(s.size()));
-    out += s;
-  }
-  void integer(int64_t v) {
-    if (v >= INT32_MIN && v <= INT32_MAX) {
-      op('J');
-      u32(static_cast<uint32_t>(static_cast<int32_t>(v)));
-    } else {
-      op('\x8a');
-      out += static_cast<char>(8);
-      for (int i = 0; i < 8; ++i) out += static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
-    }
-  }
-  void floating(double v) {
-    op('G');
-    uint64_t bits;
-    std::memcpy(&bits, &v, 8);
-    for (int i = 7; i >= 0; --i) out += static_cast<char>((bits >> (8 * i)) & 0xff);
-  }
-  void boolean(bool b) { op(b ? '\x88' : '\x89'); }
-  void global(const char* module, const char* name) {
-    op('c');
-    out += module;
-    out += '\n';
-    out += name;
-    out += '\n';
-  }
-  void tensor(const std::string& storage_key, at::ScalarType dtype, const std::vector<int64_t>& shape) {
-    global("torch._utils", "_rebuild_tensor_v2");
-    op('(');
-    op('(');
-    str("storage");
-    global("torch", pickle::storage_class(dtype));
-    str(storage_key);
-    str("cpu");
-    int64_t numel = 1;
-    for (auto s : shape) numel *= s;
-    integer(numel);
-    op('t');
-    op('Q');  // BINPERSID
-    integer(0);
-    op('(');
-    for (auto s : shape) integer(s);
-    op('t');
-    op('(');
-    int64_t stride = 1;
-    std::vector<int64_t> strides(shape.size());
-    for (size_t i = shape.size(); i-- > 0;) {
-      strides[i] = stride;
-      stride *= std::max<int64_t>(shape[i], 1);
-    }
-    for (auto s : strides) integer(s);
-    op('t');
-    boolean(false);
-    global("collections", "OrderedDict");
-    op(')');
-    op('R');
-    op('t');
-    op('R');
-  }
-
- private:
-  void u32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);
-  }
-};
-
-}  // namespace
-
-std::string full_pickle(const Index& index, const std::map<std::string, std::string>& record_of) {
-  Pickler p;
-  auto tensor = [&](const std::string& key) {
-    const auto& t = index.tensors.at(key);
-    const std::string& record = record_of.at(key);  // "data/<n>"
-    p.tensor(record.substr(5), t.dtype, t.shape);
-  };
-  p.op('}');
-  for (const auto& e : index.entries) {
-    p.op('(');
-    p.str(e.name);
-    if (e.type == "model") {
-      p.op('}');
-      for (const auto& k : e.keys) {
-        p.op('(');
-        p.str(k);
-        tensor(e.name + "/" + k);
-        p.op('u');
-      }
-    } else if (e.type == "optimizer") {
-      // {"state": {param: {field: tensor}}, "param_groups": [{"params": [...], option: value}]}
-      p.op('}');
-      p.op('(');
-      p.str("state");
-      p.op('}');
-      // Keys grouped by parameter, in order of first appearance.
-      std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> params;
-      for (const auto& k : e.keys) {
-        const auto dot = k.rfind('.');
-        const std::string param = k.substr(0, dot), field = k.substr(dot + 1);
-        auto it = std::find_if(params.begin(), params.end(), [&](const auto& x) { return x.first == param; });
-        if (it == params.end()) it = params.insert(params.end(), {param, {}});
-        it->second.emplace_back(field, k);
-      }
-      for (const auto& [param, fields] : params) {
-        p.op('(');
-        p.str(param);
-        p.op('}');
-        p.op('(');
-        for (const auto& [field, k] : fields) {
-          p.str(field);
-          tensor(e.name + "/" + k);
-        }
-        p.op('u');
-        p.op('u');
-      }
-      p.str("param_groups");
-      p.op(']');
-      for (const auto& g : Json::parse(e.param_groups)) {
-        p.op('(');
-        p.op('}');
-        p.op('(');
-        p.str("params");
-        p.op(']');
-        for (const auto& name : g["params"]) {
-          p.op('(');
-          p.str(name.get<std::string>());
-          p.op('e');
-        }
-        for (const auto& [k, v] : g["options"].items()) {
-          p.str(k);
-          p.floating(v.get<double>());
-        }
-        p.op('u');
-        p.op('e');
-      }
-      p.op('u');
-    } else if (e.type == "int") {
-      p.integer(Json::parse(e.value).get<int64_t>());
-    } else if (e.type == "float") {
-      const Json v = Json::parse(e.value);
-      p.floating(v.is_string() ? std::stod(v.get<std::string>()) : v.get<double>());
-    } else if (e.type == "bool") {
-      p.boolean(Json::parse(e.value).get<bool>());
-    } else if (e.type == "str") {
-      p.str(e.value);
-    } else {
-      tensor(e.name);
-    }
-    p.op('u');
-  }
-  p.op('.');
-  return p.out;
+  it->second.chunks.push_back(piece.chunk);
 }
 
 }  // namespace fsdp::detail::ckpt

@@ -1,7 +1,8 @@
-// src/fsdp/ckpt_format.h — the on-disk pieces of checkpoints: the index,
-// checksums, crash-safe files, the full format's PyTorch zip and pickle, and
-// readers that bound-check everything. Private to the library; the formats
-// are described in docs/checkpoint-format.md.
+// src/fsdp/ckpt_format.h — the on-disk pieces of checkpoints: the index's
+// typed records and their one encoding (to_json, parse_index, the pieces a
+// sharded save exchanges), checksums, crash-safe files, the full format's
+// PyTorch zip and pickle, and readers that bound-check everything. Private to
+// the library; the formats are described in docs/checkpoint-format.md.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,7 +11,9 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
+
 
 namespace caffe2::serialize {
 class PyTorchStreamReader;
@@ -23,18 +26,6 @@ constexpr const char* kIndexFile = "index.json";         // sharded: the commit 
 constexpr const char* kFullIndexRecord = "fsdp/index.json";  // full: inside the zip
 
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
-
-// Fault injection for the crash tests: when the environment variable
-// FSDP_CKPT_TEST_CRASH is "<point>:<rank>:<n>" and this is the n-th time
-// this rank reaches that point, the process kills itself with SIGKILL;
-// with "<point>:<rank>:<n>:oom" it touches ever more memory instead, until
-// the kernel's OOM killer ends it (run it under a memory limit: it gives up
-// with exit status 99 after 4 GiB). Either happens once: not in a worker
-// that fsdp-run restarted (TORCHELASTIC_RESTART_COUNT above 0). Points:
-// full-after-first-record, full-before-commit, sharded-mid-data,
-// sharded-before-index, sharded-after-index, and fsdp-train's train-step
-// (at the start of each step).
-void crash_point(const char* point, int rank);
 
 // "float32", "bfloat16", "int64", ... (ConfigError naming `where` for others).
 std::string dtype_name(at::ScalarType dtype);
@@ -56,17 +47,34 @@ struct TensorEntry {
   std::vector<Chunk> chunks;
 };
 
+// The kinds of entries of the user's state, and their names in the index.
+enum class EntryType { kModel, kOptimizer, kInt, kFloat, kBool, kStr, kTensor };
+const char* entry_type_name(EntryType type);  // "model", "optimizer", "int", "float", "bool", "str", "tensor"
+
+// An optimizer's parameter group: its parameters' names and its options.
+struct ParamGroup {
+  std::vector<std::string> params;
+  std::map<std::string, double> options;
+};
+
 // One entry of the user's state.
 struct EntryRecord {
   std::string name;
-  std::string type;               // "model", "optimizer", "int", "float", "bool", "str", "tensor"
-  std::vector<std::string> keys;  // model / optimizer: the state keys, in order
-  std::string value;              // scalars as JSON text (int, float, bool) or the string itself
-  std::string param_groups;       // optimizer: JSON array [{"params": [...], "options": {...}}]
+  EntryType type = EntryType::kTensor;
+  std::vector<std::string> keys;         // model / optimizer: the state keys, in order
+  std::vector<ParamGroup> param_groups;  // optimizer
+  std::variant<int64_t, double, bool, std::string> value;  // int, float, bool, str (by type)
+
+  bool is_state_dict() const { return type == EntryType::kModel || type == EntryType::kOptimizer; }
 };
 
+// A scalar entry's value as text: its JSON in the index (a float that is not
+// finite is the JSON string "nan", "inf" or "-inf", quotes included), a
+// string entry's value as it is.
+std::string value_text(const EntryRecord& entry);
+
 struct Index {
-  std::string kind;  // "full" or "sharded"
+  enum class Kind { kFull, kSharded } kind = Kind::kFull;  // "full", "sharded"
   int version = kVersion;
   int world_size = 1;
   std::string save_id;
@@ -76,6 +84,23 @@ struct Index {
   std::map<std::string, TensorEntry> tensors;  // by "<entry>/<key>" (a tensor value: "<name>")
 };
 
+// A piece of a tensor as the ranks of a sharded save exchange it: the
+// tensor's key, dtype and shape, and the chunk that holds the piece (its
+// file, offset and checksum once written).
+struct PieceRecord {
+  std::string key;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  Chunk chunk;
+};
+std::string encode_pieces(const std::vector<PieceRecord>& pieces);
+// ConfigError naming `where` when the text is not pieces that fit their shapes.
+std::vector<PieceRecord> decode_pieces(const std::string& text, const std::string& where);
+// Adds a piece's chunk to `index`, and its tensor on the tensor's first piece.
+void add_piece(Index& index, const PieceRecord& piece);
+
+// The index's JSON: every record above is encoded here and decoded by
+// parse_index, nowhere else (docs/checkpoint-format.md).
 std::string to_json(const Index& index);
 // Parses and validates everything (types, sizes, boxes inside shapes, bytes
 // that match dtype x sizes, file names inside the checkpoint, the version).

@@ -65,36 +65,57 @@ std::string outcome_payload(const std::string& outcome) { return outcome.empty()
 
 namespace {
 
-// The lowest failed rank's failure among gathered outcomes, with "<what>
-// failed on rank <r>: " before it (except on that rank, unless prefix_own).
-Failure first_failure(const std::vector<std::string>& all, int rank, const std::string& what, bool prefix_own) {
+// The lowest failed rank's failure among gathered outcomes, with `prefix(r)`
+// before it (except on that rank, unless prefix_own).
+template <class Prefix>
+Failure first_failure(const std::vector<std::string>& all, int rank, bool prefix_own, Prefix prefix) {
   for (size_t r = 0; r < all.size(); ++r) {
     if (!outcome_failed(all[r])) continue;
     const bool own = static_cast<int>(r) == rank;
-    return prefixed(outcome_failure(all[r]), own && !prefix_own ? "" : what + " failed on rank " + std::to_string(r) + ": ");
+    return prefixed(outcome_failure(all[r]), own && !prefix_own ? "" : prefix(r));
   }
   return {};
+}
+
+auto failed_on(const std::string& what) {
+  return [what](size_t r) { return what + " failed on rank " + std::to_string(r) + ": "; };
+}
+
+std::vector<std::string> payloads(std::vector<std::string> all) {
+  for (auto& p : all) p = outcome_failed(p) ? std::string() : outcome_payload(p);
+  return all;
 }
 
 }  // namespace
 
 void agree(dist::ProcessGroup& group, const Failure& mine, const std::string& what) {
   const auto all = group.all_gather_bytes(outcome("", mine));
-  const Failure f = first_failure(all, group.rank(), what, /*prefix_own=*/false);
+  const Failure f = first_failure(all, group.rank(), /*prefix_own=*/false, failed_on(what));
   if (!f.empty()) rethrow(f);
 }
 
 std::vector<std::string> gather_agreed(dist::ProcessGroup& group, const std::string& payload, const Failure& mine,
                                        const std::string& what) {
   auto all = group.all_gather_bytes(outcome(payload, mine));
-  const Failure f = first_failure(all, group.rank(), what, /*prefix_own=*/true);
+  const Failure f = first_failure(all, group.rank(), /*prefix_own=*/true, failed_on(what));
   if (!f.empty()) rethrow(f);
-  for (auto& p : all) p = outcome_payload(p);
-  return all;
+  return payloads(std::move(all));
+}
+
+std::vector<std::string> gather_outcomes(dist::ProcessGroup& group, const std::string& payload, const Failure& mine,
+                                         Failure& failure) {
+  auto all = group.all_gather_bytes(outcome(payload, mine));
+  failure = first_failure(all, group.rank(), /*prefix_own=*/true,
+                          [](size_t r) { return "rank " + std::to_string(r) + ": "; });
+  return payloads(std::move(all));
+}
+
+Failure failure_from(dist::ProcessGroup& group, int root, const Failure& failure) {
+  return group.broadcast_bytes(failure, root);
 }
 
 void agree_from(dist::ProcessGroup& group, int root, const Failure& failure, const std::string& prefix) {
-  const Failure f = group.broadcast_bytes(failure, root);
+  const Failure f = failure_from(group, root, failure);
   if (!f.empty()) rethrow(f, prefix);
 }
 

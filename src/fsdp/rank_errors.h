@@ -57,8 +57,20 @@ void agree(dist::ProcessGroup& group, const Failure& mine, const std::string& wh
 std::vector<std::string> gather_agreed(dist::ProcessGroup& group, const std::string& payload, const Failure& mine,
                                        const std::string& what);
 
+// [collective: all_gather over `group`] Every rank's `payload` (a failed
+// rank's: empty), and in `failure` the lowest failed rank's failure with
+// "rank <r>: " before its message, or none. Nothing is thrown: for a step
+// that must still run on some rank before the outcome is agreed (agree_from).
+std::vector<std::string> gather_outcomes(dist::ProcessGroup& group, const std::string& payload, const Failure& mine,
+                                         Failure& failure);
+
 // [collective: broadcast from `root`] The root's failure, thrown on every
 // rank with `prefix`; nothing if it succeeded.
 void agree_from(dist::ProcessGroup& group, int root, const Failure& failure, const std::string& prefix);
+
+// [collective: broadcast from `root`] The root's failure on every rank, not
+// thrown (for a rank that must undo something first); empty if it succeeded.
+// A failing broadcast itself throws its CollectiveError.
+Failure failure_from(dist::ProcessGroup& group, int root, const Failure& failure);
 
 }  // namespace fsdp::detail

@@ -16,6 +16,7 @@
 #include "fsdp/dist/env.h"
 #include "fsdp/error.h"
 #include "empty_init.h"
+#include "fault_points.h"
 #include "unit.h"
 
 namespace fsdp {
@@ -347,6 +348,7 @@ at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, const std::string&
 void FSDPStrategy::backward(const at::Tensor& loss) const { (scaler_ ? scaler_->scale(loss) : loss).backward(); }
 
 bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) const {
+  detail::fault_point("optimizer-step", global_rank());  // docs/reliability.md
   if (!scaler_) {
     optimizer.step();
     return true;

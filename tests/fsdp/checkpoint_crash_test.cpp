@@ -1,8 +1,10 @@
 // Crash safety: a rank killed with SIGKILL at several points of a save
-// (processes under fsdp-run, fault injection by FSDP_CKPT_TEST_CRASH) leaves
-// the previous checkpoint loadable and sound, or the new one complete.
+// (processes under fsdp-run, the fault injector preloaded into them:
+// docs/reliability.md) leaves the previous checkpoint loadable and sound, or
+// the new one complete.
 #include <gtest/gtest.h>
 
+#include "../support/fault_injection.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
@@ -26,12 +28,11 @@ class CheckpointCrash : public ::testing::TestWithParam<CrashCase> {};
 TEST_P(CheckpointCrash, ThePreviousCheckpointSurvivesAKilledSave) {
   const CrashCase c = GetParam();
   TempDir dir;
+  auto env = fault_env(std::string(c.point) + ":" + std::to_string(c.rank) + ":" + std::to_string(c.hit));
+  env.push_back("FSDP_TIMEOUT_S=30");
   auto r = run_program({FSDP_RUN_PATH, "--nproc-per-node", "2", "--", CHECKPOINT_HELPER_PATH, "crash", dir.path(),
                         c.format},
-                       std::chrono::seconds(180),
-                       {"FSDP_CKPT_TEST_CRASH=" + std::string(c.point) + ":" + std::to_string(c.rank) + ":" +
-                            std::to_string(c.hit),
-                        "FSDP_TIMEOUT_S=30"});
+                       std::chrono::seconds(180), env);
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_NE(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;

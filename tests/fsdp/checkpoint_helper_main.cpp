@@ -5,7 +5,7 @@
 //       for tests/python/check_checkpoint.py;
 //   checkpoint_helper crash DIR FORMAT
 //       (under fsdp-run) saves DIR/ckpt with step=1, trains, saves again with
-//       step=2; FSDP_CKPT_TEST_CRASH makes one rank die during the second save.
+//       step=2; the fault injector (FSDP_TEST_FAULT) makes one rank die during the second save.
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -59,7 +59,7 @@ int crash(const std::string& dir, const std::string& format) {
   save_checkpoint(dir + "/ckpt", state_of(job, 1), *pg,
                   {first_full ? CheckpointFormat::kFull : CheckpointFormat::kSharded});
   job.train(*pg, batches, 1, 2);
-  save_checkpoint(dir + "/ckpt", state_of(job, 2), *pg, o);  // FSDP_CKPT_TEST_CRASH strikes here
+  save_checkpoint(dir + "/ckpt", state_of(job, 2), *pg, o);  // the injected fault strikes here
   return 0;
 }
 

@@ -4,10 +4,12 @@
 // kind of damaged file.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 
+#include "../../src/fsdp/ckpt_format.h"
 #include "../support/errors.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
@@ -533,6 +535,151 @@ TEST(FsdpCkptTool, InspectVerifyConsolidate) {
   r = run_program({FSDP_CKPT_PATH, "inspect", dir.path() + "/nope"}, std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code(), 2) << r.output;
   EXPECT_NE(r.output.find("does not point to a valid checkpoint"), std::string::npos) << r.output;
+}
+
+// An index as fsdp-cpp has always written it (docs/checkpoint-format.md)
+// decodes into typed records and encodes back byte for byte: checkpoints
+// saved before the records were typed load, and consolidate as they did.
+TEST(CheckpointIndex, DecodesIntoTypedRecordsAndEncodesBackByteForByte) {
+  const std::string text = R"({
+ "format": "fsdp-cpp",
+ "kind": "full",
+ "version": 1,
+ "world_size": 2,
+ "save_id": "1a23342746f-634a0b",
+ "entries": [
+  {
+   "name": "model",
+   "type": "model",
+   "keys": [
+    "emb.weight"
+   ]
+  },
+  {
+   "name": "optimizer",
+   "type": "optimizer",
+   "keys": [
+    "emb.weight.step"
+   ],
+   "param_groups": [
+    {
+     "params": [
+      "emb.weight"
+     ],
+     "options": {
+      "amsgrad": 0.0,
+      "lr": 0.001
+     }
+    }
+   ]
+  },
+  {
+   "name": "step",
+   "type": "int",
+   "value": 7
+  },
+  {
+   "name": "lr",
+   "type": "float",
+   "value": 0.25
+  },
+  {
+   "name": "loss",
+   "type": "float",
+   "value": "nan"
+  },
+  {
+   "name": "ok",
+   "type": "bool",
+   "value": true
+  },
+  {
+   "name": "tag",
+   "type": "str",
+   "value": "run \"x\""
+  },
+  {
+   "name": "rng",
+   "type": "tensor"
+  }
+ ],
+ "tensors": {
+  "model/emb.weight": {
+   "dtype": "float32",
+   "shape": [
+    2,
+    3
+   ],
+   "chunks": [
+    {
+     "file": "data/0",
+     "offset": 0,
+     "nbytes": 24,
+     "offsets": [
+      0,
+      0
+     ],
+     "sizes": [
+      2,
+      3
+     ],
+     "crc32": 4294967295
+    }
+   ]
+  },
+  "optimizer/emb.weight.step": {
+   "dtype": "float32",
+   "shape": [],
+   "chunks": [
+    {
+     "file": "data/1",
+     "offset": 0,
+     "nbytes": 4,
+     "offsets": [],
+     "sizes": [],
+     "crc32": 7
+    }
+   ]
+  }
+ }
+})";
+  namespace ck = fsdp::detail::ckpt;
+  const ck::Index ix = ck::parse_index(text, "index.json");
+  EXPECT_EQ(ck::to_json(ix), text);
+  ASSERT_EQ(ix.entries.size(), 8u);
+  EXPECT_EQ(ix.entries[1].type, ck::EntryType::kOptimizer);
+  ASSERT_EQ(ix.entries[1].param_groups.size(), 1u);
+  EXPECT_EQ(ix.entries[1].param_groups[0].params, std::vector<std::string>{"emb.weight"});
+  EXPECT_EQ(ix.entries[1].param_groups[0].options.at("lr"), 0.001);
+  EXPECT_EQ(std::get<int64_t>(ix.entries[2].value), 7);
+  EXPECT_TRUE(std::isnan(std::get<double>(ix.entries[4].value)));
+  EXPECT_EQ(ck::value_text(ix.entries[4]), "\"nan\"");
+  EXPECT_EQ(ck::value_text(ix.entries[6]), "run \"x\"");
+  EXPECT_EQ(ix.tensors.at("model/emb.weight").chunks.at(0).crc, 4294967295u);
+}
+
+// The pieces the ranks of a sharded save exchange use the index's encoding,
+// and are checked as its chunks are.
+TEST(CheckpointIndex, PiecesRoundTripAndBadOnesAreNamed) {
+  namespace ck = fsdp::detail::ckpt;
+  ck::PieceRecord p{"model/w", at::kBFloat16, {4, 6}, {"data-x-00001.bin", 96, 24, {2, 0}, {2, 6}, 12345}};
+  const auto back = ck::decode_pieces(ck::encode_pieces({p, p}), "rank 1's pieces");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].key, "model/w");
+  EXPECT_EQ(back[1].dtype, at::kBFloat16);
+  EXPECT_EQ(back[1].shape, (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(back[1].chunk.file, "data-x-00001.bin");
+  EXPECT_EQ(back[1].chunk.offset, 96);
+  EXPECT_EQ(back[1].chunk.offsets, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(back[1].chunk.crc, 12345u);
+  p.chunk.offsets = {3, 0};  // rows 3..4 of a tensor of 4
+  expect_config_error([&] { ck::decode_pieces(ck::encode_pieces({p}), "rank 1's pieces"); },
+                      "rank 1's pieces, tensor 'model/w': a chunk lies outside the tensor's shape");
+  ck::Index ix;
+  ck::add_piece(ix, back[0]);
+  ck::add_piece(ix, back[1]);
+  EXPECT_EQ(ix.tensor_order, std::vector<std::string>{"model/w"});
+  EXPECT_EQ(ix.tensors.at("model/w").chunks.size(), 2u);
 }
 
 }  // namespace

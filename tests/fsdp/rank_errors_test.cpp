@@ -71,6 +71,19 @@ TEST(RankErrors, EveryRankThrowsTheFailedRanksErrorOfItsKind) {
     e = thrown([&] { fsdp::detail::agree_from(pg, 0, fail_on(0, [] { throw ConfigError("root says no"); }), "pre: "); });
     EXPECT_EQ(e.first, "ConfigError");
     EXPECT_EQ(e.second, "pre: root says no");
+
+    // Gathered, not thrown: the payloads, and the lowest failed rank's failure
+    // ("rank <r>: " before it, its kind kept) for a step still to come.
+    fsdp::detail::Failure first;
+    all = fsdp::detail::gather_outcomes(pg, "p" + std::to_string(r), "", first);
+    EXPECT_EQ(all, (std::vector<std::string>{"p0", "p1", "p2"}));
+    EXPECT_TRUE(first.empty());
+    all = fsdp::detail::gather_outcomes(pg, "p" + std::to_string(r),
+                                        fail_on(2, [] { throw CollectiveError("gone", "broadcast"); }), first);
+    EXPECT_EQ(all, (std::vector<std::string>{"p0", "p1", ""}));
+    e = thrown([&] { fsdp::detail::rethrow(first, "saving: "); });
+    EXPECT_EQ(e.first, "CollectiveError:broadcast");
+    EXPECT_EQ(e.second, "saving: rank 2: gone");
   });
 }
 

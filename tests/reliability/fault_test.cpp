@@ -2,7 +2,8 @@
 // its test): a rank that dies in a step or a save, a rank that dies on another
 // node (no launcher to stop the survivor), a disk that fills up, and a
 // checkpoint that carries code.
-// Faults are injected with FSDP_CKPT_TEST_CRASH (fsdp/ckpt_format.h).
+// Faults are injected from outside: tests/support/fault_injector.cpp, preloaded
+// into the ranks (docs/reliability.md).
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -20,6 +21,7 @@
 #include <tuple>
 
 #include "../fsdp/models.h"
+#include "../support/fault_injection.h"
 #include "../support/sockets.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
@@ -141,14 +143,14 @@ class MemoryCgroup {
 
 }  // namespace
 
-// Rank 1 is killed (SIGKILL) at the start of step 8. fsdp-run reports it,
-// stops rank 0, restarts both, and fsdp-train resumes from step 6's
-// checkpoint: the run ends with the parameters of a run never interrupted.
+// Rank 1 is killed (SIGKILL) in step 8, at its optimizer step. fsdp-run
+// reports it, stops rank 0, restarts both, and fsdp-train resumes from step
+// 6's checkpoint: the run ends with the parameters of a run never interrupted.
 TEST(DeadRank, KilledInAStepRestartsAndEndsLikeTheUninterruptedRun) {
   reference_weights();
   TempDir dir;
   auto r = run_program(train_command(dir.path() + "/run", {"--max-restarts", "1"}), std::chrono::seconds(300),
-                       {"FSDP_CKPT_TEST_CRASH=train-step:1:8"});
+                       fault_env("optimizer-step:1:8"));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
@@ -169,7 +171,7 @@ TEST(DeadRank, OutOfMemoryKillRestartsAndEndsLikeTheUninterruptedRun) {
   TempDir dir;
   std::vector<std::string> cmd{"sh", "-c", "echo $$ > '" + cgroup.procs() + "' && exec \"$0\" \"$@\""};
   for (auto& a : train_command(dir.path() + "/run", {"--max-restarts", "1"})) cmd.push_back(a);
-  auto r = run_program(cmd, std::chrono::seconds(300), {"FSDP_CKPT_TEST_CRASH=train-step:1:8:oom"});
+  auto r = run_program(cmd, std::chrono::seconds(300), fault_env("optimizer-step:1:8:oom"));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_EQ(cgroup.oom_kills(), 1) << "the kernel's OOM killer did not end rank 1\n" << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
@@ -185,7 +187,7 @@ TEST(DeadRank, KilledInASaveResumesFromTheLastCompleteCheckpoint) {
   reference_weights();
   TempDir dir;
   auto r = run_program(train_command(dir.path() + "/run", {"--max-restarts", "1"}), std::chrono::seconds(300),
-                       {"FSDP_CKPT_TEST_CRASH=sharded-mid-data:1:2"});
+                       fault_env("sharded-mid-data:1:2"));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step-00000003"), std::string::npos) << "resumed from the step-3 checkpoint\n" << r.output;
@@ -204,7 +206,8 @@ TEST(DeadRank, TheSurvivorOnAnotherNodeNamesTheCollective) {
                                     "--", FSDP_TRAIN_PATH, "--preset", "tiny", "--steps", "40", "--batch", "2",
                                     "--log-every", "100", "--eval-every", "0", "--out", dir.path() + "/run"};
   };
-  const std::vector<std::string> env{"FSDP_TIMEOUT_S=10", "FSDP_CKPT_TEST_CRASH=train-step:1:5"};
+  std::vector<std::string> env = fault_env("optimizer-step:1:5");
+  env.push_back("FSDP_TIMEOUT_S=10");
   int fd1 = -1;
   const pid_t node1 = spawn(node(1), env, &fd1);
   auto r0 = run_program(node(0), std::chrono::seconds(120), env);

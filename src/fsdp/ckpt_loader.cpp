@@ -1,0 +1,437 @@
+// Loading checkpoints of either format, at any world size, and module
+// state dicts that torch.save wrote.
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "ckpt_parts.h"
+#include "fsdp/error.h"
+#include "fsdp/optim_state_dict.h"
+#include "model_index.h"
+#include "optim_state_dict_visit.h"
+#include "shard_geometry.h"
+#include "state_dict_visit.h"
+#include "torch_pickle.h"
+
+namespace fsdp {
+
+namespace detail {
+
+namespace ck = ckpt;
+namespace fs = std::filesystem;
+
+const ck::EntryRecord* Source::entry(const std::string& name) const {
+  for (const auto& e : ix.entries) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+const ck::TensorEntry& Source::tensor(const std::string& key) const {
+  auto it = ix.tensors.find(key);
+  if (it == ix.tensors.end()) {
+    throw ConfigError("checkpoint: " + where + ": the index lists '" + key + "' in an entry but has no tensor for it");
+  }
+  return it->second;
+}
+
+int64_t Source::fill(const std::string& key, std::vector<Shard>& targets) const {
+  const auto& t = tensor(key);
+  int64_t covered = 0;
+  for (const auto& c : t.chunks) {
+    bool needed = false;
+    for (const auto& target : targets) {
+      bool overlap = true;
+      for (size_t d = 0; d < c.offsets.size(); ++d) {
+        overlap &= std::max(c.offsets[d], target.offsets[d]) <
+                   std::min(c.offsets[d] + c.sizes[d], target.offsets[d] + target.tensor.size(static_cast<int64_t>(d)));
+      }
+      needed |= overlap;
+    }
+    if (!needed) continue;
+    std::string bytes = ck::read_chunk(c, key, full.get(), dir);
+    at::Tensor src = at::from_blob(bytes.data(), c.sizes, at::TensorOptions().dtype(t.dtype));
+    for (auto& target : targets) covered += copy_overlap(target.tensor, target.offsets, {Shard{c.offsets, src}});
+  }
+  return covered;
+}
+
+at::Tensor Source::read_whole(const std::string& key) const {
+  const auto& t = tensor(key);
+  std::vector<Shard> target{Shard{std::vector<int64_t>(t.shape.size(), 0), at::empty(t.shape, at::TensorOptions().dtype(t.dtype))}};
+  if (fill(key, target) != target[0].tensor.numel()) {
+    throw ConfigError("checkpoint: " + where + ": the chunks of tensor '" + key +
+                      "' do not cover it (a shard is missing from the index)");
+  }
+  return target[0].tensor;
+}
+
+namespace {
+
+[[noreturn]] void not_a_checkpoint(const std::string& path, const std::string& why = "") {
+  throw ConfigError("The path '" + path + "' does not point to a valid checkpoint. Make sure the path points to either "
+                    "a directory with FSDP checkpoint shards, or a single file with a full checkpoint." +
+                    (why.empty() ? "" : " (" + why + ")"));
+}
+
+// A directory: its index.json, of kind "sharded".
+void open_sharded(Source& s) {
+  std::error_code ec;
+  const fs::path index = fs::path(s.path) / ck::kIndexFile;
+  if (!fs::is_regular_file(index, ec)) {
+    for (const auto& f : fs::directory_iterator(s.path, ec)) {
+      const std::string name = f.path().filename().string();
+      if (name.rfind("data-", 0) == 0 || name.rfind("index.json.tmp", 0) == 0) {
+        throw ConfigError("checkpoint: " + s.path + " holds an incomplete sharded checkpoint: it has data files but no "
+                          "index.json (the save was interrupted before its commit); load an earlier checkpoint");
+      }
+    }
+    not_a_checkpoint(s.path, "a directory without index.json");
+  }
+  s.where = index.string();
+  const int64_t size = ck::file_size(s.where);
+  if (size > (int64_t{1} << 30)) throw ConfigError("checkpoint: " + s.where + " is implausibly large");
+  s.ix = ck::parse_index(ck::read_range(s.where, 0, size), s.where);
+  if (s.ix.kind != ck::Index::Kind::kSharded) {
+    throw ConfigError("checkpoint: " + s.where + ": a directory's index must be of kind \"sharded\"");
+  }
+  s.dir = s.path;
+}
+
+// A file: PyTorch's zip, with fsdp-cpp's index (of kind "full") or, with
+// accept_raw, a module's state dict.
+void open_file(Source& s, bool accept_raw) {
+  const std::string& path = s.path;
+  try {
+    s.full = std::make_unique<ck::FullReader>(path);
+  } catch (const ConfigError& e) {
+    // torch.save(..., _use_new_zipfile_serialization=False): a bare pickle
+    // that starts with the legacy format's magic number (a LONG1 of 10 bytes).
+    if (accept_raw &&
+        ck::read_range(path, 0, std::min<int64_t>(ck::file_size(path), 4)) == std::string("\x80\x02\x8a\x0a", 4)) {
+      throw ConfigError("load_checkpoint: " + path + " is in PyTorch's legacy format (torch.save with "
+                        "_use_new_zipfile_serialization=False), which fsdp-cpp does not read; save it again with "
+                        "torch.save's default format");
+    }
+    not_a_checkpoint(path, e.what());
+  }
+  if (accept_raw && !s.full->has(ck::kFullIndexRecord) && s.full->has("data.pkl")) {
+    if (s.full->has("constants.pkl")) {
+      throw ConfigError("load_checkpoint: " + path + " is a TorchScript archive (torch.jit.save, or torch::save of a "
+                        "module), not a state dict: load it with torch::load(module, path), or save "
+                        "model.state_dict() with torch.save");
+    }
+    s.raw = true;
+    s.where = path + " (record data.pkl)";
+    return;
+  }
+  if (!s.full->has(ck::kFullIndexRecord)) {
+    not_a_checkpoint(path, "a PyTorch file without fsdp-cpp's index (not written by fsdp-cpp); a module's state "
+                            "dict (torch.save(model.state_dict())) loads with load_checkpoint(path, module)");
+  }
+  s.where = path + " (record " + ck::kFullIndexRecord + ")";
+  s.ix = ck::parse_index(s.full->read(ck::kFullIndexRecord), s.where);
+  if (s.ix.kind != ck::Index::Kind::kFull) {
+    throw ConfigError("checkpoint: " + s.where + ": a file's index must be of kind \"full\"");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Source> open_source(const std::string& path, bool accept_raw) {
+  auto s = std::make_unique<Source>();
+  s->path = path;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    open_sharded(*s);
+  } else if (fs::is_regular_file(path, ec)) {
+    open_file(*s, accept_raw);
+  } else {
+    not_a_checkpoint(path);
+  }
+  return s;
+}
+
+namespace {
+
+// The boxes this rank holds of every key of `model`'s state (SHARDED view),
+// with the key's global shape.
+struct LocalBoxes {
+  std::string key;
+  std::vector<int64_t> shape;
+  std::vector<Shard> boxes;
+};
+std::vector<LocalBoxes> local_boxes(const std::shared_ptr<torch::nn::Module>& model) {
+  std::vector<LocalBoxes> out;
+  StateDictTypeGuard guard(model, StateDictType::kSharded);
+  visit_state_dict(model, "", [&](const std::string& key, StateValue v) {
+    if (std::holds_alternative<at::Tensor>(v)) {
+      const auto& t = std::get<at::Tensor>(v);
+      out.push_back({key, t.sizes().vec(), {Shard{std::vector<int64_t>(static_cast<size_t>(t.dim()), 0), t}}});
+    } else {
+      const auto& st = std::get<ShardedTensor>(v);
+      out.push_back({key, st.global_shape, st.local_shards});
+    }
+  });
+  return out;
+}
+
+// Pieces of `key` for `boxes` (fresh tensors of the checkpoint's dtype), read from the source.
+ShardedTensor read_pieces(const Source& src, const std::string& key, const std::vector<Shard>& boxes) {
+  const auto& t = src.tensor(key);
+  ShardedTensor st{t.shape, t.dtype, {}};
+  for (const auto& b : boxes) st.local_shards.push_back(Shard{b.offsets, at::empty(b.tensor.sizes(), at::TensorOptions().dtype(t.dtype))});
+  int64_t need = 0;
+  for (const auto& s : st.local_shards) need += s.tensor.numel();
+  if (src.fill(key, st.local_shards) != need) {
+    throw ConfigError("checkpoint: " + src.where + ": tensor '" + key +
+                      "' lacks elements this rank needs (a shard is missing from the index)");
+  }
+  return st;
+}
+
+void load_model(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
+                bool strict) {
+  const ck::EntryRecord* rec = src.entry(entry);
+  StateDict sd;
+  std::set<std::string> wanted;
+  for (auto& [key, shape, boxes] : local_boxes(model)) {
+    wanted.insert(key);
+    const std::string tkey = entry + "/" + key;
+    if (!src.ix.tensors.count(tkey)) continue;  // missing: load_state_dict reports it
+    const auto& t = src.tensor(tkey);
+    if (t.shape != shape) {
+      sd.insert(key, ShardedTensor{t.shape, t.dtype, {}});  // reported as a size mismatch
+      continue;
+    }
+    sd.insert(key, read_pieces(src, tkey, boxes));
+  }
+  if (rec) {
+    for (const auto& k : rec->keys) {
+      if (!wanted.count(k)) sd.insert(k, ShardedTensor{src.tensor(entry + "/" + k).shape, at::kFloat, {}});
+    }
+  }
+  StateDictTypeGuard guard(model, StateDictType::kSharded);
+  load_state_dict(model, sd, strict);
+}
+
+// The tensors of a raw source's pickle, by key and in order; ConfigError
+// naming the file when it is not a module's state dict.
+struct RawTensors {
+  std::map<std::string, const pickle::TensorRef*> by_key;
+  std::vector<std::string> order;
+};
+RawTensors raw_tensors(const ck::FullReader& zip, const pickle::Value& root) {
+  using Kind = pickle::Value::Kind;
+  if (root.kind != Kind::kDict) {
+    throw ConfigError("load_checkpoint: " + zip.path() + " holds " + pickle::describe(root) +
+                      ", not a state dict (a dict from names to tensors, as torch.save(model.state_dict()) writes)");
+  }
+  RawTensors out;
+  for (const auto& [k, v] : root.entries) {
+    if (k->kind != Kind::kString) {
+      throw ConfigError("load_checkpoint: " + zip.path() + " holds a dict with the key " + pickle::describe(*k) +
+                        ": not a state dict (its keys are parameter and buffer names)");
+    }
+    if (v->kind != Kind::kTensor) {
+      throw ConfigError("load_checkpoint: " + zip.path() + ": '" + k->text + "' is " + pickle::describe(*v) +
+                        ", not a tensor: the file is not a module's state dict" +
+                        (v->kind == Kind::kDict ? " (a checkpoint holding one? Load it with a CheckpointState, or "
+                                                  "save model.state_dict() alone)"
+                                                : ""));
+    }
+    out.by_key[k->text] = &v->tensor;
+    out.order.push_back(k->text);
+  }
+  return out;
+}
+
+// Lightning's load_raw: the state dict of a raw source (open_source's
+// accept_raw) into `model`, wrapped or not, at any world size. Every rank
+// parses the pickle and reads, one tensor at a time, the tensors its shards
+// overlap.
+void load_raw_model(const Source& src, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
+  const ck::FullReader& zip = *src.full;
+  const auto parsed = pickle::parse(zip.read("data.pkl"), src.where);
+  const RawTensors tensors = raw_tensors(zip, parsed.root());
+  pickle::check_byte_order(zip);
+  StateDict sd;
+  std::set<std::string> wanted;
+  for (auto& [key, shape, boxes] : local_boxes(model)) {
+    wanted.insert(key);
+    auto it = tensors.by_key.find(key);
+    if (it == tensors.by_key.end()) continue;  // missing: load_state_dict reports it
+    const auto& ref = *it->second;
+    if (ref.sizes != shape) {
+      sd.insert(key, ShardedTensor{ref.sizes, ref.dtype, {}});  // reported as a size mismatch
+      continue;
+    }
+    const at::Tensor whole = pickle::read_tensor(zip, ref, "tensor '" + key + "'");
+    ShardedTensor st{shape, ref.dtype, {}};
+    for (const auto& b : boxes) {
+      Shard piece{b.offsets, at::empty(b.tensor.sizes(), at::TensorOptions().dtype(ref.dtype))};
+      copy_overlap(piece.tensor, piece.offsets, {Shard{std::vector<int64_t>(shape.size(), 0), whole}});
+      st.local_shards.push_back(std::move(piece));
+    }
+    sd.insert(key, std::move(st));
+  }
+  for (const auto& k : tensors.order) {
+    const auto& ref = *tensors.by_key.at(k);
+    if (!wanted.count(k)) sd.insert(k, ShardedTensor{ref.sizes, ref.dtype, {}});
+  }
+  StateDictTypeGuard guard(model, StateDictType::kSharded);
+  load_state_dict(model, sd, strict);
+}
+
+void load_optimizer(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
+                    torch::optim::Optimizer& optimizer) {
+  const ck::EntryRecord* rec = src.entry(entry);
+  std::map<std::string, LocalBoxes> boxes;
+  for (auto& b : local_boxes(model)) boxes.emplace(b.key, std::move(b));
+  OptimStateDict osd;
+  for (const auto& k : rec->keys) {
+    const std::string tkey = entry + "/" + k;
+    const auto& t = src.tensor(tkey);
+    const auto dot = k.rfind('.');
+    auto it = dot == std::string::npos ? boxes.end() : boxes.find(k.substr(0, dot));
+    if (it == boxes.end()) {
+      osd.state.insert(k, ShardedTensor{t.shape, t.dtype, {}});  // not a parameter: reported as unexpected
+      continue;
+    }
+    // State shaped like its parameter: this rank's boxes of it; anything else (step): whole.
+    if (t.shape == it->second.shape) {
+      osd.state.insert(k, read_pieces(src, tkey, it->second.boxes));
+    } else {
+      osd.state.insert(k, src.read_whole(tkey));
+    }
+  }
+  for (const auto& g : rec->param_groups) osd.param_groups.push_back({g.params, g.options});
+  load_optim_state_dict(model, optimizer, osd);
+}
+
+CheckpointValue read_value(const Source& src, const ck::EntryRecord& e) {
+  if (e.type == ck::EntryType::kTensor) return src.read_whole(e.name);
+  return std::visit([](const auto& v) { return CheckpointValue(v); }, e.value);
+}
+
+}  // namespace
+
+}  // namespace detail
+
+namespace ck = detail::ckpt;
+
+namespace {
+
+// The model optimizers belong to: the FSDP model, or an unwrapped model
+// when it is the only one (it loads as well; Lightning requires FSDP here).
+std::shared_ptr<torch::nn::Module> model_of_optimizers(const CheckpointState& state) {
+  bool has_fsdp = false;
+  for (const auto& [n, m] : state.models()) has_fsdp |= detail::has_fsdp_units(m);
+  if (has_fsdp || state.models().size() != 1) return detail::the_fsdp_model(state, "load").second;
+  return state.models().begin()->second;
+}
+
+// Every entry `state` asks for has its kind in the checkpoint; strict: every one is there.
+void check_entries(const detail::Source& src, const CheckpointState& state, bool strict) {
+  using Kind = CheckpointState::Entry::Kind;
+  std::vector<std::string> missing;
+  for (const auto& e : state.entries()) {
+    const ck::EntryRecord* rec = src.entry(e.name);
+    if (!rec) {
+      missing.push_back(e.name);
+      continue;
+    }
+    const bool fits = e.kind == Kind::kModel       ? rec->type == ck::EntryType::kModel
+                      : e.kind == Kind::kOptimizer ? rec->type == ck::EntryType::kOptimizer
+                                                   : !rec->is_state_dict();
+    if (!fits) {
+      throw ConfigError("load_checkpoint: entry '" + e.name + "' is a " + ck::entry_type_name(rec->type) + " in " +
+                        src.path + ", but the state asks for a " +
+                        (e.kind == Kind::kModel ? "model" : e.kind == Kind::kOptimizer ? "optimizer" : "value"));
+    }
+  }
+  if (strict && !missing.empty()) {
+    throw ConfigError("The requested state contains a key '" + missing.front() +
+                      "' that does not exist in the loaded checkpoint. To disable strict loading, set strict=False.");
+  }
+}
+
+// Loads what `state` asks for that the checkpoint holds.
+void load_entries(const detail::Source& src, CheckpointState& state, const std::shared_ptr<torch::nn::Module>& model,
+                  bool strict) {
+  for (const auto& e : state.entries()) {
+    const ck::EntryRecord* rec = src.entry(e.name);
+    if (!rec) continue;
+    if (e.kind == CheckpointState::Entry::kModel) {
+      detail::load_model(src, e.name, state.models().at(e.name), strict);
+    } else if (e.kind == CheckpointState::Entry::kOptimizer) {
+      detail::load_optimizer(src, e.name, model, *state.optimizers().at(e.name));
+    } else {
+      state.mutable_values()[e.name] = detail::read_value(src, *rec);
+    }
+  }
+}
+
+// The values the checkpoint holds beyond those `state` asks for.
+std::map<std::string, CheckpointValue> leftover_values(const detail::Source& src, const CheckpointState& state) {
+  std::map<std::string, CheckpointValue> leftovers;
+  for (const auto& rec : src.ix.entries) {
+    if (rec.is_state_dict()) continue;
+    bool requested = false;
+    for (const auto& e : state.entries()) requested |= e.name == rec.name;
+    if (!requested) leftovers[rec.name] = detail::read_value(src, rec);
+  }
+  return leftovers;
+}
+
+}  // namespace
+
+std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
+                                                       dist::ProcessGroup& group, bool strict) {
+  wait_for_checkpoint(group);
+  if (state.entries().empty()) {
+    throw ConfigError("Got load_checkpoint(..., state) with an empty state, but a state with at least a model "
+                      "instance to reload is required. Pass it in like so: load_checkpoint(path, "
+                      "fsdp::CheckpointState().model(\"model\", model.ptr()), group)");
+  }
+  const auto model = model_of_optimizers(state);
+  std::map<std::string, CheckpointValue> leftovers;
+  const detail::Failure error = detail::capture([&] {
+    auto src = detail::open_source(path);
+    check_entries(*src, state, strict);
+    load_entries(*src, state, model, strict);
+    leftovers = leftover_values(*src, state);
+  });
+  detail::agree(group, error, "load_checkpoint of " + path);
+  return leftovers;
+}
+
+void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
+                     dist::ProcessGroup& group, bool strict) {
+  if (!module) throw ConfigError("load_checkpoint: the module is null");
+  wait_for_checkpoint(group);
+  const detail::Failure error = detail::capture([&] {
+    auto src = detail::open_source(path, /*accept_raw=*/true);
+    if (src->raw) {
+      detail::load_raw_model(*src, module, strict);
+      return;
+    }
+    const ck::EntryRecord* model = nullptr;
+    for (const auto& e : src->ix.entries) {
+      if (e.type != ck::EntryType::kModel) continue;
+      if (model) {
+        throw ConfigError("load_checkpoint: " + path + " holds several models; load it with a CheckpointState naming one");
+      }
+      model = &e;
+    }
+    if (!model) throw ConfigError("load_checkpoint: " + path + " holds no model");
+    detail::load_model(*src, model->name, module, strict);
+  });
+  detail::agree(group, error, "load_checkpoint of " + path);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,67 @@
+// The fault injector of the crash tests (docs/reliability.md): a small shared
+// library that the tests preload (LD_PRELOAD) into the programs they start,
+// or link into an in-process test. Its static initialiser installs a hook on
+// the library's fault points (src/fsdp/fault_points.h) when the environment
+// variable FSDP_TEST_FAULT is "<point>:<rank>:<n>" or "<point>:<rank>:<n>:oom":
+// the n-th time `rank` reaches `point`, the process kills itself with
+// SIGKILL, or with ":oom" touches ever more memory until the kernel's OOM
+// killer ends it (exit status 99 after 4 GiB without one). A worker that
+// fsdp-run restarted (TORCHELASTIC_RESTART_COUNT above 0) gets no hook, so a
+// fault strikes once. In a process without libfsdp (fsdp-run, a shell) it does
+// nothing.
+#include <dlfcn.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "../../src/fsdp/fault_points.h"
+
+namespace {
+
+const char* g_spec = nullptr;  // FSDP_TEST_FAULT, when the hook is installed
+
+// Touches ever more memory until the kernel's OOM killer ends the process
+// (the tests run it under a memory cgroup's limit); gives up after 4 GiB.
+[[noreturn]] void exhaust_memory() {
+  constexpr size_t kBlock = size_t{64} << 20, kMax = size_t{4} << 30, kPage = 4096;
+  for (size_t total = 0; total < kMax; total += kBlock) {
+    auto* p = static_cast<volatile char*>(std::malloc(kBlock));  // never freed: the point is to hold it
+    if (p == nullptr) break;
+    for (size_t i = 0; i < kBlock; i += kPage) p[i] = 1;
+  }
+  std::fprintf(stderr, "fault injection: no out-of-memory kill after touching 4 GiB\n");
+  std::_Exit(99);
+}
+
+void strike(const char* point, int rank) {
+  static std::mutex mu;
+  static std::map<std::string, int> hits;  // by "<point>:<rank>"
+  const std::string here = std::string(point) + ":" + std::to_string(rank);
+  std::string hit;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    hit = here + ":" + std::to_string(++hits[here]);
+  }
+  if (hit == g_spec) ::raise(SIGKILL);
+  if (hit + ":oom" == g_spec) exhaust_memory();
+}
+
+struct Installer {
+  Installer() {
+    g_spec = std::getenv("FSDP_TEST_FAULT");
+    if (g_spec == nullptr || *g_spec == '\0') return;
+    const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    if (restarts != nullptr && std::string(restarts) != "0") return;
+    // Found, not linked: preloaded into a program without libfsdp, it stays idle.
+    auto set = reinterpret_cast<fsdp_fault_hook (*)(fsdp_fault_hook)>(::dlsym(RTLD_DEFAULT, "fsdp_set_fault_hook"));
+    if (set != nullptr) set(&strike);
+  }
+};
+
+const Installer installer;
+
+}  // namespace
