@@ -220,9 +220,9 @@ class FSDPStrategy {
 
   // [collective] Joins the job described by the environment (fsdp-run /
   // torchrun variables; none set: a single process, rank 0 of 1), with the
-  // options' backend and timeout, sets the seed on every rank (and waits
-  // until every rank has), and builds the device mesh. A world group given in the options is used instead of
-  // joining; so is the one another strategy of this process joined while it
+  // options' backend and timeout, seeds LibTorch's (process-wide) default
+  // generator with the options' seed, and builds the device mesh. A world
+  // group given in the options is used instead of joining; so is the one another strategy of this process joined while it
   // is still held (as Lightning reuses an initialised default group; its
   // backend and timeout stay) — ConfigError if the environment's rank or
   // world size disagree with it.

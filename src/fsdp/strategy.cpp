@@ -198,9 +198,6 @@ void FSDPStrategy::setup_environment() {
     }
   }
   torch::manual_seed(options_.seed());  // the same on every rank
-  // Ranks that are threads of one process share the generator: no rank
-  // returns (and builds its model) while another may still reseed it.
-  group_->barrier();
   if (precision_.needs_grad_scaler) scaler_ = std::make_shared<ShardedGradScaler>(group_);
   if (options_.device_mesh()) {
     const auto [replicate, shard] = *options_.device_mesh();

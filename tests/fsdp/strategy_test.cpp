@@ -21,6 +21,7 @@
 #include "fsdp/strategy.h"
 #include "trainer.h"
 #include "../support/errors.h"
+#include "../support/thread_strategy.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -29,7 +30,7 @@ namespace {
 
 FSDPStrategy strategy_on(dist::ProcessGroup& pg, FSDPStrategyOptions o = {}) {
   FSDPStrategy s(o.world(borrow(pg)));
-  s.setup_environment();
+  setup_thread_rank(s);
   return s;
 }
 
@@ -97,7 +98,7 @@ TEST(Strategy, RegistryNamesFsdpAndCpuOffload) {
   EXPECT_EQ(r.get("fsdp_bf16").precision().name, "bf16-mixed");
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     FSDPStrategy s(r.options("fsdp_cpu_offload").world(borrow(pg)).auto_wrap_module_types<BlockImpl>());
-    s.setup_environment();
+    setup_thread_rank(s);
     auto model = s.setup_module(make_net(1));
     EXPECT_EQ(fsdp_modules(model.ptr()).size(), 4u);  // the root and three blocks
   });
@@ -693,7 +694,7 @@ TEST(StrategyEmptyInit, PeakMemoryIsShardsPlusAboutOneUnit) {
     MemoryCounter counter;
     run_ranks(kWorld, [&](dist::ProcessGroup& pg) {
       FSDPStrategy s(FSDPStrategyOptions().world(borrow(pg)).auto_wrap_module_types<models::GPTBlockImpl>());
-      s.setup_environment();
+      setup_thread_rank(s);
       std::shared_ptr<models::GPTImpl> net;
       {
         auto init = s.module_init_context(empty_init);
@@ -750,7 +751,7 @@ TEST(StrategyEmptyInit, ValuesComeFromTheRebuildAndUseBeforeSetupIsRefused) {
     }
 
     FSDPStrategy s(FSDPStrategyOptions().world(borrow(pg)).auto_wrap_module_types<models::GPTBlockImpl>());
-    s.setup_environment();
+    setup_thread_rank(s);
     std::shared_ptr<models::GPTImpl> net;
     {
       torch::manual_seed(5);
@@ -777,7 +778,7 @@ TEST(StrategyEmptyInit, ThreadRanksWrappingAtOnceGetAnEagerBuildsValues) {
   }
   run_ranks(3, [&](dist::ProcessGroup& pg) {
     FSDPStrategy s(FSDPStrategyOptions().world(borrow(pg)).auto_wrap_module_types<models::GPTBlockImpl>());
-    s.setup_environment();  // seeds the (shared) generator, and waits for every rank to have
+    setup_thread_rank(s);  // seeds the (shared) generator, and waits for every rank to have
     std::shared_ptr<models::GPTImpl> net;
     {
       std::lock_guard<std::mutex> lock(rng_mutex());
