@@ -100,19 +100,30 @@ bool copy_range(const StateValue& value, const std::vector<int64_t>& shape, int6
   return copied == hi - lo;
 }
 
+bool intersect(const std::vector<int64_t>& a_offsets, at::IntArrayRef a_sizes, const std::vector<int64_t>& b_offsets,
+               at::IntArrayRef b_sizes, std::vector<std::pair<int64_t, int64_t>>& out) {
+  const size_t nd = a_sizes.size();
+  if (a_offsets.size() != nd || b_offsets.size() != nd || b_sizes.size() != nd) return false;
+  out.clear();
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t lo = std::max(a_offsets[d], b_offsets[d]);
+    const int64_t hi = std::min(a_offsets[d] + a_sizes[d], b_offsets[d] + b_sizes[d]);
+    if (hi <= lo) return false;
+    out.emplace_back(lo, hi);
+  }
+  return true;
+}
+
 bool holds_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi) {
   if (hi <= lo || std::holds_alternative<at::Tensor>(value)) return true;
   const auto& shards = std::get<ShardedTensor>(value).local_shards;
   int64_t held = 0;
+  std::vector<std::pair<int64_t, int64_t>> common;
   for (auto& [offsets, sizes] : flat_range_boxes(shape, lo, hi)) {
     for (const auto& s : shards) {
-      if (s.tensor.dim() != static_cast<int64_t>(sizes.size()) || s.offsets.size() != sizes.size()) continue;
+      if (!intersect(offsets, sizes, s.offsets, s.tensor.sizes(), common)) continue;
       int64_t n = 1;
-      for (size_t d = 0; d < sizes.size() && n > 0; ++d) {
-        const int64_t a = std::max(offsets[d], s.offsets[d]);
-        const int64_t b = std::min(offsets[d] + sizes[d], s.offsets[d] + s.tensor.size(static_cast<int64_t>(d)));
-        n *= std::max<int64_t>(0, b - a);
-      }
+      for (const auto& [a, b] : common) n *= b - a;
       held += n;
     }
   }

@@ -83,23 +83,17 @@ std::vector<Box> flat_range_boxes(const std::vector<int64_t>& shape, int64_t beg
 int64_t copy_overlap(at::Tensor& target, const std::vector<int64_t>& target_offsets, const std::vector<Shard>& shards) {
   at::NoGradGuard no_grad;
   int64_t copied = 0;
-  const int64_t nd = target.dim();
+  std::vector<std::pair<int64_t, int64_t>> common;
   for (const auto& s : shards) {
-    if (s.tensor.dim() != nd || static_cast<int64_t>(s.offsets.size()) != nd) continue;
+    if (!detail::intersect(target_offsets, target.sizes(), s.offsets, s.tensor.sizes(), common)) continue;
     at::Tensor dst = target;
     at::Tensor src = s.tensor;
-    bool empty = false;
-    for (int64_t d = 0; d < nd && !empty; ++d) {
-      const int64_t lo = std::max(target_offsets[d], s.offsets[d]);
-      const int64_t hi = std::min(target_offsets[d] + target.size(d), s.offsets[d] + s.tensor.size(d));
-      if (hi <= lo) {
-        empty = true;
-        break;
-      }
-      dst = dst.narrow(d, lo - target_offsets[d], hi - lo);
-      src = src.narrow(d, lo - s.offsets[d], hi - lo);
+    for (size_t d = 0; d < common.size(); ++d) {
+      const auto [lo, hi] = common[d];
+      const auto dim = static_cast<int64_t>(d);
+      dst = dst.narrow(dim, lo - target_offsets[d], hi - lo);
+      src = src.narrow(dim, lo - s.offsets[d], hi - lo);
     }
-    if (empty) continue;
     dst.copy_(src);
     copied += dst.numel();
   }

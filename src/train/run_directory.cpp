@@ -90,8 +90,10 @@ std::string RunDirectory::resume(const FSDPStrategy& strategy, const TrainConfig
   const auto failure = detail::capture([&] {
     if (strategy.global_rank() == 0) chosen = resume_checkpoint(c);
   });
-  detail::agree_from(strategy.group(), 0, failure, "");
-  chosen = strategy.broadcast(chosen, 0);
+  // [collective] One broadcast: rank 0's choice, or its failure.
+  const std::string agreed = strategy.broadcast(detail::outcome(chosen, failure), 0);
+  if (detail::outcome_failed(agreed)) detail::rethrow(detail::outcome_failure(agreed));
+  chosen = detail::outcome_payload(agreed);
   if (!chosen.empty()) strategy.load_checkpoint(chosen, state);
   return chosen;
 }
