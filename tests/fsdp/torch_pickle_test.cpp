@@ -4,7 +4,6 @@
 // unwrapped ones, strictly, with named errors; and the restricted unpickler
 // (src/fsdp/torch_pickle.h) refuses what it must.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include <filesystem>
@@ -16,6 +15,7 @@
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/state_dict.h"
+#include "raw_state.h"
 #include "trainer.h"
 
 using namespace fsdp;
@@ -24,62 +24,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The value write_state_dict.py gives the j-th tensor.
-torch::Tensor expected_value(const std::vector<int64_t>& shape, int64_t j) {
-  int64_t n = 1;
-  for (auto s : shape) n *= s;
-  return (torch::arange(n, torch::kFloat32).remainder(97) * 0.25 + j).reshape(shape);
-}
-
-// The model's full state (every rank gets it): key -> tensor, in order.
-std::vector<std::pair<std::string, torch::Tensor>> full_state(const std::shared_ptr<torch::nn::Module>& model) {
-  StateDictTypeGuard guard(model, StateDictType::kFull);
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [k, v] : state_dict(model)) out.emplace_back(k, std::get<torch::Tensor>(v).clone());
-  return out;
-}
-
-// The model's state, as write_state_dict.py expects it.
-std::vector<std::pair<std::string, torch::Tensor>> plain_state() {
-  auto net = make_net(1);
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [k, v] : state_dict(net)) out.emplace_back(k, std::get<torch::Tensor>(v));
-  return out;
-}
-
-void expect_written_values(const std::vector<std::pair<std::string, torch::Tensor>>& state, const std::string& what,
-                           const std::string& except = "") {
-  ASSERT_EQ(state.size(), plain_state().size()) << what;
-  for (size_t j = 0; j < state.size(); ++j) {
-    const auto& [k, t] = state[j];
-    if (k == except) continue;
-    EXPECT_TRUE(torch::equal(t, expected_value(t.sizes().vec(), static_cast<int64_t>(j)).to(t.scalar_type())))
-        << what << ": " << k;
-  }
-}
-
-// `f` throws a ConfigError whose message contains `text` (on every rank:
-// collective loads agree on the error and keep its kind).
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected: " << text;
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
 // The files of write_state_dict.py, written once for the suite.
 class RawStateDict : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir;
-    nlohmann::json spec = nlohmann::json::array();
-    auto net = make_net(1);
-    std::set<std::string> buffers;
-    for (const auto& b : net->named_buffers()) buffers.insert(b.key());
-    for (const auto& [k, t] : plain_state()) spec.push_back({k, t.sizes().vec(), buffers.count(k) > 0});
-    std::ofstream(dir_->path() + "/spec.json") << spec.dump();
+    write_spec(dir_->path() + "/spec.json");
     auto r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/write_state_dict.py",
                           dir_->path() + "/spec.json", dir_->path()},
                          std::chrono::seconds(120));
