@@ -72,7 +72,9 @@ namespace {
 
 // ConfigError if `out` is `in` or inside it (symbolic links resolved).
 void refuse_inside(const std::string& in, const std::string& out, const char* caller) {
-  const fs::path a = fs::weakly_canonical(in), b = fs::weakly_canonical(out);
+  std::error_code ec, ec2;
+  const fs::path a = fs::weakly_canonical(in, ec), b = fs::weakly_canonical(out, ec2);
+  if (ec || ec2) throw ConfigError(std::string(caller) + ": cannot resolve " + in + " or " + out + ": " + (ec ? ec : ec2).message());
   for (fs::path p = b; !p.empty(); p = p.parent_path()) {
     if (p == a) {
       throw ConfigError(std::string(caller) + ": the output " + out + (p == b ? " is the checkpoint " : " is inside the checkpoint ") +
@@ -80,7 +82,6 @@ void refuse_inside(const std::string& in, const std::string& out, const char* ca
     }
     if (p == p.parent_path()) break;
   }
-  std::error_code ec;
   if (fs::is_directory(out, ec)) throw ConfigError(std::string(caller) + ": the output " + out + " is a directory; give a file name");
 }
 
