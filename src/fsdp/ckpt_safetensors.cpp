@@ -3,11 +3,11 @@
 #include "ckpt_safetensors.h"
 
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "ckpt_format.h"
@@ -26,14 +26,14 @@ struct DtypeName {
   const char* name;
   int rank;
 };
-constexpr DtypeName kDtypes[] = {
-    {at::kBool, "BOOL", 0},    {at::kByte, "U8", 4},   {at::kChar, "I8", 5},   {at::kShort, "I16", 11},
-    {at::kHalf, "F16", 13},    {at::kBFloat16, "BF16", 14}, {at::kInt, "I32", 15}, {at::kFloat, "F32", 17},
-    {at::kDouble, "F64", 19},  {at::kLong, "I64", 20}};
+constexpr DtypeName kDtypes[] = {{at::kBool, "BOOL", 0},  {at::kByte, "U8", 4},    {at::kChar, "I8", 5},
+                                 {at::kShort, "I16", 11}, {at::kHalf, "F16", 13},  {at::kBFloat16, "BF16", 14},
+                                 {at::kInt, "I32", 15},   {at::kFloat, "F32", 17}, {at::kDouble, "F64", 19},
+                                 {at::kLong, "I64", 20}};
 
 // Dtypes of the format (0.8) that fsdp-cpp does not read: LibTorch 1.13 lacks them.
-constexpr const char* kOtherDtypes[] = {"F4",     "F6_E2M3",     "F6_E3M2",     "F8_E5M2", "F8_E4M3", "F8_E8M0",
-                                        "F8_E4M3FNUZ", "F8_E5M2FNUZ", "U16",   "U32",     "U64",     "C64"};
+constexpr const char* kOtherDtypes[] = {"F4",          "F6_E2M3",     "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+                                        "F8_E4M3FNUZ", "F8_E5M2FNUZ", "U16",     "U32",     "U64",     "C64"};
 
 const DtypeName* find_dtype(at::ScalarType t) {
   for (const auto& d : kDtypes) {
@@ -75,8 +75,9 @@ at::ScalarType parse_dtype_field(const Json& x, const std::string& where) {
   }
   for (const char* other : kOtherDtypes) {
     if (name == other) {
-      bad(where, "dtype '" + name + "' is not supported by fsdp-cpp (it reads F64, F32, F16, BF16, I64, I32, I16, "
-                 "I8, U8 and BOOL)");
+      bad(where, "dtype '" + name +
+                     "' is not supported by fsdp-cpp (it reads F64, F32, F16, BF16, I64, I32, I16, "
+                     "I8, U8 and BOOL)");
     }
   }
   bad(where, "unknown dtype '" + name + "'");
@@ -149,7 +150,8 @@ void check_bools(const at::Tensor& t, const std::string& where) {
   }
 }
 
-void check_in_file(const SafetensorsHeader& h, const SafetensorsTensor& t, int64_t file_size, const std::string& where) {
+void check_in_file(const SafetensorsHeader& h, const SafetensorsTensor& t, int64_t file_size,
+                   const std::string& where) {
   if (h.data_start + t.end > file_size) {
     bad(where, "tensor '" + t.name + "' needs bytes up to " + std::to_string(h.data_start + t.end) + ", the file has " +
                    std::to_string(file_size) + " (changed since its header was read?)");
@@ -167,7 +169,8 @@ const char* safetensors_dtype_name(at::ScalarType dtype) {
 bool looks_like_safetensors(std::string_view head, int64_t file_size) {
   if (head.size() < 9) return false;
   const uint64_t n = header_length(head);
-  if (n < 2 || n > static_cast<uint64_t>(kSafetensorsMaxHeader) || static_cast<int64_t>(8 + n) > file_size) return false;
+  if (n < 2 || n > static_cast<uint64_t>(kSafetensorsMaxHeader) || static_cast<int64_t>(8 + n) > file_size)
+    return false;
   for (size_t i = 8; i < head.size() && i < 8 + n; ++i) {
     if (!json_space(head[i])) return head[i] == '{';
   }
@@ -213,7 +216,8 @@ SafetensorsHeader parse_safetensors(std::string_view head, int64_t file_size, co
   for (const auto& t : h.tensors) {
     if (t.begin != at) {
       bad(where, "tensor '" + t.name + "' starts at byte " + std::to_string(t.begin) + " of the data, expected " +
-                     std::to_string(at) + (t.begin < at ? " (it overlaps the tensor before it)" : " (a hole before it)"));
+                     std::to_string(at) +
+                     (t.begin < at ? " (it overlaps the tensor before it)" : " (a hole before it)"));
     }
     at = t.end;
   }
@@ -265,7 +269,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Safete
   for (const auto& t : layout_) {
     safetensors_dtype_name(t.dtype);
     if (t.name == "__metadata__") throw ConfigError("safetensors: " + path + ": a tensor cannot be named __metadata__");
-    if (!names.insert(t.name).second) throw ConfigError("safetensors: " + path + ": tensor '" + t.name + "' given twice");
+    if (!names.insert(t.name).second)
+      throw ConfigError("safetensors: " + path + ": tensor '" + t.name + "' given twice");
   }
   std::stable_sort(layout_.begin(), layout_.end(), [](const auto& a, const auto& b) {
     const int ra = find_dtype(a.dtype)->rank, rb = find_dtype(b.dtype)->rank;
@@ -279,7 +284,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Safete
     for (auto d : t.shape) nbytes *= d;
     t.begin = at;
     t.end = at += nbytes;
-    header[t.name] = Json{{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    header[t.name] =
+        Json{{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
   }
   std::string text;
   try {

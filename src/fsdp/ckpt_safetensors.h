@@ -11,13 +11,14 @@
 // package's own reader (Rust, 0.8) accepts and refuses, with a ConfigError
 // naming the file and the field, what it refuses: a header over 100 MB or
 // past the end of the file, invalid UTF-8 or JSON, a header that is not an
-// object, unknown fields' types (a shape that is not a list of non-negative
-// integers, offsets that are not two), an unknown dtype, offsets that leave
+// object, fields missing or of the wrong type (a shape that is not a list of
+// non-negative integers, offsets that are not two, metadata that is not
+// strings), an unknown dtype, a size that overflows, offsets that leave
 // holes or overlap (sorted by offset, each tensor starts where the last one
 // ended, the first at 0), bytes that do not match dtype x shape, and a
 // buffer that does not end at the end of the file. Also refused: a key
-// given twice, and dtypes LibTorch 1.13 lacks (F8_*, U16/32/64, C64, ...),
-// by name.
+// given twice, BOOL bytes other than 0/1, and dtypes LibTorch 1.13 lacks
+// (F8_*, U16/32/64, C64, ...), by name. Fields it ignores are ignored.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -74,15 +74,17 @@ namespace {
 void refuse_inside(const std::string& in, const std::string& out, const char* caller) {
   std::error_code ec, ec2;
   const fs::path a = fs::weakly_canonical(in, ec), b = fs::weakly_canonical(out, ec2);
-  if (ec || ec2) throw ConfigError(std::string(caller) + ": cannot resolve " + in + " or " + out + ": " + (ec ? ec : ec2).message());
+  if (ec || ec2)
+    throw ConfigError(std::string(caller) + ": cannot resolve " + in + " or " + out + ": " + (ec ? ec : ec2).message());
   for (fs::path p = b; !p.empty(); p = p.parent_path()) {
     if (p == a) {
-      throw ConfigError(std::string(caller) + ": the output " + out + (p == b ? " is the checkpoint " : " is inside the checkpoint ") +
-                        in + "; write it elsewhere");
+      throw ConfigError(std::string(caller) + ": the output " + out +
+                        (p == b ? " is the checkpoint " : " is inside the checkpoint ") + in + "; write it elsewhere");
     }
     if (p == p.parent_path()) break;
   }
-  if (fs::is_directory(out, ec)) throw ConfigError(std::string(caller) + ": the output " + out + " is a directory; give a file name");
+  if (fs::is_directory(out, ec))
+    throw ConfigError(std::string(caller) + ": the output " + out + " is a directory; give a file name");
 }
 
 }  // namespace
@@ -97,7 +99,8 @@ void export_safetensors(const std::string& path, const std::string& out_file) {
     plan.push_back({key, t.dtype, t.shape, 0, 0});
   }
   ck::SafetensorsWriter out(out_file, plan, {{"format", "pt"}, {"producer", "fsdp-cpp"}, {"fsdp_entry", model.name}});
-  for (const auto& t : out.layout()) out.write(src->read_whole(model.name + "/" + t.name));  // one tensor in memory at a time
+  for (const auto& t : out.layout())
+    out.write(src->read_whole(model.name + "/" + t.name));  // one tensor in memory at a time
   out.commit();
 }
 

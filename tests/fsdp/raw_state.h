@@ -1,18 +1,21 @@
 // Test helpers for module state dicts that other programs wrote (torch.save
 // files, safetensors files): the values tests/python/write_state_dict.py
-// gives the test Net's tensors, and checks on what a model holds after a load.
+// gives the test Net's tensors, the suites' files that Python scripts write,
+// and checks on what a model holds after a load.
 #pragma once
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "../support/errors.h"
+#include "../support/subprocess.h"
 #include "fsdp/error.h"
 #include "fsdp/state_dict.h"
 #include "trainer.h"
@@ -65,15 +68,25 @@ inline void expect_written_values(const NamedTensors& state, const std::string& 
   }
 }
 
-// `f` throws a ConfigError whose message contains `text` (on every rank:
-// collective loads agree on the error and keep its kind).
-inline void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected: " << text;
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+// A suite's files, written once for it by a script of tests/python/ that
+// takes the spec (write_spec) and a folder: `SCRIPT SPEC.json DIR`.
+template <const char* Script>
+class PythonWrittenFiles : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir;
+    write_spec(dir_->path() + "/spec.json");
+    auto r = run_program({FSDP_TEST_PYTHON, std::string(FSDP_TEST_SOURCE_DIR "/python/") + Script,
+                          dir_->path() + "/spec.json", dir_->path()},
+                         std::chrono::seconds(120));
+    ASSERT_EQ(r.status, 0) << r.output;
   }
-}
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string file(const std::string& name) { return dir_->path() + "/" + name; }
+  static inline TempDir* dir_ = nullptr;
+};
 
 }  // namespace fsdp::testing

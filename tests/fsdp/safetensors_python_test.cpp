@@ -18,24 +18,8 @@ using namespace fsdp::testing;
 namespace {
 
 // The files of write_safetensors.py, written once for the suite.
-class SafetensorsFromPython : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir;
-    write_spec(dir_->path() + "/spec.json");
-    auto r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/write_safetensors.py",
-                          dir_->path() + "/spec.json", dir_->path()},
-                         std::chrono::seconds(120));
-    ASSERT_EQ(r.status, 0) << r.output;
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static std::string file(const std::string& name) { return dir_->path() + "/" + name; }
-  static TempDir* dir_;
-};
-TempDir* SafetensorsFromPython::dir_ = nullptr;
+constexpr char kWriteSafetensors[] = "write_safetensors.py";
+using SafetensorsFromPython = PythonWrittenFiles<kWriteSafetensors>;
 
 TEST_F(SafetensorsFromPython, SaveFileLoadsIntoAWrappedModelAtWorld1And2) {
   for (int world : {1, 2}) {
@@ -64,9 +48,9 @@ TEST_F(SafetensorsFromPython, StrictAndNonStrictNameTheKeys) {
   const std::string last = keys.back().first, first = keys.front().first;
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     Trainer t(pg, Opt::kSgd, 5);
-    expect_error([&] { load_checkpoint(file("missing.safetensors"), t.model.ptr(), pg); }, last);
-    expect_error([&] { load_checkpoint(file("extra.safetensors"), t.model.ptr(), pg); }, "extra_key");
-    expect_error([&] { load_checkpoint(file("shape.safetensors"), t.model.ptr(), pg); }, first);
+    expect_config_error([&] { load_checkpoint(file("missing.safetensors"), t.model.ptr(), pg); }, last);
+    expect_config_error([&] { load_checkpoint(file("extra.safetensors"), t.model.ptr(), pg); }, "extra_key");
+    expect_config_error([&] { load_checkpoint(file("shape.safetensors"), t.model.ptr(), pg); }, first);
     load_checkpoint(file("missing.safetensors"), t.model.ptr(), pg, /*strict=*/false);
     load_checkpoint(file("extra.safetensors"), t.model.ptr(), pg, /*strict=*/false);
     expect_written_values(full_state(t.model.ptr()), "non-strict");

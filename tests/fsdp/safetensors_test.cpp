@@ -35,7 +35,8 @@ std::string st_bytes(const std::string& header, const std::string& data, int64_t
 }
 
 void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // A trained model at world 2, saved in `format` at `path`; returns its full state.
@@ -136,11 +137,12 @@ TEST(Safetensors, TheWriterLaysOutFilesAsSaveFileDoes) {
       EXPECT_TRUE(torch::equal(got, v)) << k;
     }
   }
-  EXPECT_THROW(ck::SafetensorsWriter(dir.path() + "/x", {{"a", at::kFloat, {1}, 0, 0}, {"a", at::kFloat, {1}, 0, 0}}, {}),
-               ConfigError);
+  EXPECT_THROW(
+      ck::SafetensorsWriter(dir.path() + "/x", {{"a", at::kFloat, {1}, 0, 0}, {"a", at::kFloat, {1}, 0, 0}}, {}),
+      ConfigError);
   EXPECT_THROW(ck::SafetensorsWriter(dir.path() + "/x", {{"a", at::kComplexFloat, {1}, 0, 0}}, {}), ConfigError);
   ck::SafetensorsWriter wrong(dir.path() + "/y", {{"a", at::kFloat, {2}, 0, 0}}, {});
-  expect_error([&] { wrong.write(torch::zeros({3})); }, "tensor 'a' was planned as F32 [2]");
+  expect_config_error([&] { wrong.write(torch::zeros({3})); }, "tensor 'a' was planned as F32 [2]");
 }
 
 // The header of a file with one F32 tensor "a" of shape [2] (8 bytes).
@@ -158,17 +160,21 @@ TEST(Safetensors, CorruptAndHostileHeadersAreRefusedByName) {
       {st_bytes(kA, z8).substr(0, 40), "runs past the end of the file"},
       {st_bytes(kA, z8.substr(0, 4)), "(the file is truncated)"},
       {st_bytes(kA, z8 + "xx"), "(bytes no tensor covers)"},
-      {st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", z8 + "1234"),
+      {st_bytes(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+           z8 + "1234"),
        "tensor 'b' starts at byte 4 of the data, expected 8 (it overlaps the tensor before it)"},
       {st_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", z8), "(a hole before it)"},
       {st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,99999999999]}})", z8),
        "hold 99999999999 bytes, but dtype F32 x shape [2] is 8 bytes"},
-      {st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", z8), "but dtype F32 x shape [3] is 12 bytes"},
+      {st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", z8),
+       "but dtype F32 x shape [3] is 12 bytes"},
       {st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", z8), "end before they begin"},
       {st_bytes(R"({"a":{"dtype":"Q32","shape":[2],"data_offsets":[0,8]}})", z8), "tensor 'a': unknown dtype 'Q32'"},
       {st_bytes(R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", z8.substr(0, 2)),
        "dtype 'F8_E4M3' is not supported by fsdp-cpp"},
-      {st_bytes(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", z8), "'shape' must hold non-negative integers"},
+      {st_bytes(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", z8),
+       "'shape' must hold non-negative integers"},
       {st_bytes(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})", z8),
        "the shape's size overflows"},
       {st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", z8), "must be a list of two integers"},
@@ -183,21 +189,24 @@ TEST(Safetensors, CorruptAndHostileHeadersAreRefusedByName) {
       {st_bytes(R"({"__metadata__":"x"})", ""), "'__metadata__' must be an object"},
   };
   for (const auto& c : cases) {
-    expect_error([&] { ck::parse_safetensors(c.bytes, static_cast<int64_t>(c.bytes.size()), "f.safetensors"); },
-                 c.error);
+    expect_config_error([&] { ck::parse_safetensors(c.bytes, static_cast<int64_t>(c.bytes.size()), "f.safetensors"); },
+                        c.error);
   }
   // What the package accepts, fsdp-cpp accepts: padding, fields it ignores,
   // zero-size and 0-d tensors, metadata only.
-  for (const std::string& ok :
-       {st_bytes(kA + "   ", z8), st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", z8),
-        st_bytes(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})", z8),
-        st_bytes(R"({"__metadata__":{"format":"pt"}})", "")}) {
+  for (
+      const std::string& ok :
+      {st_bytes(kA + "   ", z8), st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", z8),
+       st_bytes(
+           R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})",
+           z8),
+       st_bytes(R"({"__metadata__":{"format":"pt"}})", "")}) {
     EXPECT_NO_THROW(ck::parse_safetensors(ok, static_cast<int64_t>(ok.size()), "ok")) << ok.substr(8);
   }
   // BOOL bytes other than 0/1 would be undefined in LibTorch.
   const std::string b = st_bytes(R"({"b":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02");
   const auto h = ck::parse_safetensors(b, static_cast<int64_t>(b.size()), "b");
-  expect_error([&] { ck::safetensors_tensor_from(b, h, h.tensors[0]); }, "holds bytes other than 0 and 1");
+  expect_config_error([&] { ck::safetensors_tensor_from(b, h, h.tensors[0]); }, "holds bytes other than 0 and 1");
 }
 
 TEST(Safetensors, BadFilesFailTheLoadNamingTheFileOnEveryRank) {
@@ -214,15 +223,18 @@ TEST(Safetensors, BadFilesFailTheLoadNamingTheFileOnEveryRank) {
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     Trainer t(pg, Opt::kSgd, 5);
     auto m = t.model.ptr();
-    expect_error([&] { load_checkpoint(mismatch, m, pg); }, "safetensors: " + mismatch + ", tensor 'a': its data_offsets");
-    expect_error([&] { load_checkpoint(cut, m, pg); }, cut + ": the header length 54 runs past the end of the file");
+    expect_config_error([&] { load_checkpoint(mismatch, m, pg); },
+                        "safetensors: " + mismatch + ", tensor 'a': its data_offsets");
+    expect_config_error([&] { load_checkpoint(cut, m, pg); },
+                        cut + ": the header length 54 runs past the end of the file");
     // Without the extension, a file that does not start as safetensors is not one.
-    expect_error([&] { load_checkpoint(cut_bare, m, pg); }, "does not point to a valid checkpoint");
-    expect_error([&] { load_checkpoint(fifo, m, pg); }, "does not point to a valid checkpoint");  // not opened: no hang
-    expect_error([&] { load_checkpoint(folder, m, pg); }, "does not point to a valid checkpoint");
+    expect_config_error([&] { load_checkpoint(cut_bare, m, pg); }, "does not point to a valid checkpoint");
+    expect_config_error([&] { load_checkpoint(fifo, m, pg); },
+                        "does not point to a valid checkpoint");  // not opened: no hang
+    expect_config_error([&] { load_checkpoint(folder, m, pg); }, "does not point to a valid checkpoint");
   });
-  expect_error([&] { ck::read_safetensors_header(fifo); }, fifo + ": not a regular file");
-  expect_error([&] { ck::read_safetensors_header(folder); }, folder + ": not a regular file");
+  expect_config_error([&] { ck::read_safetensors_header(fifo); }, fifo + ": not a regular file");
+  expect_config_error([&] { ck::read_safetensors_header(folder); }, folder + ": not a regular file");
 }
 
 TEST(Safetensors, ExportAndStateLoadsRefuseWhatTheyCannotDo) {
@@ -230,22 +242,23 @@ TEST(Safetensors, ExportAndStateLoadsRefuseWhatTheyCannotDo) {
   const std::string full = dir.path() + "/ckpt.pt", sharded = dir.path() + "/ckpt", out = dir.path() + "/w.safetensors";
   save_trained(full, CheckpointFormat::kFull);
   save_trained(sharded, CheckpointFormat::kSharded);
-  expect_error([&] { export_safetensors(full, full); }, "is the checkpoint");
-  expect_error([&] { export_safetensors(sharded, sharded + "/w.safetensors"); }, "is inside the checkpoint");
-  expect_error([&] { export_safetensors(sharded, sharded + "/./sub/../w.safetensors"); }, "is inside the checkpoint");
-  expect_error([&] { export_safetensors(full, dir.path()); }, "is a directory");
+  expect_config_error([&] { export_safetensors(full, full); }, "is the checkpoint");
+  expect_config_error([&] { export_safetensors(sharded, sharded + "/w.safetensors"); }, "is inside the checkpoint");
+  expect_config_error([&] { export_safetensors(sharded, sharded + "/./sub/../w.safetensors"); },
+                      "is inside the checkpoint");
+  expect_config_error([&] { export_safetensors(full, dir.path()); }, "is a directory");
   EXPECT_FALSE(fs::exists(sharded + "/w.safetensors"));
   export_safetensors(full, out);
   // A safetensors file holds weights only: not a checkpoint to export or to load a state from.
-  expect_error([&] { export_safetensors(out, dir.path() + "/again.safetensors"); },
-               "does not point to a valid checkpoint");
+  expect_config_error([&] { export_safetensors(out, dir.path() + "/again.safetensors"); },
+                      "does not point to a valid checkpoint");
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     Trainer t(pg, Opt::kSgd, 5);
     CheckpointState s;
     s.model("model", t.model.ptr());
-    expect_error([&] { load_checkpoint(out, s, pg); }, "it loads with load_checkpoint(path, module)");
+    expect_config_error([&] { load_checkpoint(out, s, pg); }, "it loads with load_checkpoint(path, module)");
   });
-  expect_error([&] { inspect_checkpoint(out); }, "a safetensors file");
+  expect_config_error([&] { inspect_checkpoint(out); }, "a safetensors file");
 }
 
 TEST(FsdpCkptTool, ExportSafetensors) {
@@ -258,7 +271,8 @@ TEST(FsdpCkptTool, ExportSafetensors) {
   auto plain = make_net(9);
   run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(out, plain, pg); });
   expect_same(full_state(plain), saved, "fsdp-ckpt export");
-  r = run_program({FSDP_CKPT_PATH, "export", sharded, dir.path() + "/m.gguf", "--format", "gguf"}, std::chrono::seconds(60));
+  r = run_program({FSDP_CKPT_PATH, "export", sharded, dir.path() + "/m.gguf", "--format", "gguf"},
+                  std::chrono::seconds(60));
   EXPECT_NE(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("gguf"), std::string::npos) << r.output;
   r = run_program({FSDP_CKPT_PATH, "export", sharded, sharded + "/x.safetensors"}, std::chrono::seconds(60));

@@ -25,24 +25,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // The files of write_state_dict.py, written once for the suite.
-class RawStateDict : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir;
-    write_spec(dir_->path() + "/spec.json");
-    auto r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/write_state_dict.py",
-                          dir_->path() + "/spec.json", dir_->path()},
-                         std::chrono::seconds(120));
-    ASSERT_EQ(r.status, 0) << r.output;
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static std::string file(const std::string& name) { return dir_->path() + "/" + name; }
-  static TempDir* dir_;
-};
-TempDir* RawStateDict::dir_ = nullptr;
+constexpr char kWriteStateDict[] = "write_state_dict.py";
+using RawStateDict = PythonWrittenFiles<kWriteStateDict>;
 
 TEST_F(RawStateDict, PythonStateDictLoadsIntoAWrappedModelAtAnyWorldSize) {
   for (int world : {1, 2, 3}) {
@@ -90,9 +74,9 @@ TEST_F(RawStateDict, StrictAndNonStrictNameTheKeys) {
   const std::string last = keys.back().first, first = keys.front().first;
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     Trainer t(pg, Opt::kSgd, 5);
-    expect_error([&] { load_checkpoint(file("missing.pt"), t.model.ptr(), pg); }, last);
-    expect_error([&] { load_checkpoint(file("extra.pt"), t.model.ptr(), pg); }, "extra_key");
-    expect_error([&] { load_checkpoint(file("shape.pt"), t.model.ptr(), pg); }, first);
+    expect_config_error([&] { load_checkpoint(file("missing.pt"), t.model.ptr(), pg); }, last);
+    expect_config_error([&] { load_checkpoint(file("extra.pt"), t.model.ptr(), pg); }, "extra_key");
+    expect_config_error([&] { load_checkpoint(file("shape.pt"), t.model.ptr(), pg); }, first);
     load_checkpoint(file("missing.pt"), t.model.ptr(), pg, /*strict=*/false);
     load_checkpoint(file("extra.pt"), t.model.ptr(), pg, /*strict=*/false);
     expect_written_values(full_state(t.model.ptr()), "non-strict");
@@ -103,14 +87,14 @@ TEST_F(RawStateDict, FilesThatAreNotAStateDictAreNamed) {
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     Trainer t(pg, Opt::kSgd, 5);
     auto m = t.model.ptr();
-    expect_error([&] { load_checkpoint(file("nested.pt"), m, pg); },
+    expect_config_error([&] { load_checkpoint(file("nested.pt"), m, pg); },
                  "'model' is a dict of " + std::to_string(plain_state().size()) + ", not a tensor");
-    expect_error([&] { load_checkpoint(file("object.pt"), m, pg); }, "the Python global argparse.Namespace");
-    expect_error([&] { load_checkpoint(file("legacy.pt"), m, pg); }, "PyTorch's legacy format");
-    expect_error([&] { load_checkpoint(file("script.pt"), m, pg); }, "is a TorchScript archive");
+    expect_config_error([&] { load_checkpoint(file("object.pt"), m, pg); }, "the Python global argparse.Namespace");
+    expect_config_error([&] { load_checkpoint(file("legacy.pt"), m, pg); }, "PyTorch's legacy format");
+    expect_config_error([&] { load_checkpoint(file("script.pt"), m, pg); }, "is a TorchScript archive");
     CheckpointState s;
     s.model("model", m);
-    expect_error([&] { load_checkpoint(file("raw.pt"), s, pg); }, "loads with load_checkpoint(path, module)");
+    expect_config_error([&] { load_checkpoint(file("raw.pt"), s, pg); }, "loads with load_checkpoint(path, module)");
   });
 }
 
