@@ -46,12 +46,12 @@ esac
 
 [ "${FSDP_LIBTORCH:-wheel}" = debian ] && exit 0
 
-# --- .venv: torch 2.x and lightning ------------------------------------------
+# --- .venv: torch 2.x, lightning, safetensors ----------------------------------
 venv=.venv
 stamp=$venv/.fsdp-requirements
 want=$(sha256sum requirements.txt scripts/lean_requirements.py | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] &&
-   "$venv/bin/python" -c 'import torch, lightning' 2>/dev/null; then
+   "$venv/bin/python" -c 'import torch, lightning, safetensors' 2>/dev/null; then
   exit 0
 fi
 echo "deps: making $venv (requirements.txt: $(grep -E '^[a-z]' requirements.txt | tr '\n' ' '))"

@@ -2,6 +2,8 @@
 //   fsdp-ckpt inspect PATH            format, version, world size, values, tensors
 //   fsdp-ckpt verify PATH             every checksum; exit 0 sound, 1 damaged (listed)
 //   fsdp-ckpt consolidate DIR OUT     sharded -> one full file (torch.load-able), one tensor in memory at a time
+//   fsdp-ckpt export CKPT OUT [--format safetensors]
+//                                     the model's weights as a safetensors file (Hugging Face's), one tensor at a time
 // A full checkpoint is already PyTorch's format: torch.load(PATH) opens it.
 #include <CLI/CLI.hpp>
 
@@ -69,7 +71,7 @@ int verify(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-ckpt: inspect, verify and consolidate fsdp-cpp checkpoints"};
+  CLI::App app{"fsdp-ckpt: inspect, verify, consolidate and export fsdp-cpp checkpoints"};
   app.require_subcommand(1);
   std::string path, out;
   auto* ins = app.add_subcommand("inspect", "format, version, world size, values and a table of tensors");
@@ -79,11 +81,21 @@ int main(int argc, char** argv) {
   auto* con = app.add_subcommand("consolidate", "sharded directory -> one full file that torch.load opens");
   con->add_option("dir", path, "sharded checkpoint directory")->required();
   con->add_option("out", out, "output file")->required();
+  std::string format = "safetensors";
+  auto* exp = app.add_subcommand("export", "the model's weights as a file of another format (safetensors)");
+  exp->add_option("ckpt", path, "checkpoint file or directory (either format)")->required();
+  exp->add_option("out", out, "output file")->required();
+  exp->add_option("--format", format, "output format (default: safetensors)")
+      ->check(CLI::IsMember({"safetensors"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (ins->parsed()) return inspect(path);
     if (ver->parsed()) return verify(path);
-    fsdp::consolidate_checkpoint(path, out);
+    if (exp->parsed()) {
+      fsdp::export_safetensors(path, out);
+    } else {
+      fsdp::consolidate_checkpoint(path, out);
+    }
     std::cout << "wrote " << out << "\n";
     return 0;
   } catch (const std::exception& e) {

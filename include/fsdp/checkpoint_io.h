@@ -154,9 +154,12 @@ std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, 
 
 // [collective over `group`] Loads only a model's weights (Lightning's
 // load_checkpoint(path, module) and Fabric's load_raw), wrapped or not, at
-// any world size: the single model entry of an fsdp-cpp checkpoint, or a
-// module state dict that torch.save(model.state_dict()) (Python) or
-// torch::pickle_save (LibTorch) wrote. Such a file is read as
+// any world size: the single model entry of an fsdp-cpp checkpoint, a
+// safetensors file (Hugging Face's weights: recognized by its content, or by
+// the name *.safetensors; its header validated as the safetensors package
+// validates it, docs/checkpoint-format.md), or a module state dict that
+// torch.save(model.state_dict()) (Python) or torch::pickle_save (LibTorch)
+// wrote. A torch.save file is read as
 // torch.load(weights_only=True) reads it: tensors, numbers, strings and
 // containers only; a Python class or function in it is refused by name,
 // before anything runs. Every rank parses the file and reads, one tensor at
@@ -194,5 +197,18 @@ std::vector<std::string> verify_checkpoint(const std::string& path);
 // [local] Writes the sharded checkpoint `sharded_dir` as one full checkpoint
 // file `out_file` (torch.load-able), one tensor in memory at a time.
 void consolidate_checkpoint(const std::string& sharded_dir, const std::string& out_file);
+
+// [local] Writes the weights of the checkpoint `path` (either format, its
+// single model entry) as a safetensors file `out_file`, as Hugging Face's
+// safetensors.torch.save_file would: keys are the model's state-dict keys,
+// dtypes and shapes as saved, `__metadata__` {"format": "pt", "producer":
+// "fsdp-cpp", "fsdp_entry": <the entry's name>}. One tensor in memory at a
+// time (read from its chunks, written, dropped); crash-safe (nothing at
+// `out_file` until it is complete and synced). ConfigError for a checkpoint
+// with no model or several, a damaged checkpoint (as load_checkpoint), and
+// an `out_file` that is the checkpoint, inside it, or a directory; Error
+// naming the file for write failures. The file loads back with
+// load_checkpoint(out_file, module) and with safetensors.torch.load_file.
+void export_safetensors(const std::string& path, const std::string& out_file);
 
 }  // namespace fsdp

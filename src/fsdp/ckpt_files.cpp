@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -99,7 +100,7 @@ int64_t file_size(const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
-std::string read_range(const std::string& path, int64_t offset, int64_t nbytes) {
+void read_into(const std::string& path, int64_t offset, int64_t nbytes, void* dst) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -108,16 +109,17 @@ std::string read_range(const std::string& path, int64_t offset, int64_t nbytes) 
   }
   struct stat st {};
   ::fstat(fd, &st);
-  if (offset + nbytes > static_cast<int64_t>(st.st_size)) {
+  if (offset < 0 || nbytes < 0 || nbytes > static_cast<int64_t>(st.st_size) ||
+      offset > static_cast<int64_t>(st.st_size) - nbytes) {
     ::close(fd);
     throw ConfigError("checkpoint: " + path + " is truncated: it has " + std::to_string(st.st_size) +
                       " bytes, the index needs bytes [" + std::to_string(offset) + ", " +
                       std::to_string(offset + nbytes) + ")");
   }
-  std::string out(static_cast<size_t>(nbytes), '\0');
+  char* out = static_cast<char*>(dst);
   int64_t done = 0;
   while (done < nbytes) {
-    const ssize_t r = ::pread(fd, out.data() + done, static_cast<size_t>(nbytes - done), offset + done);
+    const ssize_t r = ::pread(fd, out + done, static_cast<size_t>(nbytes - done), offset + done);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       const int err = errno;
@@ -127,6 +129,11 @@ std::string read_range(const std::string& path, int64_t offset, int64_t nbytes) 
     done += r;
   }
   ::close(fd);
+}
+
+std::string read_range(const std::string& path, int64_t offset, int64_t nbytes) {
+  std::string out(static_cast<size_t>(std::max<int64_t>(nbytes, 0)), '\0');
+  read_into(path, offset, nbytes, out.data());
   return out;
 }
 

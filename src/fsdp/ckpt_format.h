@@ -150,6 +150,9 @@ class FullReader {
 
 // Reads ranges of a sharded checkpoint's data files, bound-checked.
 std::string read_range(const std::string& path, int64_t offset, int64_t nbytes);
+// The same into `dst` (nbytes of room). ConfigError naming the file if it
+// cannot be opened or lacks the range.
+void read_into(const std::string& path, int64_t offset, int64_t nbytes, void* dst);
 int64_t file_size(const std::string& path);  // -1 if absent
 
 // The bytes of a chunk, checked against its size and checksum. `source`:

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include "ckpt_parts.h"
@@ -68,6 +69,19 @@ int64_t Source::fill(const std::string& key, std::vector<Shard>& targets) const 
   return covered;
 }
 
+const ck::EntryRecord& Source::the_model(const std::string& caller) const {
+  const ck::EntryRecord* model = nullptr;
+  for (const auto& e : ix.entries) {
+    if (e.type != ck::EntryType::kModel) continue;
+    if (model) {
+      throw ConfigError(caller + ": " + path + " holds several models; load it with a CheckpointState naming one");
+    }
+    model = &e;
+  }
+  if (!model) throw ConfigError(caller + ": " + path + " holds no model");
+  return *model;
+}
+
 at::Tensor Source::read_whole(const std::string& key) const {
   const auto& t = tensor(key);
   std::vector<Shard> target{Shard{std::vector<int64_t>(t.shape.size(), 0), at::empty(t.shape, at::TensorOptions().dtype(t.dtype))}};
@@ -111,16 +125,28 @@ void open_sharded(Source& s) {
 }
 
 // A file: PyTorch's zip, with fsdp-cpp's index (of kind "full") or, with
-// accept_raw, a module's state dict.
+// accept_raw, a module's state dict; with accept_raw, a safetensors file.
 void open_file(Source& s, bool accept_raw) {
   const std::string& path = s.path;
+  const int64_t size = ck::file_size(path);
+  const std::string head = ck::read_range(path, 0, std::min<int64_t>(size, 64));
+  // By content (a name ending in .safetensors gets the safetensors reader's
+  // errors when its content is not right).
+  if (ck::looks_like_safetensors(head, size) || (accept_raw && fs::path(path).extension() == ".safetensors")) {
+    if (!accept_raw) {
+      not_a_checkpoint(path, "a safetensors file, which holds a model's weights only: it loads with "
+                             "load_checkpoint(path, module)");
+    }
+    s.safetensors = std::make_unique<ck::SafetensorsHeader>(ck::read_safetensors_header(path));
+    s.where = path;
+    return;
+  }
   try {
     s.full = std::make_unique<ck::FullReader>(path);
   } catch (const ConfigError& e) {
     // torch.save(..., _use_new_zipfile_serialization=False): a bare pickle
     // that starts with the legacy format's magic number (a LONG1 of 10 bytes).
-    if (accept_raw &&
-        ck::read_range(path, 0, std::min<int64_t>(ck::file_size(path), 4)) == std::string("\x80\x02\x8a\x0a", 4)) {
+    if (accept_raw && head.compare(0, 4, std::string("\x80\x02\x8a\x0a", 4)) == 0) {
       throw ConfigError("load_checkpoint: " + path + " is in PyTorch's legacy format (torch.save with "
                         "_use_new_zipfile_serialization=False), which fsdp-cpp does not read; save it again with "
                         "torch.save's default format");
@@ -262,38 +288,47 @@ RawTensors raw_tensors(const ck::FullReader& zip, const pickle::Value& root) {
   return out;
 }
 
-// Lightning's load_raw: the state dict of a raw source (open_source's
-// accept_raw) into `model`, wrapped or not, at any world size. Every rank
-// parses the pickle and reads, one tensor at a time, the tensors its shards
-// overlap.
-void load_raw_model(const Source& src, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
-  const ck::FullReader& zip = *src.full;
-  const auto parsed = pickle::parse(zip.read("data.pkl"), src.where);
-  const RawTensors tensors = raw_tensors(zip, parsed.root());
-  pickle::check_byte_order(zip);
+// A module's state dict in one file, tensor by tensor: each tensor's shape
+// and dtype, in the file's order, and how to read one whole.
+struct FlatTensors {
+  struct Info {
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kFloat;
+  };
+  std::vector<std::pair<std::string, Info>> order;
+  std::function<at::Tensor(const std::string& key)> read;
+};
+
+// The flat state dict `tensors` into `model`, wrapped or not, at any world
+// size: one tensor in memory at a time, and only the tensors this rank's
+// shards overlap.
+void load_flat_model(const FlatTensors& tensors, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
+  std::map<std::string, const FlatTensors::Info*> by_key;
+  for (const auto& [k, info] : tensors.order) by_key[k] = &info;
   StateDict sd;
   std::set<std::string> wanted;
   for (auto& [key, shape, boxes] : local_boxes(model)) {
     wanted.insert(key);
-    auto it = tensors.by_key.find(key);
-    if (it == tensors.by_key.end()) continue;  // missing: load_state_dict reports it
-    const auto& ref = *it->second;
-    if (ref.sizes != shape) {
-      sd.insert(key, ShardedTensor{ref.sizes, ref.dtype, {}});  // reported as a size mismatch
+    auto it = by_key.find(key);
+    if (it == by_key.end()) continue;  // missing: load_state_dict reports it
+    const auto& info = *it->second;
+    if (info.shape != shape) {
+      sd.insert(key, ShardedTensor{info.shape, info.dtype, {}});  // reported as a size mismatch
       continue;
     }
-    const at::Tensor whole = pickle::read_tensor(zip, ref, "tensor '" + key + "'");
-    ShardedTensor st{shape, ref.dtype, {}};
+    int64_t need = 0;
+    for (const auto& b : boxes) need += b.tensor.numel();
+    const at::Tensor whole = need > 0 ? tensors.read(key) : at::Tensor();
+    ShardedTensor st{shape, info.dtype, {}};
     for (const auto& b : boxes) {
-      Shard piece{b.offsets, at::empty(b.tensor.sizes(), at::TensorOptions().dtype(ref.dtype))};
-      copy_overlap(piece.tensor, piece.offsets, {Shard{std::vector<int64_t>(shape.size(), 0), whole}});
+      Shard piece{b.offsets, at::empty(b.tensor.sizes(), at::TensorOptions().dtype(info.dtype))};
+      if (need > 0) copy_overlap(piece.tensor, piece.offsets, {Shard{std::vector<int64_t>(shape.size(), 0), whole}});
       st.local_shards.push_back(std::move(piece));
     }
     sd.insert(key, std::move(st));
   }
-  for (const auto& k : tensors.order) {
-    const auto& ref = *tensors.by_key.at(k);
-    if (!wanted.count(k)) sd.insert(k, ShardedTensor{ref.sizes, ref.dtype, {}});
+  for (const auto& [k, info] : tensors.order) {
+    if (!wanted.count(k)) sd.insert(k, ShardedTensor{info.shape, info.dtype, {}});
   }
   StateDictTypeGuard guard(model, StateDictType::kSharded);
   load_state_dict(model, sd, strict);
@@ -323,6 +358,36 @@ std::map<std::string, std::string> names_of_ids(const Source& src, const ck::Ent
     }
   }
   return out;
+}
+
+// Lightning's load_raw: the state dict of a raw source (open_source's
+// accept_raw: torch.save's pickle or safetensors) into `model`. Every rank
+// parses the file's pickle or header.
+void load_raw_model(const Source& src, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
+  FlatTensors flat;
+  if (src.safetensors) {
+    const ck::SafetensorsHeader& h = *src.safetensors;
+    std::map<std::string, const ck::SafetensorsTensor*> by_key;
+    for (const auto& t : h.tensors) {
+      flat.order.push_back({t.name, {t.shape, t.dtype}});
+      by_key[t.name] = &t;
+    }
+    flat.read = [&](const std::string& key) { return ck::read_safetensors_tensor(src.path, h, *by_key.at(key)); };
+    load_flat_model(flat, model, strict);
+    return;
+  }
+  const ck::FullReader& zip = *src.full;
+  const auto parsed = pickle::parse(zip.read("data.pkl"), src.where);
+  const RawTensors tensors = raw_tensors(zip, parsed.root());
+  pickle::check_byte_order(zip);
+  for (const auto& k : tensors.order) {
+    const auto& ref = *tensors.by_key.at(k);
+    flat.order.push_back({k, {ref.sizes, ref.dtype}});
+  }
+  flat.read = [&](const std::string& key) {
+    return pickle::read_tensor(zip, *tensors.by_key.at(key), "tensor '" + key + "'");
+  };
+  load_flat_model(flat, model, strict);
 }
 
 void load_optimizer(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
@@ -468,20 +533,11 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
   wait_for_checkpoint(group);
   const detail::Failure error = detail::capture([&] {
     auto src = detail::open_source(path, /*accept_raw=*/true);
-    if (src->raw) {
+    if (src->raw || src->safetensors) {
       detail::load_raw_model(*src, module, strict);
       return;
     }
-    const ck::EntryRecord* model = nullptr;
-    for (const auto& e : src->ix.entries) {
-      if (e.type != ck::EntryType::kModel) continue;
-      if (model) {
-        throw ConfigError("load_checkpoint: " + path + " holds several models; load it with a CheckpointState naming one");
-      }
-      model = &e;
-    }
-    if (!model) throw ConfigError("load_checkpoint: " + path + " holds no model");
-    detail::load_model(*src, model->name, module, strict);
+    detail::load_model(*src, src->the_model("load_checkpoint").name, module, strict);
   });
   detail::agree(group, error, "load_checkpoint of " + path);
 }

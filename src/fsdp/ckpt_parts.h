@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt_format.h"
+#include "ckpt_safetensors.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/state_dict.h"
 #include "rank_errors.h"
@@ -111,8 +112,12 @@ struct Source {
   // the zip's storage records, without chunks or checksums.
   std::map<std::string, pickle::TensorRef> pickled;  // by tensor key
   std::set<std::string> numbered;  // optimizer entries keyed by PyTorch's parameter ids (0, 1, ...), not names
+  std::unique_ptr<ckpt::SafetensorsHeader> safetensors;  // a safetensors file (accept_raw): its header, no index
 
   const ckpt::EntryRecord* entry(const std::string& name) const;  // null if absent
+  // The checkpoint's one model entry; ConfigError (starting with `caller`)
+  // if it holds none or several.
+  const ckpt::EntryRecord& the_model(const std::string& caller) const;
   // ConfigError if the index has no tensor `key`.
   const ckpt::TensorEntry& tensor(const std::string& key) const;
   // Copies into `targets` (boxes of the tensor `key`) what the checkpoint
@@ -135,7 +140,10 @@ void index_pickled(Source& s);
 // Opens `path` (either format; ConfigError "does not point to a valid
 // checkpoint" or naming the damage). accept_raw: a PyTorch zip file without
 // fsdp-cpp's index whose pickle may be a module's state dict opens as a raw
-// source; PyTorch's legacy format and TorchScript archives are named as such.
+// source, and a safetensors file (by content, or any file named
+// *.safetensors) as one with its header; PyTorch's legacy format and
+// TorchScript archives are named as such. Without accept_raw a safetensors
+// file is "not a valid checkpoint", saying how it loads.
 std::unique_ptr<Source> open_source(const std::string& path, bool accept_raw = false);
 
 }  // namespace fsdp::detail

@@ -1,4 +1,4 @@
-// The tools: inspect, verify and consolidate checkpoints (fsdp-ckpt).
+// The tools: inspect, verify, consolidate and export checkpoints (fsdp-ckpt).
 #include <filesystem>
 
 #include "ckpt_parts.h"
@@ -74,6 +74,42 @@ void consolidate_checkpoint(const std::string& sharded_dir, const std::string& o
   if (!out.error().empty()) {
     throw Error("consolidate: writing " + out_file + " failed: " + detail::failure_message(out.error()));
   }
+}
+
+namespace {
+
+// ConfigError if `out` is `in` or inside it (symbolic links resolved).
+void refuse_inside(const std::string& in, const std::string& out, const char* caller) {
+  std::error_code ec, ec2;
+  const fs::path a = fs::weakly_canonical(in, ec), b = fs::weakly_canonical(out, ec2);
+  if (ec || ec2)
+    throw ConfigError(std::string(caller) + ": cannot resolve " + in + " or " + out + ": " + (ec ? ec : ec2).message());
+  for (fs::path p = b; !p.empty(); p = p.parent_path()) {
+    if (p == a) {
+      throw ConfigError(std::string(caller) + ": the output " + out +
+                        (p == b ? " is the checkpoint " : " is inside the checkpoint ") + in + "; write it elsewhere");
+    }
+    if (p == p.parent_path()) break;
+  }
+  if (fs::is_directory(out, ec))
+    throw ConfigError(std::string(caller) + ": the output " + out + " is a directory; give a file name");
+}
+
+}  // namespace
+
+void export_safetensors(const std::string& path, const std::string& out_file) {
+  refuse_inside(path, out_file, "export");
+  auto src = detail::open_source(path);
+  const ck::EntryRecord& model = src->the_model("export");
+  std::vector<ck::SafetensorsTensor> plan;
+  for (const auto& key : model.keys) {
+    const auto& t = src->tensor(model.name + "/" + key);
+    plan.push_back({key, t.dtype, t.shape, 0, 0});
+  }
+  ck::SafetensorsWriter out(out_file, plan, {{"format", "pt"}, {"producer", "fsdp-cpp"}, {"fsdp_entry", model.name}});
+  for (const auto& t : out.layout())
+    out.write(src->read_whole(model.name + "/" + t.name));  // one tensor in memory at a time
+  out.commit();
 }
 
 }  // namespace fsdp

@@ -4,7 +4,6 @@
 // unwrapped ones, strictly, with named errors; and the restricted unpickler
 // (src/fsdp/torch_pickle.h) refuses what it must.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include "fsdp/error.h"
 #include "fsdp/optim_state_dict.h"
 #include "fsdp/state_dict.h"
+#include "raw_state.h"
 #include "trainer.h"
 
 using namespace fsdp;
@@ -25,75 +25,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The value write_state_dict.py gives the j-th tensor.
-torch::Tensor expected_value(const std::vector<int64_t>& shape, int64_t j) {
-  int64_t n = 1;
-  for (auto s : shape) n *= s;
-  return (torch::arange(n, torch::kFloat32).remainder(97) * 0.25 + j).reshape(shape);
-}
-
-// The model's full state (every rank gets it): key -> tensor, in order.
-std::vector<std::pair<std::string, torch::Tensor>> full_state(const std::shared_ptr<torch::nn::Module>& model) {
-  StateDictTypeGuard guard(model, StateDictType::kFull);
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [k, v] : state_dict(model)) out.emplace_back(k, std::get<torch::Tensor>(v).clone());
-  return out;
-}
-
-// The model's state, as write_state_dict.py expects it.
-std::vector<std::pair<std::string, torch::Tensor>> plain_state() {
-  auto net = make_net(1);
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [k, v] : state_dict(net)) out.emplace_back(k, std::get<torch::Tensor>(v));
-  return out;
-}
-
-void expect_written_values(const std::vector<std::pair<std::string, torch::Tensor>>& state, const std::string& what,
-                           const std::string& except = "") {
-  ASSERT_EQ(state.size(), plain_state().size()) << what;
-  for (size_t j = 0; j < state.size(); ++j) {
-    const auto& [k, t] = state[j];
-    if (k == except) continue;
-    EXPECT_TRUE(torch::equal(t, expected_value(t.sizes().vec(), static_cast<int64_t>(j)).to(t.scalar_type())))
-        << what << ": " << k;
-  }
-}
-
-// `f` throws a ConfigError whose message contains `text` (on every rank:
-// collective loads agree on the error and keep its kind).
-void expect_error(const std::function<void()>& f, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected: " << text;
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
-}
-
 // The files of write_state_dict.py, written once for the suite.
-class RawStateDict : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir;
-    nlohmann::json spec = nlohmann::json::array();
-    auto net = make_net(1);
-    std::set<std::string> buffers;
-    for (const auto& b : net->named_buffers()) buffers.insert(b.key());
-    for (const auto& [k, t] : plain_state()) spec.push_back({k, t.sizes().vec(), buffers.count(k) > 0});
-    std::ofstream(dir_->path() + "/spec.json") << spec.dump();
-    auto r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/write_state_dict.py",
-                          dir_->path() + "/spec.json", dir_->path()},
-                         std::chrono::seconds(120));
-    ASSERT_EQ(r.status, 0) << r.output;
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static std::string file(const std::string& name) { return dir_->path() + "/" + name; }
-  static TempDir* dir_;
-};
-TempDir* RawStateDict::dir_ = nullptr;
+constexpr char kWriteStateDict[] = "write_state_dict.py";
+using RawStateDict = PythonWrittenFiles<kWriteStateDict>;
 
 TEST_F(RawStateDict, PythonStateDictLoadsIntoAWrappedModelAtAnyWorldSize) {
   for (int world : {1, 2, 3}) {
@@ -141,9 +75,9 @@ TEST_F(RawStateDict, StrictAndNonStrictNameTheKeys) {
   const std::string last = keys.back().first, first = keys.front().first;
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     Trainer t(pg, Opt::kSgd, 5);
-    expect_error([&] { load_checkpoint(file("missing.pt"), t.model.ptr(), pg); }, last);
-    expect_error([&] { load_checkpoint(file("extra.pt"), t.model.ptr(), pg); }, "extra_key");
-    expect_error([&] { load_checkpoint(file("shape.pt"), t.model.ptr(), pg); }, first);
+    expect_config_error([&] { load_checkpoint(file("missing.pt"), t.model.ptr(), pg); }, last);
+    expect_config_error([&] { load_checkpoint(file("extra.pt"), t.model.ptr(), pg); }, "extra_key");
+    expect_config_error([&] { load_checkpoint(file("shape.pt"), t.model.ptr(), pg); }, first);
     load_checkpoint(file("missing.pt"), t.model.ptr(), pg, /*strict=*/false);
     load_checkpoint(file("extra.pt"), t.model.ptr(), pg, /*strict=*/false);
     expect_written_values(full_state(t.model.ptr()), "non-strict");
@@ -154,14 +88,14 @@ TEST_F(RawStateDict, FilesThatAreNotAStateDictAreNamed) {
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     Trainer t(pg, Opt::kSgd, 5);
     auto m = t.model.ptr();
-    expect_error([&] { load_checkpoint(file("nested.pt"), m, pg); },
+    expect_config_error([&] { load_checkpoint(file("nested.pt"), m, pg); },
                  "'model' is a dict of " + std::to_string(plain_state().size()) + ", not a tensor");
-    expect_error([&] { load_checkpoint(file("object.pt"), m, pg); }, "the Python global argparse.Namespace");
-    expect_error([&] { load_checkpoint(file("legacy.pt"), m, pg); }, "PyTorch's legacy format");
-    expect_error([&] { load_checkpoint(file("script.pt"), m, pg); }, "is a TorchScript archive");
+    expect_config_error([&] { load_checkpoint(file("object.pt"), m, pg); }, "the Python global argparse.Namespace");
+    expect_config_error([&] { load_checkpoint(file("legacy.pt"), m, pg); }, "PyTorch's legacy format");
+    expect_config_error([&] { load_checkpoint(file("script.pt"), m, pg); }, "is a TorchScript archive");
     CheckpointState s;
     s.model("model", m);
-    expect_error([&] { load_checkpoint(file("raw.pt"), s, pg); }, "loads with load_checkpoint(path, module)");
+    expect_config_error([&] { load_checkpoint(file("raw.pt"), s, pg); }, "loads with load_checkpoint(path, module)");
   });
 }
 
@@ -215,8 +149,8 @@ TEST_F(RawStateDict, PythonCheckpointOptionsLibTorchCannotHonourAreRefused) {
     Trainer t(pg, Opt::kAdamW, 5);
     CheckpointState s;
     s.model("model", t.model.ptr()).optimizer("optimizer", *t.optimizer);
-    expect_error([&] { load_checkpoint(file("maximize.pt"), s, pg); }, "maximize=True has no equivalent in LibTorch's AdamW");
-    expect_error([&] { load_checkpoint(file("adam.pt"), s, pg); }, "load it into torch::optim::Adam");
+    expect_config_error([&] { load_checkpoint(file("maximize.pt"), s, pg); }, "maximize=True has no equivalent in LibTorch's AdamW");
+    expect_config_error([&] { load_checkpoint(file("adam.pt"), s, pg); }, "load it into torch::optim::Adam");
   });
 }
 

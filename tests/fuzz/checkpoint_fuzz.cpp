@@ -5,6 +5,8 @@
 //   FSDP_FUZZ_SHARDED  a whole sharded checkpoint directory (index + data files)
 //   FSDP_FUZZ_PICKLE   the pickle of a torch.save file (the restricted unpickler
 //                      that reads module state dicts written by Python)
+//   FSDP_FUZZ_SAFETENSORS  a safetensors file (its header's parser, every
+//                      tensor read from it, and load_checkpoint(path, module))
 // Full and sharded inputs are inspected, verified and loaded into a small
 // model and optimizer, and into the model alone (a full input without
 // fsdp-cpp's index is read as a module state dict, torch.save's). An fsdp::Error (ConfigError or Error: the refusal of
@@ -24,6 +26,7 @@
 #include <string>
 
 #include "../../src/fsdp/ckpt_format.h"
+#include "../../src/fsdp/ckpt_safetensors.h"
 #include "../../src/fsdp/torch_pickle.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
@@ -186,6 +189,23 @@ void write_seeds(const fs::path& seeds) {
     }
 #elif defined(FSDP_FUZZ_SHARDED)
     if (!full) write_file(seeds / "ckpt.dir", pack_dir(path));
+#elif defined(FSDP_FUZZ_SAFETENSORS)
+    // The model's weights as fsdp-ckpt export writes them (from either format).
+    fsdp::export_safetensors(path.string(), (seeds / (full ? "from-full.safetensors" : "from-sharded.safetensors")).string());
+    if (full) {  // every dtype, a 0-d and an empty tensor, metadata
+      const std::vector<at::Tensor> values = {
+          torch::arange(6, torch::kFloat32).reshape({2, 3}), torch::tensor({1.5, 2.0}).to(torch::kBFloat16),
+          torch::tensor({0.5}).to(torch::kHalf), torch::tensor(3.0, torch::kFloat64), torch::tensor({int64_t{-7}}),
+          torch::tensor({1, 2}, torch::kInt32), torch::tensor({3}, torch::kInt16), torch::tensor({-4}, torch::kInt8),
+          torch::tensor({5}, torch::kUInt8), torch::tensor({true, false}), torch::zeros({0, 3})};
+      std::vector<fsdp::detail::ckpt::SafetensorsTensor> plan;
+      for (size_t i = 0; i < values.size(); ++i) {
+        plan.push_back({"t" + std::to_string(i), values[i].scalar_type(), values[i].sizes().vec(), 0, 0});
+      }
+      fsdp::detail::ckpt::SafetensorsWriter st((seeds / "dtypes.safetensors").string(), plan, {{"format", "pt"}});
+      for (const auto& t : st.layout()) st.write(values[std::stoul(t.name.substr(1))]);
+      st.commit();
+    }
 #endif
   }
   fs::remove_all(tmp);
@@ -222,8 +242,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fs::create_directories(dir);
   unpack_dir(data, size, dir);
   exercise(dir.string());
+#elif defined(FSDP_FUZZ_SAFETENSORS)
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  try {
+    const auto h = fsdp::detail::ckpt::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
+    for (const auto& t : h.tensors) fsdp::detail::ckpt::safetensors_tensor_from(bytes, h, t).sum();
+  } catch (const fsdp::Error&) {
+  }
+  const fs::path path = w.scratch / "input.safetensors";
+  write_file(path, std::string(bytes));
+  exercise(path.string());
+  try {
+    fsdp::load_checkpoint(path.string(), w.model, *w.group, /*strict=*/false);
+  } catch (const fsdp::Error&) {
+  }
 #else
-#error "define FSDP_FUZZ_INDEX, FSDP_FUZZ_FULL, FSDP_FUZZ_SHARDED or FSDP_FUZZ_PICKLE"
+#error "define FSDP_FUZZ_INDEX, FSDP_FUZZ_FULL, FSDP_FUZZ_SHARDED, FSDP_FUZZ_PICKLE or FSDP_FUZZ_SAFETENSORS"
 #endif
   return 0;
 }
