@@ -20,6 +20,7 @@
 #include <iostream>
 
 #include "fsdp/checkpoint_io.h"
+#include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/gpt.h"
 
@@ -29,17 +30,19 @@ using json = nlohmann::json;
 namespace {
 
 constexpr int kSavedStep = 3, kSteps = 5, kBatch = 4;
-constexpr uint64_t kSeed = 1234;
+// Readers start from other weights than writers: only the checkpoint carries them.
+constexpr uint64_t kSeed = 1234, kReaderSeed = 99;
 constexpr double kTolerance = 1e-5;
 
 struct Job {
-  FullyShardedDataParallel<models::GPTImpl> model{nullptr};
+  Unit<models::GPTImpl> model{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
   dist::ProcessGroupPtr pg;
 
-  Job(const dist::ProcessGroupPtr& group, const models::GPTConfig& config, double lr, double weight_decay)
+  Job(const dist::ProcessGroupPtr& group, const models::GPTConfig& config, double lr, double weight_decay,
+      uint64_t seed)
       : pg(group) {
-    torch::manual_seed(kSeed);
+    torch::manual_seed(seed);
     FSDPOptions o;
     o.process_group(pg).use_orig_params(true).auto_wrap_policy(transformer_auto_wrap_policy<models::GPTBlockImpl>());
     model = FullyShardedDataParallel<models::GPTImpl>(std::make_shared<models::GPTImpl>(config), o);
@@ -108,7 +111,7 @@ int save(const std::string& dir) {
   config.layers = 2;
   config.heads = 4;
   const double lr = 1e-3, weight_decay = 0.01;
-  Job job(pg, config, lr, weight_decay);
+  Job job(pg, config, lr, weight_decay, kSeed);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(kSeed);
   json batches = json::array(), losses = json::array();
   for (int step = 1; step <= kSteps; ++step) {
@@ -138,7 +141,7 @@ int resume(const std::string& checkpoint, const std::string& expected_path) {
   const json expected = json::parse(in);
   auto pg = dist::init_process_group_from_env();
   const auto& opt = expected.at("optimizer");
-  Job job(pg, config_of(expected.at("config")), opt.at("lr"), opt.at("weight_decay"));
+  Job job(pg, config_of(expected.at("config")), opt.at("lr"), opt.at("weight_decay"), kReaderSeed);
   CheckpointState s = job.state(0);
   load_checkpoint(checkpoint, s, *pg);
   int failures = 0;

@@ -31,7 +31,7 @@ import fsdp_gpt  # noqa: E402
 
 CONFIG = {"vocab_size": 64, "context": 16, "dim": 32, "layers": 2, "heads": 4}
 OPTIMIZER = {"lr": 1e-3, "weight_decay": 0.01}
-SAVED_STEP, STEPS, BATCH, SEED, TOLERANCE = 3, 5, 4, 1234, 1e-5
+SAVED_STEP, STEPS, BATCH, SEED, READER_SEED, TOLERANCE = 3, 5, 4, 1234, 99, 1e-5
 
 
 class Failure(Exception):
@@ -59,8 +59,10 @@ def wrap(model):
                 use_orig_params=True)
 
 
-def new_model(config):
-    torch.manual_seed(SEED)
+def new_model(config, seed):
+    """The GPT with initial weights from `seed`: readers use another seed than writers, so that only the
+    checkpoint can carry the writer's weights."""
+    torch.manual_seed(seed)
     return fsdp_gpt.GPT(fsdp_gpt.GPTConfig(**config))
 
 
@@ -103,12 +105,16 @@ def reference_entry():
 def check_layout(ckpt, config, hyper, step):
     """The optimizer state dict is what torch writes: name-keyed state in the model's parameter order, each
     entry as torch's AdamW keeps it, and param_groups equal to those of an AdamW with the same settings."""
-    model = new_model(config)
+    model = new_model(config, READER_SEED)
     names = [n for n, _ in model.named_parameters()]
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     state, groups = ckpt["optimizer"]["state"], ckpt["optimizer"]["param_groups"]
+    if sorted(state) != sorted(names):
+        raise Failure(f"optimizer state keys {sorted(state)}, expected the model's parameters {sorted(names)}")
     if list(state) != names:
-        raise Failure(f"optimizer state keys {list(state)} are not the model's parameters in order {names}")
+        at = next(i for i, (a, b) in enumerate(zip(state, names)) if a != b)
+        raise Failure(f"optimizer state is not in the model's parameter order: entry {at} is {list(state)[at]!r}, "
+                      f"the model's parameter {at} is {names[at]!r}")
     want = reference_entry()
     for name, entry in state.items():
         got = [(k, type(v), v.dtype, v.dim() if k == "step" else None) for k, v in entry.items()]
@@ -143,13 +149,13 @@ def check_full(directory, lightning):
     ckpt = torch.load(path, weights_only=True)  # what a user does first; fails on non-weights_only content
     check_layout(ckpt, expected["config"], expected["optimizer"], expected["step"])
     if lightning:
-        fabric, model, opt = lightning_job(expected["config"], expected["optimizer"])
+        fabric, model, opt = lightning_job(expected["config"], expected["optimizer"], READER_SEED)
         state = {"model": model, "optimizer": opt, "step": None}
         fabric.load(path, state)
         step, backward = state["step"], fabric.backward
     else:
         init_world()
-        model = wrap(new_model(expected["config"]))
+        model = wrap(new_model(expected["config"], READER_SEED))
         opt = new_optimizer(model, expected["optimizer"])
         step, backward = load_torch_fsdp(path, model, opt), lambda loss: loss.backward()
     if step != expected["step"]:
@@ -166,7 +172,7 @@ def check_full(directory, lightning):
 # --- write-full: Python -> C++
 
 
-def lightning_job(config, hyper):
+def lightning_job(config, hyper, seed):
     """Fabric's FSDP strategy on CPU (docs/python-formats.md §4): a subclass passes its GPU-only check, and the
     model comes already wrapped with device_id=cpu."""
     import lightning as L
@@ -177,7 +183,7 @@ def lightning_job(config, hyper):
 
     fabric = L.Fabric(accelerator="cpu", devices=1, strategy=CPUFSDP(state_dict_type="full"))
     fabric.launch()
-    model = fabric.setup_module(wrap(new_model(config)))
+    model = fabric.setup_module(wrap(new_model(config, seed)))
     opt = fabric.setup_optimizers(new_optimizer(model, hyper))
     return fabric, model, opt
 
@@ -195,18 +201,18 @@ def write_full(directory, mode):
     path = os.path.join(directory, "full.pt")
     backward = lambda loss: loss.backward()  # noqa: E731
     if mode == "lightning":
-        fabric, model, opt = lightning_job(CONFIG, OPTIMIZER)
+        fabric, model, opt = lightning_job(CONFIG, OPTIMIZER, SEED)
         backward = fabric.backward
         save = lambda step: fabric.save(path, {"model": model, "optimizer": opt, "step": step})  # noqa: E731
     elif mode == "fsdp":
         init_world()
-        model = wrap(new_model(CONFIG))
+        model = wrap(new_model(CONFIG, SEED))
         opt = new_optimizer(model, OPTIMIZER)
         save = lambda step: save_fsdp(path, model, opt, step)  # noqa: E731
     else:
         if "WORLD_SIZE" in os.environ:
             raise Failure("--mode torch-save saves an unwrapped model: run it alone (world 1)")
-        model = new_model(CONFIG)
+        model = new_model(CONFIG, SEED)
         opt = new_optimizer(model, OPTIMIZER)
         save = lambda step: torch.save(  # noqa: E731
             {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
