@@ -70,36 +70,21 @@ def new_optimizer(model, hyper):
     return torch.optim.AdamW(model.parameters(), lr=hyper["lr"], weight_decay=hyper["weight_decay"])
 
 
-def train_step(model, opt, tokens, backward=lambda loss: loss.backward()):
-    """One step on this rank's rows of the global batch [B, T + 1]; the mean loss over the ranks."""
-    local = tokens.size(0) // world()
-    mine = tokens[rank() * local:(rank() + 1) * local]
-    opt.zero_grad()
-    loss = fsdp_gpt.gpt_loss(model(mine[:, :-1]), mine[:, 1:])
-    backward(loss)
-    opt.step()
-    total = loss.detach().double().reshape(1)
-    if dist.is_initialized():
-        dist.all_reduce(total)
-    return total.item() / world()
-
-
-def full_state_dicts(model):
-    """FSDP's full-state-dict context, every rank loading and saving alike."""
-    return FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=False),
-                                FullOptimStateDictConfig(rank0_only=False))
-
-
 # --- check-full: C++ -> Python
 
 
 def reference_entry():
-    """What torch's own AdamW keeps per parameter after a step: (key, type, dtype, dim) in order."""
+    """What torch's own AdamW keeps per parameter after a step."""
     p = torch.zeros(2, requires_grad=True)
     opt = torch.optim.AdamW([p])
     p.grad = torch.ones(2)
     opt.step()
-    return [(k, type(v), v.dtype, v.dim() if k == "step" else None) for k, v in opt.state_dict()["state"][0].items()]
+    return describe(opt.state_dict()["state"][0])
+
+
+def describe(entry):
+    """A state entry's fields by name: (type, dtype, dim); the dim only of `step` (the others are the param's)."""
+    return {k: (type(v), v.dtype, v.dim() if k == "step" else None) for k, v in entry.items()}
 
 
 def check_layout(ckpt, config, hyper, step):
@@ -117,15 +102,15 @@ def check_layout(ckpt, config, hyper, step):
                       f"the model's parameter {at} is {names[at]!r}")
     want = reference_entry()
     for name, entry in state.items():
-        got = [(k, type(v), v.dtype, v.dim() if k == "step" else None) for k, v in entry.items()]
+        got = describe(entry)
         if got != want:
             raise Failure(f"optimizer state of {name!r}: {got}, torch's AdamW keeps {want}")
         if entry["step"].item() != step or tuple(entry["exp_avg"].shape) != shapes[name]:
             raise Failure(f"optimizer state of {name!r}: step {entry['step'].item()} (expected {step}), "
                           f"exp_avg shape {tuple(entry['exp_avg'].shape)} (expected {shapes[name]})")
     reference = new_optimizer(model, hyper).state_dict()["param_groups"]
-    got = [[(k, type(v), v) for k, v in g.items() if k != "params"] for g in groups]
-    want = [[(k, type(v), v) for k, v in g.items() if k != "params"] for g in reference]
+    got = [{k: (type(v), v) for k, v in g.items() if k != "params"} for g in groups]
+    want = [{k: (type(v), v) for k, v in g.items() if k != "params"} for g in reference]
     if got != want:
         raise Failure(f"param_groups {got} differ from torch's AdamW's {want}")
     if [g["params"] for g in groups] != [names]:
@@ -134,34 +119,17 @@ def check_layout(ckpt, config, hyper, step):
         raise Failure(f"model keys {list(ckpt['model'])} differ from the GPT's {list(model.state_dict())}")
 
 
-def load_torch_fsdp(path, model, opt):
-    ckpt = torch.load(path, weights_only=True)
-    with full_state_dicts(model):
-        model.load_state_dict(ckpt["model"])
-        osd = FSDP.optim_state_dict_to_load(model, opt, ckpt["optimizer"])
-    opt.load_state_dict(osd)
-    return ckpt["step"]
-
-
 def check_full(directory, lightning):
     expected = read_expected(directory)
     path = os.path.join(directory, "full.pt")
     ckpt = torch.load(path, weights_only=True)  # what a user does first; fails on non-weights_only content
     check_layout(ckpt, expected["config"], expected["optimizer"], expected["step"])
-    if lightning:
-        fabric, model, opt = lightning_job(expected["config"], expected["optimizer"], READER_SEED)
-        state = {"model": model, "optimizer": opt, "step": None}
-        fabric.load(path, state)
-        step, backward = state["step"], fabric.backward
-    else:
-        init_world()
-        model = wrap(new_model(expected["config"], READER_SEED))
-        opt = new_optimizer(model, expected["optimizer"])
-        step, backward = load_torch_fsdp(path, model, opt), lambda loss: loss.backward()
+    job = Job("lightning" if lightning else "fsdp", expected["config"], expected["optimizer"], READER_SEED)
+    step = job.load(path, ckpt)
     if step != expected["step"]:
         raise Failure(f"{path}: step {step!r}, expected {expected['step']}")
     for i, (tokens, want) in enumerate(zip(expected["batches"], expected["losses"])):
-        loss = train_step(model, opt, torch.tensor(tokens), backward)
+        loss = job.step(torch.tensor(tokens))
         at = expected["step"] + 1 + i
         if abs(loss - want) > TOLERANCE:
             raise Failure(f"step {at}: loss {loss:.9g} after loading {path}, C++ had {want:.9g}")
@@ -172,65 +140,100 @@ def check_full(directory, lightning):
 # --- write-full: Python -> C++
 
 
-def lightning_job(config, hyper, seed):
-    """Fabric's FSDP strategy on CPU (docs/python-formats.md §4): a subclass passes its GPU-only check, and the
-    model comes already wrapped with device_id=cpu."""
-    import lightning as L
-    from lightning.fabric.strategies import FSDPStrategy
-
-    class CPUFSDP(FSDPStrategy):
-        pass
-
-    fabric = L.Fabric(accelerator="cpu", devices=1, strategy=CPUFSDP(state_dict_type="full"))
-    fabric.launch()
-    model = fabric.setup_module(wrap(new_model(config, seed)))
-    opt = fabric.setup_optimizers(new_optimizer(model, hyper))
-    return fabric, model, opt
-
-
-def save_fsdp(path, model, opt, step):
-    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True),
-                              FullOptimStateDictConfig(rank0_only=True)):
-        state = {"model": model.state_dict(), "optimizer": FSDP.optim_state_dict(model, opt), "step": step}
-    if rank() == 0:
-        torch.save(state, path)
-    dist.barrier()
-
-
 def write_full(directory, mode):
     path = os.path.join(directory, "full.pt")
-    backward = lambda loss: loss.backward()  # noqa: E731
-    if mode == "lightning":
-        fabric, model, opt = lightning_job(CONFIG, OPTIMIZER, SEED)
-        backward = fabric.backward
-        save = lambda step: fabric.save(path, {"model": model, "optimizer": opt, "step": step})  # noqa: E731
-    elif mode == "fsdp":
-        init_world()
-        model = wrap(new_model(CONFIG, SEED))
-        opt = new_optimizer(model, OPTIMIZER)
-        save = lambda step: save_fsdp(path, model, opt, step)  # noqa: E731
-    else:
-        if "WORLD_SIZE" in os.environ:
-            raise Failure("--mode torch-save saves an unwrapped model: run it alone (world 1)")
-        model = new_model(CONFIG, SEED)
-        opt = new_optimizer(model, OPTIMIZER)
-        save = lambda step: torch.save(  # noqa: E731
-            {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
+    job = Job(mode, CONFIG, OPTIMIZER, SEED)
     gen = torch.Generator().manual_seed(SEED)
     batches, losses = [], []
     for step in range(1, STEPS + 1):
         tokens = torch.randint(0, CONFIG["vocab_size"], (BATCH, CONFIG["context"] + 1), generator=gen)
-        loss = train_step(model, opt, tokens, backward)
+        loss = job.step(tokens)
         if step > SAVED_STEP:
             batches.append(tokens.tolist())
             losses.append(loss)
         if step == SAVED_STEP:
-            save(step)
+            job.save(path, step)
     if rank() == 0:
         with open(os.path.join(directory, "expected.json"), "w") as f:
             json.dump({"config": CONFIG, "optimizer": OPTIMIZER, "step": SAVED_STEP, "world_size": world(),
                        "batches": batches, "losses": losses}, f)
         print(f"interop: wrote {path} ({mode}, world {world()}), losses {losses}", flush=True)
+
+
+# --- the Python job: the GPT with AdamW, trained, saved and loaded the way a mode says
+
+
+class Job:
+    """mode "fsdp": torch FSDP (transformer policy on GPTBlock, use_orig_params) at torchrun's world or 1;
+    "lightning": Lightning Fabric's FSDP strategy, full state_dict_type, at world 1 on CPU
+    (docs/python-formats.md §4: a subclass passes Fabric's GPU-only check, the model comes wrapped with
+    device_id=cpu); "torch-save": the plain module (world 1)."""
+
+    def __init__(self, mode, config, hyper, seed):
+        self.mode, self.fabric = mode, None
+        model = new_model(config, seed)
+        if mode == "lightning":
+            import lightning as L
+            from lightning.fabric.strategies import FSDPStrategy
+
+            class CPUFSDP(FSDPStrategy):
+                pass
+
+            self.fabric = L.Fabric(accelerator="cpu", devices=1, strategy=CPUFSDP(state_dict_type="full"))
+            self.fabric.launch()
+            self.model = self.fabric.setup_module(wrap(model))
+            self.opt = self.fabric.setup_optimizers(new_optimizer(self.model, hyper))
+        elif mode == "fsdp":
+            init_world()
+            self.model = wrap(model)
+            self.opt = new_optimizer(self.model, hyper)
+        else:
+            if "WORLD_SIZE" in os.environ:
+                raise Failure("--mode torch-save uses an unwrapped model: run it alone (world 1)")
+            self.model, self.opt = model, new_optimizer(model, hyper)
+
+    def step(self, tokens):
+        """One step on this rank's rows of the global batch [B, T + 1]; the mean loss over the ranks."""
+        local = tokens.size(0) // world()
+        mine = tokens[rank() * local:(rank() + 1) * local]
+        self.opt.zero_grad()
+        loss = fsdp_gpt.gpt_loss(self.model(mine[:, :-1]), mine[:, 1:])
+        self.fabric.backward(loss) if self.fabric else loss.backward()
+        self.opt.step()
+        total = loss.detach().double().reshape(1)
+        if dist.is_initialized():
+            dist.all_reduce(total)
+        return total.item() / world()
+
+    def save(self, path, step):
+        if self.mode == "lightning":
+            self.fabric.save(path, {"model": self.model, "optimizer": self.opt, "step": step})
+        elif self.mode == "fsdp":
+            with full_state_dicts(self.model, rank0_only=True):
+                state = {"model": self.model.state_dict(), "optimizer": FSDP.optim_state_dict(self.model, self.opt),
+                         "step": step}
+            if rank() == 0:
+                torch.save(state, path)
+            dist.barrier()
+        else:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": step}, path)
+
+    def load(self, path, ckpt):
+        """Loads `path` (whose torch.load is `ckpt`) the mode's way; returns its step."""
+        if self.mode == "lightning":
+            state = {"model": self.model, "optimizer": self.opt, "step": None}
+            self.fabric.load(path, state)
+            return state["step"]
+        with full_state_dicts(self.model, rank0_only=False):  # every rank loads
+            self.model.load_state_dict(ckpt["model"])
+            osd = FSDP.optim_state_dict_to_load(self.model, self.opt, ckpt["optimizer"])
+        self.opt.load_state_dict(osd)
+        return ckpt["step"]
+
+
+def full_state_dicts(model, rank0_only):
+    return FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=rank0_only),
+                                FullOptimStateDictConfig(rank0_only=rank0_only))
 
 
 def read_expected(directory):
