@@ -3,12 +3,13 @@
 
 A full checkpoint is PyTorch's own format: ``torch.load(path)`` (also with
 ``weights_only=True``) gives ``{entry: value}``. A sharded checkpoint is a
-directory (docs/checkpoint-format.md); ``load(path)`` assembles it into the
-same dict:
+directory (docs/checkpoint-format.md); ``load(path)`` assembles it into a
+dict with the same tensors and values, in the index's forms:
 
     models      {key: tensor}
-    optimizers  {"state": {param: {field: tensor}}, "param_groups": [{"params": [...], option: value}]}
-    values      int, float, bool, str or tensor
+    optimizers  {"state": {param: {field: tensor}}, "param_groups": [{"params": [...], option: number}]}
+                (options as the index stores them: "betas.0", bools as 0 / 1)
+    values      int, float, bool, str or tensor, under their dotted names
 
 Usage: python3 fsdp_checkpoint.py PATH [--save OUT.pt]
 """

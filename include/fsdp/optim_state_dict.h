@@ -11,7 +11,8 @@
 //       "exp_avg", "exp_avg_sq", "max_exp_avg_sq" for Adam / AdamW; "sum"
 //       for Adagrad; "square_avg", "momentum_buffer", "grad_avg" for RMSprop),
 //       shaped like the parameter, and "<parameter name>.step" (a 0-dim
-//       int64 tensor) where the optimizer counts steps;
+//       float32 tensor, as in PyTorch; loading takes any number) where the
+//       optimizer counts steps;
 //   param_groups: each group's hyper-parameters and parameter names.
 //
 // The form follows the model's state dict type (StateDictTypeGuard):

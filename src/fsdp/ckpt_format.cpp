@@ -212,6 +212,7 @@ Json encode_entry(const EntryRecord& e) {
   x["type"] = entry_type_name(e.type);
   if (e.is_state_dict()) x["keys"] = e.keys;
   if (e.type == EntryType::kOptimizer) x["param_groups"] = encode_param_groups(e.param_groups);
+  if (e.type == EntryType::kOptimizer && !e.optimizer_class.empty()) x["class"] = e.optimizer_class;
   if (!e.is_state_dict() && e.type != EntryType::kTensor) x["value"] = encode_value(e);
   return x;
 }
@@ -224,6 +225,7 @@ EntryRecord decode_entry(const Json& x, const std::string& where) {
   e.type = parse_entry_type(str_field(x, "type", where), ew);
   if (e.is_state_dict()) e.keys = str_list(x, "keys", ew);
   if (e.type == EntryType::kOptimizer) e.param_groups = decode_param_groups(x, ew);
+  if (e.type == EntryType::kOptimizer && x.contains("class")) e.optimizer_class = str_field(x, "class", ew);
   if (!e.is_state_dict() && e.type != EntryType::kTensor) e.value = decode_value(x, e.type, ew);
   return e;
 }

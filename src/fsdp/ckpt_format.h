@@ -63,6 +63,7 @@ struct EntryRecord {
   EntryType type = EntryType::kTensor;
   std::vector<std::string> keys;         // model / optimizer: the state keys, in order
   std::vector<ParamGroup> param_groups;  // optimizer
+  std::string optimizer_class;           // optimizer: "AdamW", ... (index field "class"; absent before issue 18)
   std::variant<int64_t, double, bool, std::string> value;  // int, float, bool, str (by type)
 
   bool is_state_dict() const { return type == EntryType::kModel || type == EntryType::kOptimizer; }

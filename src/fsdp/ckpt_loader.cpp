@@ -13,6 +13,7 @@
 #include "fsdp/optim_state_dict.h"
 #include "model_index.h"
 #include "optim_state_dict_visit.h"
+#include "optimizer_kinds.h"
 #include "shard_geometry.h"
 #include "state_dict_visit.h"
 #include "torch_pickle.h"
@@ -42,6 +43,13 @@ const ck::TensorEntry& Source::tensor(const std::string& key) const {
 int64_t Source::fill(const std::string& key, std::vector<Shard>& targets) const {
   const auto& t = tensor(key);
   int64_t covered = 0;
+  if (auto p = pickled.find(key); p != pickled.end()) {  // written by PyTorch: a view of a storage record
+    const at::Tensor whole = pickle::read_tensor(*full, p->second, "tensor '" + key + "'");
+    for (auto& target : targets) {
+      covered += copy_overlap(target.tensor, target.offsets, {Shard{std::vector<int64_t>(t.shape.size(), 0), whole}});
+    }
+    return covered;
+  }
   for (const auto& c : t.chunks) {
     bool needed = false;
     for (const auto& target : targets) {
@@ -130,8 +138,12 @@ void open_file(Source& s, bool accept_raw) {
     return;
   }
   if (!s.full->has(ck::kFullIndexRecord)) {
-    not_a_checkpoint(path, "a PyTorch file without fsdp-cpp's index (not written by fsdp-cpp); a module's state "
-                            "dict (torch.save(model.state_dict())) loads with load_checkpoint(path, module)");
+    if (!s.full->has("data.pkl") || s.full->has("constants.pkl")) {
+      not_a_checkpoint(path, "a zip file that is neither a checkpoint nor a torch.save file");
+    }
+    s.where = path + " (record data.pkl)";
+    index_pickled(s);  // written by PyTorch or Lightning
+    return;
   }
   s.where = path + " (record " + ck::kFullIndexRecord + ")";
   s.ix = ck::parse_index(s.full->read(ck::kFullIndexRecord), s.where);
@@ -287,14 +299,49 @@ void load_raw_model(const Source& src, const std::shared_ptr<torch::nn::Module>&
   load_state_dict(model, sd, strict);
 }
 
+// PyTorch's parameter ids (optimizer.state_dict()) -> the names of the
+// parameters they stand for: group by group, the i-th id of a group is the
+// group's i-th parameter in the model's order (optimizer_param_names).
+std::map<std::string, std::string> names_of_ids(const Source& src, const ck::EntryRecord& rec,
+                                                const std::shared_ptr<torch::nn::Module>& model,
+                                                const torch::optim::Optimizer& optimizer) {
+  const auto names = optimizer_param_names(model, optimizer);
+  const std::string where = "checkpoint: " + src.where + ", optimizer '" + rec.name + "'";
+  if (names.size() != rec.param_groups.size()) {
+    throw ConfigError(where + " has " + std::to_string(rec.param_groups.size()) + " param groups, the optimizer " +
+                      std::to_string(names.size()));
+  }
+  std::map<std::string, std::string> out;
+  for (size_t g = 0; g < names.size(); ++g) {
+    const auto& ids = rec.param_groups[g].params;
+    if (ids.size() != names[g].size()) {
+      throw ConfigError(where + ": param_groups[" + std::to_string(g) + "] numbers " + std::to_string(ids.size()) +
+                        " parameters, the optimizer's group holds " + std::to_string(names[g].size()));
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!out.emplace(ids[i], names[g][i]).second) throw ConfigError(where + " lists parameter id " + ids[i] + " twice");
+    }
+  }
+  return out;
+}
+
 void load_optimizer(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
                     torch::optim::Optimizer& optimizer) {
   const ck::EntryRecord* rec = src.entry(entry);
   std::map<std::string, LocalBoxes> boxes;
   for (auto& b : local_boxes(model)) boxes.emplace(b.key, std::move(b));
+  // Keys by parameter name (PyTorch's ids translated).
+  std::map<std::string, std::string> ids;
+  if (src.numbered.count(entry)) ids = names_of_ids(src, *rec, model, optimizer);
+  auto named = [&](const std::string& param) {
+    auto it = ids.find(param);
+    return it == ids.end() ? param : it->second;
+  };
   OptimStateDict osd;
-  for (const auto& k : rec->keys) {
-    const std::string tkey = entry + "/" + k;
+  for (const auto& stored : rec->keys) {
+    const std::string tkey = entry + "/" + stored;
+    const auto sep = stored.rfind('.');
+    const std::string k = sep == std::string::npos ? stored : named(stored.substr(0, sep)) + stored.substr(sep);
     const auto& t = src.tensor(tkey);
     const auto dot = k.rfind('.');
     auto it = dot == std::string::npos ? boxes.end() : boxes.find(k.substr(0, dot));
@@ -309,7 +356,12 @@ void load_optimizer(const Source& src, const std::string& entry, const std::shar
       osd.state.insert(k, src.read_whole(tkey));
     }
   }
-  for (const auto& g : rec->param_groups) osd.param_groups.push_back({g.params, g.options});
+  const std::string kind = kind_of(optimizer).name;
+  for (const auto& g : rec->param_groups) {
+    OptimParamGroup group{{}, libtorch_options(kind, g.options, "checkpoint: " + src.where + ", optimizer '" + entry + "'")};
+    for (const auto& p : g.params) group.params.push_back(named(p));
+    osd.param_groups.push_back(std::move(group));
+  }
   load_optim_state_dict(model, optimizer, osd);
 }
 

@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/state_dict.h"
 #include "rank_errors.h"
+#include "torch_pickle.h"
 
 namespace caffe2::serialize {
 class PyTorchStreamWriter;
@@ -104,6 +106,11 @@ struct Source {
   std::unique_ptr<ckpt::FullReader> full;  // full format (and raw)
   std::string dir;                         // sharded format
   bool raw = false;  // a module state dict from torch.save (open_source's accept_raw): `full` only, no index
+  // A full checkpoint that PyTorch or Lightning wrote (no fsdp-cpp index):
+  // `ix` is built from its pickle (index_pickled); its tensors are views of
+  // the zip's storage records, without chunks or checksums.
+  std::map<std::string, pickle::TensorRef> pickled;  // by tensor key
+  std::set<std::string> numbered;  // optimizer entries keyed by PyTorch's parameter ids (0, 1, ...), not names
 
   const ckpt::EntryRecord* entry(const std::string& name) const;  // null if absent
   // ConfigError if the index has no tensor `key`.
@@ -115,6 +122,15 @@ struct Source {
   // The whole tensor `key`; ConfigError if its chunks do not cover it.
   at::Tensor read_whole(const std::string& key) const;
 };
+
+// The entries of the pickle of `s.full` (a torch.save'd dict: Lightning's or
+// FSDP's full checkpoint, or {"model": model.state_dict(), "optimizer":
+// optimizer.state_dict(), ...}) into s.ix and s.pickled (ckpt_pickled.cpp).
+// A dict of tensors is a model, a dict with "state" and "param_groups" an
+// optimizer, a number, bool, string or tensor a value; other dicts nest
+// ("a.b" for {"a": {"b": ...}}); anything else is left out. ConfigError
+// naming the file when the pickle is not a dict or is malformed.
+void index_pickled(Source& s);
 
 // Opens `path` (either format; ConfigError "does not point to a valid
 // checkpoint" or naming the damage). accept_raw: a PyTorch zip file without

@@ -10,6 +10,7 @@
 #include "fsdp/optim_state_dict.h"
 #include "model_index.h"
 #include "optim_state_dict_visit.h"
+#include "optimizer_kinds.h"
 #include "shard_geometry.h"
 #include "state_dict_visit.h"
 
@@ -19,7 +20,14 @@ void CheckpointState::add(Entry::Kind kind, const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos) {
     throw ConfigError("CheckpointState: entry name '" + name + "' must be non-empty and contain no '/'");
   }
+  auto nests_in = [](const std::string& inner, const std::string& outer) {
+    return inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 && inner[outer.size()] == '.';
+  };
   for (const auto& e : entries_) {
+    if (nests_in(name, e.name) || nests_in(e.name, name)) {
+      throw ConfigError("CheckpointState: entries '" + e.name + "' and '" + name + "' collide: in Python a name "
+                        "with dots is nested dicts ('a.b' is {'a': {'b': ...}}), so one cannot hold the other");
+    }
     if (e.name == name && e.kind != kind) {
       throw ConfigError("CheckpointState: entry '" + name + "' is already a " +
                         (e.kind == Entry::kModel ? "model" : e.kind == Entry::kOptimizer ? "optimizer" : "value"));
@@ -144,6 +152,7 @@ ck::EntryRecord optimizer_entry(const std::string& name, const std::shared_ptr<t
       },
       /*copy=*/false);
   rec.param_groups = param_groups(groups);
+  rec.optimizer_class = kind_of(optimizer).name;
   return rec;
 }
 

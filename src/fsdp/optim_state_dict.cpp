@@ -38,11 +38,13 @@ struct Naming {
   std::unordered_map<const ParamInfo*, std::string> owned;      // first name of each original parameter
   std::unordered_map<const c10::TensorImpl*, std::string> plain;  // parameters outside units
   std::unordered_map<const c10::TensorImpl*, UnitState*> flat;  // flat shards
+  std::unordered_map<std::string, size_t> position;             // keys in the model's state-dict order
 
   explicit Naming(const std::shared_ptr<torch::nn::Module>& model) : idx(index_model(model)) {
     std::vector<Item> items;
     walk(*model, "", idx, StateDictType::kFull, items);
     for (const auto& item : items) {
+      position.emplace(item.key, position.size());
       if (item.kind == Item::kOwned) owned.emplace(item.param, item.key);
       if (item.kind == Item::kParam) plain.emplace(item.tensor.unsafeGetTensorImpl(), item.key);
     }
@@ -92,7 +94,8 @@ std::vector<std::vector<OptParam>> classify_all(const Naming& naming, const torc
   return groups;
 }
 
-at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(static_cast<double>(step), at::kLong); }
+// PyTorch's form of a step count: a 0-dim float32 tensor (exact up to 2^24).
+at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(static_cast<double>(step), at::kFloat); }
 
 // FULL: the state of one unit's parameters, gathered over its shard group.
 void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, UnitState& u,
@@ -259,6 +262,21 @@ std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch:
     }
     pg.options = kind.read(optimizer.param_groups()[g].options());
     out.push_back(std::move(pg));
+  }
+  return out;
+}
+
+std::vector<std::vector<std::string>> optimizer_param_names(const std::shared_ptr<torch::nn::Module>& model,
+                                                           const torch::optim::Optimizer& optimizer) {
+  const Naming naming(model);
+  std::vector<std::vector<std::string>> out;
+  for (const auto& group : classify_all(naming, optimizer)) {
+    auto& names = out.emplace_back();
+    for (const auto& p : group) {
+      for (auto& n : naming.names(p)) names.push_back(std::move(n));
+    }
+    std::sort(names.begin(), names.end(),
+              [&](const std::string& a, const std::string& b) { return naming.position.at(a) < naming.position.at(b); });
   }
   return out;
 }

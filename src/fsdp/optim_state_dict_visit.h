@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fsdp/optim_state_dict.h"
@@ -18,5 +19,12 @@ namespace fsdp::detail {
 std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
                                                    const torch::optim::Optimizer& optimizer, const StateSink& sink,
                                                    bool copy = true);
+
+// [local] The names of the parameters of each of `optimizer`'s groups, in
+// the model's state-dict order (tied parameters once, under their first
+// name): what a PyTorch optimizer built on model.parameters() numbers 0, 1,
+// ... in its state_dict().
+std::vector<std::vector<std::string>> optimizer_param_names(const std::shared_ptr<torch::nn::Module>& model,
+                                                           const torch::optim::Optimizer& optimizer);
 
 }  // namespace fsdp::detail

@@ -173,6 +173,61 @@ Kind rmsprop_kind() {
 
 }  // namespace
 
+const std::vector<PythonOption>& python_options(const std::string& kind) {
+  using T = PythonOption::Type;
+  // torch 2.15's optimizer.state_dict()["param_groups"][i], key by key in its
+  // order ("params" comes last); docs/python-formats.md §4.
+  static const std::map<std::string, std::vector<PythonOption>> table = [] {
+    auto adam = [](bool decoupled) {
+      return std::vector<PythonOption>{{"lr", T::kNumber},          {"betas", T::kPair},
+                                       {"eps", T::kNumber},         {"weight_decay", T::kNumber},
+                                       {"amsgrad", T::kBool},       {"maximize", T::kFalse, true},
+                                       {"foreach", T::kNone},       {"capturable", T::kFalse},
+                                       {"differentiable", T::kFalse}, {"fused", T::kNone},
+                                       {"decoupled_weight_decay", decoupled ? T::kTrue : T::kFalse, true}};
+    };
+    std::map<std::string, std::vector<PythonOption>> t;
+    t["SGD"] = {{"lr", T::kNumber},       {"momentum", T::kNumber},     {"dampening", T::kNumber},
+                {"weight_decay", T::kNumber}, {"nesterov", T::kBool},   {"maximize", T::kFalse, true},
+                {"foreach", T::kNone},    {"differentiable", T::kFalse}, {"fused", T::kNone}};
+    t["Adam"] = adam(false);
+    t["AdamW"] = adam(true);
+    t["Adagrad"] = {{"lr", T::kNumber},  {"lr_decay", T::kNumber},       {"eps", T::kNumber},
+                    {"weight_decay", T::kNumber}, {"initial_accumulator_value", T::kNumber},
+                    {"foreach", T::kNone}, {"maximize", T::kFalse, true}, {"differentiable", T::kFalse},
+                    {"fused", T::kNone}};
+    t["RMSprop"] = {{"lr", T::kNumber},      {"momentum", T::kNumber}, {"alpha", T::kNumber},
+                    {"eps", T::kNumber},     {"centered", T::kBool},   {"weight_decay", T::kNumber},
+                    {"capturable", T::kFalse}, {"foreach", T::kNone},  {"maximize", T::kFalse, true},
+                    {"differentiable", T::kFalse}};
+    return t;
+  }();
+  static const std::vector<PythonOption> none;
+  auto it = table.find(kind);
+  return it == table.end() ? none : it->second;
+}
+
+OptimOptions libtorch_options(const std::string& kind, const OptimOptions& python, const std::string& where) {
+  using T = PythonOption::Type;
+  OptimOptions out = python;
+  for (const auto& o : python_options(kind)) {
+    if (o.type != T::kFalse && o.type != T::kTrue && o.type != T::kNone) continue;
+    auto it = out.find(o.key);
+    if (it == out.end()) continue;
+    const bool want = o.type == T::kTrue;
+    if (o.checked && (it->second != 0) != want) {
+      throw ConfigError(where + ": param group option " + o.key + "=" + (it->second != 0 ? "True" : "False") +
+                        " has no equivalent in LibTorch's " + kind + " (it behaves as " + o.key + "=" +
+                        (want ? "True" : "False") + ")" +
+                        (o.key == "decoupled_weight_decay" ? "; load it into torch::optim::" +
+                                                                 std::string(want ? "Adam" : "AdamW")
+                                                           : ""));
+    }
+    out.erase(it);
+  }
+  return out;
+}
+
 Kind kind_of(const torch::optim::Optimizer& opt) {
   if (dynamic_cast<const torch::optim::SGD*>(&opt)) return sgd_kind();
   if (dynamic_cast<const torch::optim::AdamW*>(&opt)) {
@@ -186,8 +241,6 @@ Kind kind_of(const torch::optim::Optimizer& opt) {
   throw ConfigError("optim_state_dict: unsupported optimizer type: expected torch::optim::SGD, Adam, AdamW, "
                     "Adagrad or RMSprop");
 }
-
-// The key of a parameter's state in Optimizer::state(): its TensorImpl's
 
 OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const at::Tensor& t) {
   auto it = opt.state().find(state_key(t));

@@ -29,14 +29,18 @@ std::string quoted(const std::string& s) {
 }
 
 // The globals a pickle may name (see the header); everything else is refused.
-enum class Global { kOrderedDict, kRebuildTensor, kRebuildParameter, kRebuildParameterWithState, kRestoreTypeTag,
-                    kSize, kStorage };
+enum class Global { kOrderedDict, kRebuildTensor, kRebuildParameter, kRebuildParameterWithState, kRebuildFromType,
+                    kTensorType, kRestoreTypeTag, kSize, kStorage };
 
 std::optional<Global> accepted_global(const std::string& module, const std::string& name) {
   if (module == "collections" && name == "OrderedDict") return Global::kOrderedDict;
   if (module == "torch._utils" && name == "_rebuild_tensor_v2") return Global::kRebuildTensor;
   if (module == "torch._utils" && name == "_rebuild_parameter") return Global::kRebuildParameter;
   if (module == "torch._utils" && name == "_rebuild_parameter_with_state") return Global::kRebuildParameterWithState;
+  if (module == "torch._tensor" && name == "_rebuild_from_type_v2") return Global::kRebuildFromType;
+  if ((module == "torch" && name == "Tensor") || (module == "torch.nn.parameter" && name == "Parameter")) {
+    return Global::kTensorType;
+  }
   if (module == "torch.jit._pickle" && name == "restore_type_tag") return Global::kRestoreTypeTag;
   if (module == "torch" && name == "Size") return Global::kSize;
   if (module == "torch" && storage_dtype(name)) return Global::kStorage;
@@ -251,6 +255,18 @@ class Parser {
       case Global::kRebuildParameterWithState:  // (data, requires_grad, backward_hooks, state)
         arity(4, 4);
         return expect(a[0], Value::Kind::kTensor, "a parameter's data");
+      case Global::kRebuildFromType: {  // (rebuild function, tensor type, its arguments, attributes): FSDP's state dicts
+        arity(4, 4);
+        expect(a[1], Value::Kind::kGlobal, "a tensor type");
+        const auto d = a[1]->text.rfind('.');
+        if (*accepted_global(a[1]->text.substr(0, d), a[1]->text.substr(d + 1)) != Global::kTensorType) {
+          fail("rebuilds a tensor as " + a[1]->text + ", not torch.Tensor or torch.nn.Parameter");
+        }
+        Value* rebuilt = reduce(expect(a[0], Value::Kind::kGlobal, "a tensor's rebuild function"), a[2]);
+        return expect(rebuilt, Value::Kind::kTensor, "a rebuilt tensor");
+      }
+      case Global::kTensorType:
+        fail("calls the tensor type " + callable->text);
       case Global::kRebuildTensor: {  // (storage, offset, size, stride, requires_grad, backward_hooks[, metadata])
         arity(6, 7);
         Value* storage = expect(a[0], Value::Kind::kStorage, "a tensor's storage");

@@ -11,7 +11,8 @@
 // None, bools, ints (64-bit), floats, strings, bytes, tuples, lists, dicts;
 // tensors (torch._utils._rebuild_tensor_v2, _rebuild_parameter,
 // _rebuild_parameter_with_state, with the storages torch.<T>Storage as
-// persistent ids); collections.OrderedDict (its attributes, such as a state
+// persistent ids; torch._tensor._rebuild_from_type_v2 of those, as FSDP's
+// and Lightning's state dicts wrap their tensors, its attributes ignored); collections.OrderedDict (its attributes, such as a state
 // dict's _metadata, are ignored); torch.Size; LibTorch's
 // torch.jit._pickle.restore_type_tag. Any other global (a Python class or
 // function) is refused by name, before anything runs.
@@ -57,7 +58,7 @@ struct Value {
   std::string text;                                      // string, bytes, a global's "module.name"
   std::vector<Value*> items;                             // tuple, list
   std::vector<std::pair<Value*, Value*>> entries;        // dict, in insertion order
-  std::unordered_map<std::string, size_t> index;         // dict: key (ints and strings) -> entry
+  std::unordered_map<std::string, size_t> index;         // dict: "s" + a string key, "i" + an int key -> entry
   TensorRef tensor;                                      // tensor, storage
 };
 

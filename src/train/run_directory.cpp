@@ -112,18 +112,40 @@ void RunDirectory::save(const FSDPStrategy& strategy, const CheckpointState& sta
 
 void put_config(CheckpointState& s, const TrainConfig& run) {
   const models::GPTConfig& c = run.model;
-  s.value("model.vocab", c.vocab_size).value("model.context", c.context).value("model.dim", c.dim);
-  s.value("model.layers", c.layers).value("model.heads", c.heads);
-  s.value("run.lr", run.lr).value("run.min_lr", min_learning_rate(run)).value("run.warmup_steps", warmup_steps(run));
-  s.value("run.steps", run.steps).value("run.batch", run.batch).value("run.seed", static_cast<int64_t>(run.seed));
+  auto put = [&](const std::string& key, CheckpointValue v) { s.value("config." + key, std::move(v)); };
+  put("model.vocab", c.vocab_size);
+  put("model.context", c.context);
+  put("model.dim", c.dim);
+  put("model.layers", c.layers);
+  put("model.heads", c.heads);
+  put("run.lr", run.lr);
+  put("run.min_lr", min_learning_rate(run));
+  put("run.warmup_steps", warmup_steps(run));
+  put("run.steps", run.steps);
+  put("run.batch", run.batch);
+  put("run.seed", static_cast<int64_t>(run.seed));
 }
+
+namespace {
+
+// A configuration value: "config.<key>" (nested under "config" in Python),
+// or "<key>" as checkpoints before issue 18 named it; null if absent.
+const std::string* config_value(const CheckpointInfo& info, const std::string& key) {
+  for (const std::string& name : {"config." + key, key}) {
+    auto it = info.values.find(name);
+    if (it != info.values.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path) {
   models::GPTConfig c;
   auto get = [&](const char* key) {
-    auto it = info.values.find(key);
-    if (it == info.values.end()) throw ConfigError(path + " was not written by fsdp-train: it has no '" + key + "'");
-    return std::stoll(it->second);
+    const std::string* v = config_value(info, key);
+    if (!v) throw ConfigError(path + " was not written by fsdp-train: it has no 'config." + key + "'");
+    return std::stoll(*v);
   };
   c.vocab_size = get("model.vocab");
   c.context = get("model.context");
@@ -136,9 +158,9 @@ models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path)
 std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& c) {
   std::vector<std::string> out;
   auto check = [&](const char* key, const char* flag, double now) {
-    auto it = info.values.find(key);
-    if (it == info.values.end()) return;
-    const double was = std::strtod(it->second.c_str(), nullptr);
+    const std::string* v = config_value(info, key);
+    if (!v) return;
+    const double was = std::strtod(v->c_str(), nullptr);
     if (std::abs(was - now) > 1e-9 * std::max(1.0, std::abs(now))) {
       std::ostringstream os;
       os << flag << " " << was << " -> " << now;

@@ -34,6 +34,7 @@ int write(const std::string& dir) {
     job.train(pg, batches, 0, 2);
     CheckpointState s = state_of(job, 7);
     s.value("lr", 0.5).value("name", std::string("gpt")).value("ok", true).value("rng", torch::arange(5));
+    s.value("config.model.dim", int64_t{7}).value("config.run.lr", 0.25);  // nested dicts in Python
     save_checkpoint(dir + "/full.pt", s, pg, {CheckpointFormat::kFull});
     save_checkpoint(dir + "/sharded", s, pg, {CheckpointFormat::kSharded});
     auto params = full_parameters(job.model.ptr());

@@ -295,6 +295,27 @@ TEST(Checkpoint, LightningsErrors) {
   });
 }
 
+// Names with dots are nested dicts in Python ("config.model.dim" is
+// ckpt["config"]["model"]["dim"]), so an entry cannot also hold another.
+TEST(Checkpoint, EntryNamesThatWouldNestInEachOtherAreRefused) {
+  CheckpointState s;
+  s.value("config.model.dim", int64_t{4}).value("config.run.lr", 0.5);
+  auto refused = [&](const std::function<void()>& f, const std::string& a, const std::string& b) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << a << " and " << b;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("entries '" + a + "' and '" + b + "' collide"), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { s.value("config", int64_t{1}); }, "config.model.dim", "config");
+  refused([&] { s.value("config.model.dim.x", int64_t{1}); }, "config.model.dim", "config.model.dim.x");
+  auto net = make_net(1);
+  refused([&] { CheckpointState().model("model", net).value("model.dim", int64_t{1}); }, "model", "model.dim");
+  s.value("configuration", int64_t{2}).value("config.model.heads", int64_t{2});  // a prefix of a name is not nesting
+  EXPECT_EQ(s.entries().size(), 4u);
+}
+
 // A checkpoint of the other format at the same path is replaced, as
 // Lightning does, but only once the new one is complete: it is saved beside
 // the old one and swapped in, in one step; nothing is left beside it.

@@ -15,6 +15,7 @@
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
+#include "fsdp/optim_state_dict.h"
 #include "fsdp/state_dict.h"
 #include "trainer.h"
 
@@ -161,6 +162,61 @@ TEST_F(RawStateDict, FilesThatAreNotAStateDictAreNamed) {
     CheckpointState s;
     s.model("model", m);
     expect_error([&] { load_checkpoint(file("raw.pt"), s, pg); }, "loads with load_checkpoint(path, module)");
+  });
+}
+
+// Training checkpoints as plain PyTorch writes them (write_state_dict.py's
+// adamw.pt: optimizer.state_dict() numbers the parameters 0, 1, ...) load
+// into a wrapped model's CheckpointState at any world size and layout: the
+// model, AdamW's state under the right names, the values, nested ones by
+// their dotted names.
+TEST_F(RawStateDict, PythonCheckpointLoadsModelOptimizerAndValues) {
+  if (!fs::exists(file("adamw.pt"))) GTEST_SKIP() << "needs torch 2.x on the Python side";
+  const auto plain = plain_state();
+  auto net = make_net(1);
+  std::set<std::string> params;
+  for (const auto& p : net->named_parameters()) params.insert(p.key());
+  for (int world : {1, 2}) {
+    for (bool use_orig : {false, true}) {
+      run_ranks(world, [&](dist::ProcessGroup& pg) {
+        Trainer t(pg, Opt::kAdamW, 5, ShardingStrategy::kFullShard, use_orig);
+        CheckpointState s;
+        s.model("model", t.model.ptr()).optimizer("optimizer", *t.optimizer).value("step", int64_t{0});
+        const auto extra = load_checkpoint(file("adamw.pt"), s, pg);
+        const std::string where = "world " + std::to_string(world) + (use_orig ? " use_orig_params" : "");
+        expect_written_values(full_state(t.model.ptr()), where);
+        EXPECT_EQ(s.get<int64_t>("step"), 3) << where;
+        ASSERT_EQ(extra.count("hp.lr"), 1u) << where;
+        EXPECT_EQ(std::get<double>(extra.at("hp.lr")), 0.1);
+        EXPECT_EQ(std::get<std::string>(extra.at("hp.name")), "x");
+        StateDictTypeGuard guard(t.model.ptr(), StateDictType::kFull);
+        const OptimStateDict osd = optim_state_dict(t.model.ptr(), *t.optimizer);
+        EXPECT_DOUBLE_EQ(osd.param_groups.at(0).options.at("lr"), 0.1) << where;
+        EXPECT_DOUBLE_EQ(osd.param_groups.at(0).options.at("weight_decay"), 0.0) << where;
+        for (size_t j = 0; j < plain.size(); ++j) {
+          const auto& [k, t0] = plain[j];
+          if (!params.count(k)) continue;
+          // One AdamW step from zero state with gradient g: exp_avg = 0.1 g, exp_avg_sq = 0.001 g^2.
+          const auto g = expected_value(t0.sizes().vec(), static_cast<int64_t>(j)) / 100;
+          EXPECT_TRUE(torch::allclose(std::get<torch::Tensor>(osd.state.at(k + ".exp_avg")), g * 0.1)) << where << k;
+          EXPECT_TRUE(torch::allclose(std::get<torch::Tensor>(osd.state.at(k + ".exp_avg_sq")), g * g * 0.001))
+              << where << k;
+          EXPECT_EQ(std::get<torch::Tensor>(osd.state.at(k + ".step")).item<int64_t>(), 1) << where << k;
+        }
+      });
+    }
+  }
+}
+
+// What LibTorch's optimizer cannot do is refused by name, not ignored.
+TEST_F(RawStateDict, PythonCheckpointOptionsLibTorchCannotHonourAreRefused) {
+  if (!fs::exists(file("adamw.pt"))) GTEST_SKIP() << "needs torch 2.x on the Python side";
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer t(pg, Opt::kAdamW, 5);
+    CheckpointState s;
+    s.model("model", t.model.ptr()).optimizer("optimizer", *t.optimizer);
+    expect_error([&] { load_checkpoint(file("maximize.pt"), s, pg); }, "maximize=True has no equivalent in LibTorch's AdamW");
+    expect_error([&] { load_checkpoint(file("adam.pt"), s, pg); }, "load it into torch::optim::Adam");
   });
 }
 

@@ -28,6 +28,37 @@ def same(a, b, where):
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+def check_python_native(full):
+    """The full checkpoint is what PyTorch FSDP and Lightning write: the model
+    an OrderedDict, the optimizer FSDP's name-keyed form with torch's own types
+    and keys (torch 2.x AdamW's), state in model parameter order."""
+    import collections
+    assert type(full["model"]) is collections.OrderedDict, type(full["model"])
+    opt = full["optimizer"]
+    group = opt["param_groups"][0]
+    want = ["lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
+            "differentiable", "fused", "decoupled_weight_decay", "params"]
+    assert list(group) == want, list(group)
+    assert isinstance(group["betas"], tuple) and len(group["betas"]) == 2, group["betas"]
+    assert all(isinstance(group[k], bool) for k in ("amsgrad", "maximize", "capturable", "differentiable")), group
+    assert group["decoupled_weight_decay"] is True and group["foreach"] is None and group["fused"] is None, group
+    assert list(opt["state"]) == [k for k in full["model"] if k in opt["state"]], "state not in model order"
+    for param, fields in opt["state"].items():
+        assert list(fields)[0] == "step", (param, list(fields))
+        assert fields["step"].dtype == torch.float32 and fields["step"].dim() == 0, (param, fields["step"])
+    if int(torch.__version__.split(".")[0]) >= 2:  # an AdamW of this torch loads it as it is
+        model = torch.nn.Module()
+        for k, t in full["model"].items():
+            if k in group["params"]:
+                model.register_parameter(k.replace(".", "_"), torch.nn.Parameter(t.clone()))
+        names = [k for k in full["model"] if k in group["params"]]
+        adamw = torch.optim.AdamW(list(model.parameters()))
+        sd = {"state": {i: opt["state"][n] for i, n in enumerate(names) if n in opt["state"]},
+              "param_groups": [dict(group, params=list(range(len(names))))]}
+        adamw.load_state_dict(sd)
+        assert adamw.state_dict()["param_groups"][0]["betas"] == group["betas"]
+
+
 def main(d):
     full = torch.load(os.path.join(d, "full.pt"), weights_only=False)  # the default from torch 2.6 on is True
     # weights_only=True (no code runs on load): PyTorch 1.13's safe unpickler
@@ -39,10 +70,17 @@ def main(d):
     except Exception as e:  # noqa: BLE001
         if major >= 2 or "Unsupported operand 71" not in str(e):
             raise
+    # The sharded layout's reader gives the index's form: the same tensors
+    # and values, param groups as stored numbers.
     sharded = fsdp_checkpoint.load(os.path.join(d, "sharded"))
-    same(full, sharded, "full vs sharded")
+    same(full["model"], sharded["model"], "full vs sharded: model")
+    same(full["optimizer"]["state"], sharded["optimizer"]["state"], "full vs sharded: optimizer state")
+    for k in ("step", "lr", "name", "ok", "rng"):
+        same(full[k], sharded[k], f"full vs sharded: {k}")
+    check_python_native(full)
     assert full["step"] == 7 and full["lr"] == 0.5 and full["name"] == "gpt" and full["ok"] is True, full
     assert torch.equal(full["rng"], torch.arange(5))
+    assert full["config"] == {"model": {"dim": 7}, "run": {"lr": 0.25}}, full["config"]  # dotted names nest
     model = full["model"]
     assert model["emb.weight"].shape == (11, 7) and model["emb.weight"].dtype == torch.float32
     with open(os.path.join(d, "expected.json")) as f:

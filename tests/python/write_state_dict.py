@@ -22,6 +22,16 @@ files hold views, as real state dicts do. Files written into DIR:
     object.pt    {key: tensor, "args": argparse.Namespace()}
     legacy.pt    torch.save(..., _use_new_zipfile_serialization=False)
     script.pt    torch.jit.save of a scripted module     (a TorchScript archive)
+
+and training checkpoints as plain PyTorch writes them, for RawStateDict's
+PythonCheckpoint tests: {"model": state_dict, "optimizer": AdamW's
+state_dict() (parameters numbered 0, 1, ...), "step": 3, "hp": {"lr": 0.1,
+"name": "x"}}, the optimizer after one step with the gradient of the j-th
+tensor set to value(shape, j) / 100 (lr 0.1, weight_decay 0):
+
+    adamw.pt     that checkpoint
+    maximize.pt  the same with maximize=True   (LibTorch's AdamW cannot)
+    adam.pt      the same from torch.optim.Adam (decoupled_weight_decay=False)
 """
 import argparse
 import json
@@ -90,7 +100,22 @@ def main(spec_path, d):
     torch.save({keys[0]: sd[keys[0]], "args": argparse.Namespace(lr=0.1)}, os.path.join(d, "object.pt"))
     torch.save(sd, os.path.join(d, "legacy.pt"), _use_new_zipfile_serialization=False)
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), os.path.join(d, "script.pt"))
+    if int(torch.__version__.split(".")[0]) >= 2:  # maximize and decoupled_weight_decay are torch 2.x's
+        for name, cls, extra in (("adamw.pt", torch.optim.AdamW, {}), ("maximize.pt", torch.optim.AdamW, {"maximize": True}),
+                                 ("adam.pt", torch.optim.Adam, {})):
+            torch.save(training_checkpoint(spec, sd, cls, extra), os.path.join(d, name))
     print(f"write_state_dict: {len(keys)} tensors, torch {torch.__version__}")
+
+
+def training_checkpoint(spec, sd, cls, extra):
+    copy = build(spec)
+    params = list(copy.parameters())
+    optimizer = cls(params, lr=0.1, weight_decay=0.0, **extra)
+    index = {k: j for j, (k, _, _) in enumerate(spec)}
+    for name, p in copy.named_parameters():
+        p.grad = value(list(p.shape), index[name]) / 100
+    optimizer.step()
+    return {"model": sd, "optimizer": optimizer.state_dict(), "step": 3, "hp": {"lr": 0.1, "name": "x"}}
 
 
 if __name__ == "__main__":
