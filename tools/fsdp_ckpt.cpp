@@ -2,6 +2,8 @@
 //   fsdp-ckpt inspect PATH            format, version, world size, values, tensors
 //   fsdp-ckpt verify PATH             every checksum; exit 0 sound, 1 damaged (listed)
 //   fsdp-ckpt consolidate DIR OUT     sharded -> one full file (torch.load-able), one tensor in memory at a time
+//   fsdp-ckpt convert SRC DST --format full|sharded
+//                                     any checkpoint (fsdp-cpp's, DCP from PyTorch / Lightning) -> either format
 // A full checkpoint is already PyTorch's format: torch.load(PATH) opens it.
 #include <CLI/CLI.hpp>
 
@@ -69,7 +71,7 @@ int verify(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-ckpt: inspect, verify and consolidate fsdp-cpp checkpoints"};
+  CLI::App app{"fsdp-ckpt: inspect, verify, consolidate and convert checkpoints"};
   app.require_subcommand(1);
   std::string path, out;
   auto* ins = app.add_subcommand("inspect", "format, version, world size, values and a table of tensors");
@@ -79,10 +81,20 @@ int main(int argc, char** argv) {
   auto* con = app.add_subcommand("consolidate", "sharded directory -> one full file that torch.load opens");
   con->add_option("dir", path, "sharded checkpoint directory")->required();
   con->add_option("out", out, "output file")->required();
+  auto* conv = app.add_subcommand("convert", "any checkpoint (also DCP from PyTorch or Lightning) -> full or sharded (DCP)");
+  std::string format;
+  conv->add_option("src", path, "checkpoint file or directory")->required();
+  conv->add_option("dst", out, "output file (full) or directory (sharded)")->required();
+  conv->add_option("--format", format, "full or sharded")->required()->check(CLI::IsMember({"full", "sharded"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (ins->parsed()) return inspect(path);
     if (ver->parsed()) return verify(path);
+    if (conv->parsed()) {
+      fsdp::convert_checkpoint(path, out, format == "full" ? fsdp::CheckpointFormat::kFull : fsdp::CheckpointFormat::kSharded);
+      std::cout << "wrote " << out << "\n";
+      return 0;
+    }
     fsdp::consolidate_checkpoint(path, out);
     std::cout << "wrote " << out << "\n";
     return 0;

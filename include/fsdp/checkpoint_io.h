@@ -195,4 +195,11 @@ std::vector<std::string> verify_checkpoint(const std::string& path);
 // file `out_file` (torch.load-able), one tensor in memory at a time.
 void consolidate_checkpoint(const std::string& sharded_dir, const std::string& out_file);
 
+// [local] Writes the checkpoint at `src` (either format, fsdp-cpp's earlier
+// sharded layout, or a DCP directory PyTorch or Lightning wrote) as a
+// checkpoint of `format` at `dst`, one tensor in memory at a time (sharded:
+// a DCP directory whose tensors are one chunk each). ConfigError if `dst` is
+// `src` or inside it.
+void convert_checkpoint(const std::string& src, const std::string& dst, CheckpointFormat format);
+
 }  // namespace fsdp

@@ -78,14 +78,16 @@ Kind adam_kind(const char* name) {
       s.max_exp_avg_sq(t);
     }
   };
-  k.read = [](const OptimizerOptions& base) {
+  const double decoupled = std::string(name) == "AdamW" ? 1.0 : 0.0;  // PyTorch's flag for AdamW's decay
+  k.read = [decoupled](const OptimizerOptions& base) {
     const auto& o = static_cast<const O&>(base);
     return Options{{"lr", o.lr()},
                    {"betas.0", std::get<0>(o.betas())},
                    {"betas.1", std::get<1>(o.betas())},
                    {"eps", o.eps()},
                    {"weight_decay", o.weight_decay()},
-                   {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
+                   {"amsgrad", o.amsgrad() ? 1.0 : 0.0},
+                   {"decoupled_weight_decay", decoupled}};
   };
   k.write = [](OptimizerOptions& base, const Options& m) {
     auto& o = static_cast<O&>(base);
