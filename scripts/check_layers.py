@@ -40,7 +40,7 @@ MODULES = [
     ("optim_state_dict", ["include/fsdp/optim_state_dict.h", "src/fsdp/optim_state_dict.cpp",
                           "src/fsdp/optim_state_dict_visit.h", "src/fsdp/optimizer_kinds.*"],
      ["error", "dist", "core", "shard_geometry", "state_dict_options", "model_index", "state_dict"]),
-    ("checkpoint_files", ["src/fsdp/rank_errors.*", "src/fsdp/torch_pickle.*", "src/fsdp/ckpt_*",
+    ("checkpoint_files", ["src/fsdp/rank_errors.*", "src/fsdp/torch_pickle.*", "src/fsdp/pickle_writer.*", "src/fsdp/ckpt_*",
                           "include/fsdp/checkpoint_io.h", "src/fsdp/checkpoint_io.cpp"],
      ["error", "fault_points", "dist", "core", "shard_geometry", "state_dict_options", "model_index", "state_dict",
       "optim_state_dict"]),

@@ -613,12 +613,13 @@ TEST(FsdpCkptTool, ConvertBetweenFormatsAndLayouts) {
       {sharded, dir.path() + "/to_sharded", "sharded"},
       {dir.path() + "/to_full.pt", dir.path() + "/full_to_sharded", "sharded"},
       {earlier, dir.path() + "/earlier_to_dcp", "sharded"}};
-  for (const auto& [src, dst, format] : cases) {
+  for (const auto& c : cases) {
+    const std::string src = std::get<0>(c), dst = std::get<1>(c), format = std::get<2>(c);  // (lambdas capture them)
     auto r = run_program({FSDP_CKPT_PATH, "convert", src, dst, "--format", format}, std::chrono::seconds(60));
     ASSERT_EQ(r.exit_code(), 0) << r.output;
     EXPECT_EQ(inspect_checkpoint(dst).format, format == "full" ? CheckpointFormat::kFull : CheckpointFormat::kSharded);
     EXPECT_TRUE(verify_checkpoint(dst).empty()) << dst << ": " << verify_checkpoint(dst).front();
-    if (format == "sharded") EXPECT_TRUE(fs::exists(dst + "/.metadata")) << dst;
+    EXPECT_EQ(fs::exists(dst + "/.metadata"), format == "sharded") << dst;
     auto got = make_net(2);
     run_ranks(2, [&](dist::ProcessGroup& pg) {
       Trainer t(pg, Opt::kSgd, 2);
