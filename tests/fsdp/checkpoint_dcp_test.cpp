@@ -60,10 +60,10 @@ CheckpointState state_of(Trainer& t) {
 
 // Python's dcp.save at `py_world` ranks -> fsdp-cpp's load at 1 and 2 ranks:
 // the loaded state, saved again in the full format, is exactly Python's.
-void python_dcp_loads(int py_world) {
+void python_dcp_loads(int py_world, const std::string& mode = "save") {
   TempDir dir;
   write_spec(dir.path());
-  peer("save", dir.path(), py_world);
+  peer(mode, dir.path(), py_world);
   for (int world : {1, 2}) {
     run_ranks(world, [&](dist::ProcessGroup& pg) {
       Trainer t(pg, Opt::kAdamW, 9);  // other values: everything must come from the checkpoint
@@ -82,6 +82,9 @@ void python_dcp_loads(int py_world) {
 TEST(DcpFromPython, World1SaveLoadsAtWorld1And2) { python_dcp_loads(1); }
 
 TEST(DcpFromPython, World2Fsdp2SaveLoadsAtWorld1And2) { python_dcp_loads(2); }
+
+// Lightning's sharded checkpoint (FSDP1 under Fabric, world 1): its values come from meta.pt.
+TEST(DcpFromPython, LightningShardedLoadsAtWorld1And2) { python_dcp_loads(1, "lightning-save"); }
 
 // fsdp-cpp's sharded save (a DCP checkpoint) at worlds 1 and 2 ->
 // PyTorch's dcp.load at world 1 and at world 2 (FSDP2 under torchrun), into

@@ -11,6 +11,10 @@ under torchrun, over Gloo on CPU), with AdamW as the C++ tests use it
         {"model": ..., "optimizer": ..., "step": 5, "tag": "py"} in the layout of
         get_state_dict, into DIR/py_dcp; rank 0 writes what it saved, as full
         tensors, to DIR/py_expected.pt.
+    dcp_peer.py lightning-save SPEC.json DIR
+        the same with Lightning Fabric's FSDP strategy (FSDP1, sharded) at
+        world 1 on CPU: fabric.save writes DIR/py_dcp (DCP plus meta.pt, which
+        holds step and tag).
     dcp_peer.py check-full SPEC.json DIR
         DIR/cpp_full.pt (fsdp-cpp's full checkpoint, saved after loading
         DIR/py_dcp) holds exactly DIR/py_expected.pt's tensors and values.
@@ -92,6 +96,35 @@ def save(spec, d):
         torch.save(expected, os.path.join(d, "py_expected.pt"))
 
 
+def lightning_save(spec, d):
+    """Lightning Fabric's FSDP strategy, sharded, at world 1 on CPU (the
+    CPUFSDP recipe of docs/python-formats.md §4): its dcp.save plus meta.pt."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.strategies import FSDPStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    class CPUFSDP(FSDPStrategy):
+        pass
+
+    fabric = Fabric(accelerator="cpu", devices=1, strategy=CPUFSDP(state_dict_type="sharded"))
+    fabric.launch()
+    module = FSDP(build(spec, seed=3), device_id=torch.device("cpu"), use_orig_params=True)
+    model = fabric.setup_module(module)
+    optim = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
+    for i in range(2):
+        loss = sum((p * torch.sin(torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) * (i + 1) + 0.3)).sum()
+                   for p in model.parameters())
+        fabric.backward(loss)
+        optim.step()
+        optim.zero_grad()
+    fabric.save(os.path.join(d, "py_dcp"), {"model": model, "optimizer": optim, "step": 5, "tag": "py"})
+    with FSDP.state_dict_type(module, torch.distributed.fsdp.StateDictType.FULL_STATE_DICT):
+        msd = module.state_dict()
+        osd = FSDP.optim_state_dict(module, optim.optimizer if hasattr(optim, "optimizer") else optim)
+    torch.save({"model": msd, "optimizer": osd, "step": 5, "tag": "py"}, os.path.join(d, "py_expected.pt"))
+    assert os.path.exists(os.path.join(d, "py_dcp", "meta.pt"))
+
+
 def same(a, b, where):
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{where}: {type(b)}"
@@ -157,6 +190,6 @@ if __name__ == "__main__":
     mode, spec_path, d = sys.argv[1:4]
     with open(spec_path) as f:
         spec = json.load(f)
-    {"save": save, "check-full": check_full, "load": load}[mode](spec, d)
+    {"save": save, "lightning-save": lightning_save, "check-full": check_full, "load": load}[mode](spec, d)
     if dist.is_initialized():
         dist.destroy_process_group()
