@@ -783,3 +783,58 @@ TEST(CheckpointIndex, PiecesRoundTripAndBadOnesAreNamed) {
 }
 
 }  // namespace
+
+// DCP's .metadata as fsdp-cpp writes it reads back into the same records
+// (tensors with their chunks and items, bytes items, int path elements, the
+// save id), and the unpickler's DCP mode accepts only DCP's classes.
+TEST(DcpMetadata, RoundTripsAndRefusesOtherGlobals) {
+  namespace ck = fsdp::detail::ckpt;
+  ck::DcpMetadata md;
+  md.save_id = "abc-1";
+  ck::DcpItem t;
+  t.key = "model.w";
+  t.path = {"model", "w"};
+  t.path_is_int = {false, false};
+  t.dtype = at::kBFloat16;
+  t.shape = {5, 4};
+  t.chunks = {{{0, 0}, {3, 4}, {"__0_x.distcp", 1261, 1577}}, {{3, 0}, {2, 4}, {"__1_x.distcp", 0, int64_t{1} << 33}}};
+  ck::DcpItem b;
+  b.key = "optimizer.param_groups.0.lr";
+  b.path = {"optimizer", "param_groups", "0", "lr"};
+  b.path_is_int = {false, false, true, false};
+  b.is_bytes = true;
+  b.bytes = {"__0_x.distcp", 0, 1261};
+  md.items = {t, b};
+  const ck::DcpMetadata back = ck::parse_dcp_metadata(ck::dcp_metadata_bytes(md), "md");
+  EXPECT_EQ(back.save_id, "abc-1");
+  ASSERT_EQ(back.items.size(), 2u);
+  EXPECT_EQ(back.items[0].key, "model.w");
+  EXPECT_EQ(back.items[0].dtype, at::kBFloat16);
+  EXPECT_EQ(back.items[0].shape, t.shape);
+  ASSERT_EQ(back.items[0].chunks.size(), 2u);
+  EXPECT_EQ(back.items[0].chunks[1].offsets, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(back.items[0].chunks[1].storage.file, "__1_x.distcp");
+  EXPECT_EQ(back.items[0].chunks[1].storage.length, int64_t{1} << 33);
+  EXPECT_TRUE(back.items[1].is_bytes);
+  EXPECT_EQ(back.items[1].path, b.path);
+  EXPECT_EQ(back.items[1].path_is_int, b.path_is_int);
+  EXPECT_EQ(back.items[1].bytes.offset, 0);
+  auto refused = [](const std::string& pkl, const std::string& text) {
+    try {
+      ck::parse_dcp_metadata(pkl, "md");
+      ADD_FAILURE() << "accepted, expected: " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  const std::string ls("X\x02\x00\x00\x00ls", 7), x("X\x01\x00\x00\x00x", 6);
+  refused("\x80\x02" "cos\nsystem\n" + ls + "\x85R.", "the Python global os.system");
+  refused("\x80\x02" "cbuiltins\ngetattr\n" "cos\npath\n" + x + "\x86R.", "the Python global os.path");
+  refused("\x80\x02}.", "expected a Metadata object");
+  // A data file name outside the directory is refused.
+  const std::string good = ck::dcp_metadata_bytes(md);
+  const auto at = good.find("relative_path");
+  std::string escaped = good;
+  escaped.replace(good.find("__0_x.distcp", at), 12, "../x.distcp_");
+  refused(escaped, "is not a plain name inside the directory");
+}
