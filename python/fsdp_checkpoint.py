@@ -3,8 +3,12 @@
 
 A full checkpoint is PyTorch's own format: ``torch.load(path)`` (also with
 ``weights_only=True``) gives ``{entry: value}``. A sharded checkpoint is a
-directory (docs/checkpoint-format.md); ``load(path)`` assembles it into a
-dict with the same tensors and values, in the index's forms:
+directory (docs/checkpoint-format.md): a torch.distributed.checkpoint (DCP)
+directory, which ``torch.distributed.checkpoint.load`` reads with torch 2.x,
+or fsdp-cpp's earlier layout; ``load(path)`` assembles either (through
+fsdp-cpp's index, ``fsdp_index.json`` or ``index.json``, whose chunks are
+raw bytes with CRC-32s; also on torch 1.x) into a dict of the same tensors
+and values, in the index's forms:
 
     models      {key: tensor}
     optimizers  {"state": {param: {field: tensor}}, "param_groups": [{"params": [...], option: number}]}
@@ -71,10 +75,11 @@ def _value(entry):
 
 def load_sharded(path, verify=True):
     """Assembles the sharded checkpoint directory `path` into a dict of entries."""
-    with open(os.path.join(path, "index.json")) as f:
+    name = "fsdp_index.json" if os.path.exists(os.path.join(path, ".metadata")) else "index.json"
+    with open(os.path.join(path, name)) as f:
         index = json.load(f)
     if index.get("format") != "fsdp-cpp" or index.get("kind") != "sharded":
-        raise CheckpointError(f"{path}/index.json is not an fsdp-cpp sharded checkpoint index")
+        raise CheckpointError(f"{path}/{name} is not an fsdp-cpp sharded checkpoint index")
     if index["version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path}: format version {index['version']} is newer than this script ({FORMAT_VERSION})")
     tensors = _read_tensors(path, index, verify)

@@ -6,6 +6,7 @@
 #   sharded  a whole sharded checkpoint directory (index and data files)
 #   pickle   the pickle of a torch.save file (module state dicts from Python)
 #   safetensors  a safetensors file (Hugging Face's weights: header, tensors, loading)
+#   dcp      a DCP directory's .metadata (the unpickler's DCP mode)
 # Each run starts from real checkpoints its target writes (the seed corpus).
 #
 #   scripts/fuzz.sh build               configure and build build-fuzz/
@@ -26,7 +27,7 @@ build() {
   # Against Debian's LibTorch (CPU only, no CUDA libraries under ASan): the
   # parsers under test are fsdp-cpp's own and the same for every LibTorch.
   cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DFSDP_FUZZ=ON -DFSDP_LIBTORCH=debian >/dev/null
-  cmake --build $B -j"$(nproc)" --target fuzz_index fuzz_full fuzz_sharded fuzz_pickle fuzz_safetensors
+  cmake --build $B -j"$(nproc)" --target fuzz_index fuzz_full fuzz_sharded fuzz_pickle fuzz_safetensors fuzz_dcp
 }
 
 run() {
@@ -50,7 +51,7 @@ case "${1:-}" in
   run) run "$2" "$3" ;;
   all)
     build
-    for t in index full sharded pickle safetensors; do run "$t" "${2:-60}"; done
+    for t in index full sharded pickle safetensors dcp; do run "$t" "${2:-60}"; done
     ;;
   *)
     sed -n '2,18p' "$0"

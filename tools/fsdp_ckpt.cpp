@@ -4,6 +4,8 @@
 //   fsdp-ckpt consolidate DIR OUT     sharded -> one full file (torch.load-able), one tensor in memory at a time
 //   fsdp-ckpt export CKPT OUT [--format safetensors]
 //                                     the model's weights as a safetensors file (Hugging Face's), one tensor at a time
+//   fsdp-ckpt convert SRC DST --format full|sharded
+//                                     any checkpoint (fsdp-cpp's, DCP from PyTorch / Lightning) -> either format
 // A full checkpoint is already PyTorch's format: torch.load(PATH) opens it.
 #include <CLI/CLI.hpp>
 
@@ -71,7 +73,7 @@ int verify(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-ckpt: inspect, verify, consolidate and export fsdp-cpp checkpoints"};
+  CLI::App app{"fsdp-ckpt: inspect, verify, consolidate, convert and export checkpoints"};
   app.require_subcommand(1);
   std::string path, out;
   auto* ins = app.add_subcommand("inspect", "format, version, world size, values and a table of tensors");
@@ -87,12 +89,22 @@ int main(int argc, char** argv) {
   exp->add_option("out", out, "output file")->required();
   exp->add_option("--format", format, "output format (default: safetensors)")
       ->check(CLI::IsMember({"safetensors"}));
+  auto* conv = app.add_subcommand("convert", "any checkpoint (also DCP from PyTorch or Lightning) -> full or sharded (DCP)");
+  std::string conv_format;
+  conv->add_option("src", path, "checkpoint file or directory")->required();
+  conv->add_option("dst", out, "output file (full) or directory (sharded)")->required();
+  conv->add_option("--format", conv_format, "full or sharded")->required()->check(CLI::IsMember({"full", "sharded"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (ins->parsed()) return inspect(path);
     if (ver->parsed()) return verify(path);
     if (exp->parsed()) {
       fsdp::export_safetensors(path, out);
+    } else if (conv->parsed()) {
+      fsdp::convert_checkpoint(path, out,
+                               conv_format == "full" ? fsdp::CheckpointFormat::kFull : fsdp::CheckpointFormat::kSharded);
+      std::cout << "wrote " << out << "\n";
+      return 0;
     } else {
       fsdp::consolidate_checkpoint(path, out);
     }

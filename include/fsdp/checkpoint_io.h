@@ -12,16 +12,20 @@
 // (rank 0's extra memory: about one unit). The file is PyTorch's own zip
 // format: `torch.load(path)` (weights_only too) gives a dict
 // {entry: state dict / optimizer state dict / value}.
-// SHARDED: a directory; every rank writes its own pieces in parallel, no
-// gather; `index.json`, written by rank 0 after every rank has synced its
-// file, describes every piece and is the commit marker.
+// SHARDED: a directory in torch.distributed.checkpoint's (DCP) layout; every
+// rank writes its own pieces in parallel, no gather; `.metadata`, written by
+// rank 0 after every rank has synced its file, describes every piece and is
+// the commit marker (beside it fsdp_index.json with the CRC-32s, and meta.pt
+// for Lightning). PyTorch's dcp.load reads it at any world size; DCP
+// directories PyTorch or Lightning wrote load here, as does fsdp-cpp's
+// earlier sharded layout (index.json and raw data files).
 // Either loads into any world size and layout, or into an unwrapped model.
 // Every piece carries a CRC-32 checked on load. docs/checkpoint-format.md
 // describes both formats field by field.
 //
 // Crash safety: nothing is written under the final name before it is
 // complete and synced (temporary file + rename; sharded: new data files next
-// to the old ones, the index replaced by rename, old files removed after).
+// to the old ones, .metadata replaced by rename, old files removed after).
 // An interrupted save leaves the previous checkpoint loadable. A checkpoint
 // of the other format at the path (a sharded directory under a full save, a
 // file under a sharded one) is replaced, as Lightning does, but crash-safely:
@@ -210,5 +214,12 @@ void consolidate_checkpoint(const std::string& sharded_dir, const std::string& o
 // naming the file for write failures. The file loads back with
 // load_checkpoint(out_file, module) and with safetensors.torch.load_file.
 void export_safetensors(const std::string& path, const std::string& out_file);
+
+// [local] Writes the checkpoint at `src` (either format, fsdp-cpp's earlier
+// sharded layout, or a DCP directory PyTorch or Lightning wrote) as a
+// checkpoint of `format` at `dst`, one tensor in memory at a time (sharded:
+// a DCP directory whose tensors are one chunk each). ConfigError if `dst` is
+// `src` or inside it.
+void convert_checkpoint(const std::string& src, const std::string& dst, CheckpointFormat format);
 
 }  // namespace fsdp

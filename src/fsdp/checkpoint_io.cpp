@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "ckpt_dcp.h"
 #include "ckpt_parts.h"
 #include "fault_points.h"
 #include "fsdp/error.h"
@@ -61,7 +62,8 @@ namespace {
 
 bool is_sharded_checkpoint(const std::string& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / ck::kIndexFile, ec);
+  return fs::is_directory(path, ec) && (fs::is_regular_file(fs::path(path) / ck::kDcpMetadataFile, ec) ||
+                                        fs::is_regular_file(fs::path(path) / ck::kIndexFile, ec));
 }
 
 // Removes what a killed replacement left beside `path`: not a checkpoint.

@@ -2,6 +2,7 @@
 // bound-checked reads of data files and zip records, chunks checked against
 // their checksums.
 #include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -137,7 +138,36 @@ std::string read_range(const std::string& path, int64_t offset, int64_t nbytes) 
   return out;
 }
 
-FullReader::FullReader(const std::string& path) : path_(path) {
+namespace {
+
+// The byte range of a file as the stream a PyTorchStreamReader reads.
+class RangeAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  RangeAdapter(std::string path, int64_t offset, int64_t length)
+      : path_(std::move(path)), offset_(offset), length_(length) {}
+  size_t size() const override { return static_cast<size_t>(length_); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* = "") const override {
+    if (pos >= static_cast<uint64_t>(length_)) return 0;
+    n = std::min<size_t>(n, static_cast<size_t>(static_cast<uint64_t>(length_) - pos));
+    const std::string bytes = read_range(path_, offset_ + static_cast<int64_t>(pos), static_cast<int64_t>(n));
+    std::memcpy(buf, bytes.data(), n);
+    return n;
+  }
+
+ private:
+  std::string path_;
+  int64_t offset_, length_;
+};
+
+uint64_t le_at(const std::string& b, size_t at, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(b[at + i])) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+FullReader::FullReader(const std::string& path) : path_(path), where_(path) {
   try {
     reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
   } catch (const std::exception& e) {
@@ -145,6 +175,79 @@ FullReader::FullReader(const std::string& path) : path_(path) {
     what = what.substr(0, what.find('\n'));
     throw ConfigError("checkpoint: " + path + " is not a readable full checkpoint (a PyTorch zip file): " + what);
   }
+}
+
+FullReader::FullReader(const std::string& path, int64_t offset, int64_t length)
+    : path_(path), offset_(offset), length_(length) {
+  where_ = path + " (bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) + "))";
+  const int64_t size = file_size(path);
+  if (size < 0) throw ConfigError("checkpoint: " + path + " is missing (a data file of the checkpoint)");
+  if (offset < 0 || length < 22 || offset > size || length > size - offset) {
+    throw ConfigError("checkpoint: " + where_ + " lies outside the file of " + std::to_string(size) +
+                      " bytes, or is too short for a zip: the file is truncated or the metadata is wrong");
+  }
+  try {
+    reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
+        std::make_shared<RangeAdapter>(path, offset, length));
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    throw ConfigError("checkpoint: " + where_ + " is not a readable torch.save archive (a PyTorch zip): " + what);
+  }
+}
+
+int64_t FullReader::record_offset(const std::string& record) const {
+  try {
+    return static_cast<int64_t>(reader_->getRecordOffset(record));
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw ConfigError("checkpoint: " + where_ + ": cannot find record '" + record + "': " + what.substr(0, what.find('\n')));
+  }
+}
+
+std::vector<std::string> FullReader::records() const {
+  try {
+    return reader_->getAllRecords();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw ConfigError("checkpoint: " + where_ + ": cannot list its records: " + what.substr(0, what.find('\n')));
+  }
+}
+
+uint32_t FullReader::record_crc(const std::string& record) const {
+  const int64_t length = length_ >= 0 ? length_ : file_size(path_);
+  auto bad = [&](const std::string& why) {
+    return ConfigError("checkpoint: " + where_ + ": the zip's central directory " + why);
+  };
+  // The end records: EOCD (22 bytes, no comment: PyTorch writes none), and
+  // before it the zip64 locator (20) and zip64 EOCD (56) if present.
+  const int64_t tail_n = std::min<int64_t>(length, 98);
+  const std::string tail = read_range(path_, offset_ + length - tail_n, tail_n);
+  const size_t eocd = tail.size() - 22;
+  if (tail.size() < 22 || le_at(tail, eocd, 4) != 0x06054b50) throw bad("has no end record (no zip comment expected)");
+  uint64_t cd_size = le_at(tail, eocd + 12, 4), cd_offset = le_at(tail, eocd + 16, 4);
+  if (cd_offset == 0xffffffffu || cd_size == 0xffffffffu) {
+    if (eocd < 76 || le_at(tail, eocd - 20, 4) != 0x07064b50 || le_at(tail, eocd - 76, 4) != 0x06064b50) {
+      throw bad("has no zip64 end record where the end record needs one");
+    }
+    cd_size = le_at(tail, eocd - 76 + 40, 8);
+    cd_offset = le_at(tail, eocd - 76 + 48, 8);
+  }
+  if (cd_offset > static_cast<uint64_t>(length) || cd_size > static_cast<uint64_t>(length) - cd_offset ||
+      cd_size > (uint64_t{1} << 26)) {
+    throw bad("lies outside the zip");
+  }
+  const std::string cd = read_range(path_, offset_ + static_cast<int64_t>(cd_offset), static_cast<int64_t>(cd_size));
+  for (size_t at = 0; at + 46 <= cd.size();) {
+    if (le_at(cd, at, 4) != 0x02014b50) throw bad("has a malformed entry");
+    const size_t name_n = le_at(cd, at + 28, 2), extra_n = le_at(cd, at + 30, 2), comment_n = le_at(cd, at + 32, 2);
+    if (at + 46 + name_n > cd.size()) throw bad("has a malformed entry");
+    const std::string name = cd.substr(at + 46, name_n);
+    const auto slash = name.find('/');
+    if (slash != std::string::npos && name.substr(slash + 1) == record) return static_cast<uint32_t>(le_at(cd, at + 16, 4));
+    at += 46 + name_n + extra_n + comment_n;
+  }
+  throw bad("has no entry for record '" + record + "'");
 }
 
 FullReader::~FullReader() = default;

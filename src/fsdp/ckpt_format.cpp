@@ -67,12 +67,12 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& where) {
 // ---------------------------------------------------------------------------
 // Records <-> JSON: each record's encode and decode, side by side.
 
-namespace {
-
 bool safe_file_name(const std::string& f) {
   static const std::regex ok("[A-Za-z0-9_][A-Za-z0-9._-]{0,200}");
   return std::regex_match(f, ok);
 }
+
+namespace {
 
 int64_t int_field(const Json& j, const char* name, const std::string& where, int64_t lo, int64_t hi) {
   if (!j.contains(name) || !j.at(name).is_number_integer()) bad(where, std::string("field '") + name + "' must be an integer");
@@ -396,6 +396,7 @@ std::string encode_pieces(const std::vector<PieceRecord>& pieces) {
   for (const auto& p : pieces) {
     Json x = encode_chunk(p.chunk);
     x["key"] = p.key;
+    x["item"] = {p.item_offset, p.item_length};
     encode_tensor_type(x, p.dtype, p.shape);
     a.push_back(std::move(x));
   }
@@ -414,6 +415,10 @@ std::vector<PieceRecord> decode_pieces(const std::string& text, const std::strin
       p.dtype = t.dtype;
       p.shape = t.shape;
       p.chunk = decode_chunk(x, t, where + ", tensor '" + p.key + "'");
+      const std::vector<int64_t> item = int_list(x, "item", where, int64_t{1} << 56);
+      if (item.size() != 2) bad(where, "a piece's item must be [offset, length]");
+      p.item_offset = item[0];
+      p.item_length = item[1];
       out.push_back(std::move(p));
     }
     return out;

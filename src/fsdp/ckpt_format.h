@@ -8,12 +8,17 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <variant>
 #include <vector>
 
+
+namespace fsdp::detail::pickle {
+class Writer;
+}
 
 namespace caffe2::serialize {
 class PyTorchStreamReader;
@@ -30,6 +35,10 @@ uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 // "float32", "bfloat16", "int64", ... (ConfigError naming `where` for others).
 std::string dtype_name(at::ScalarType dtype);
 at::ScalarType parse_dtype(const std::string& name, const std::string& where);
+
+// A data file's name as the formats allow it: a plain name inside the
+// checkpoint directory (no '/', not starting with '.').
+bool safe_file_name(const std::string& name);
 
 // A box of a tensor stored in a file (sharded: a data file of the directory)
 // or a record (full: "data/<n>" in the zip), as raw little-endian bytes.
@@ -93,6 +102,7 @@ struct PieceRecord {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> shape;
   Chunk chunk;
+  int64_t item_offset = 0, item_length = 0;  // the DCP item (a torch.save zip) that holds the chunk's bytes
 };
 std::string encode_pieces(const std::vector<PieceRecord>& pieces);
 // ConfigError naming `where` when the text is not pieces that fit their shapes.
@@ -122,6 +132,7 @@ class AtomicFile {
   // fsync, rename over the final name, fsync the directory.
   void commit();
   const std::string& path() const { return final_; }
+  const std::string& temp_path() const { return tmp_; }  // where the bytes are until commit()
 
  private:
   std::string final_, tmp_;
@@ -134,17 +145,29 @@ void sync_dir(const std::string& dir);
 std::string dirname_of(const std::string& path);
 std::string new_save_id();
 
-// Reads whole zip records of a full checkpoint.
+// Reads whole zip records of a full checkpoint, or of a zip that is the
+// byte range [offset, offset + length) of a file (an item of a DCP data file,
+// a standalone torch.save archive).
 class FullReader {
  public:
   explicit FullReader(const std::string& path);  // ConfigError if not a readable zip
+  // ConfigError if the range is outside the file or not a readable zip.
+  FullReader(const std::string& path, int64_t offset, int64_t length);
   ~FullReader();
   bool has(const std::string& record) const;
   std::string read(const std::string& record) const;  // ConfigError naming the file on failure
+  // Where a record's (stored) bytes start, in bytes from the start of the zip.
+  int64_t record_offset(const std::string& record) const;
+  // The CRC-32 the zip's central directory records for a record (reads the
+  // directory, not the record). ConfigError if the directory is malformed.
+  uint32_t record_crc(const std::string& record) const;
+  std::vector<std::string> records() const;  // every record's name (without the archive folder)
   const std::string& path() const { return path_; }
+  const std::string& where() const { return where_; }  // the file, with the range if any
 
  private:
-  std::string path_;
+  std::string path_, where_;
+  int64_t offset_ = 0, length_ = -1;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
 };
 
@@ -158,6 +181,13 @@ int64_t file_size(const std::string& path);  // -1 if absent
 // The bytes of a chunk, checked against its size and checksum. `source`:
 // the full reader, or null for a sharded directory `dir`.
 std::string read_chunk(const Chunk& chunk, const std::string& key, const FullReader* full, const std::string& dir);
+
+// A param group's options as PyTorch's optimizer of class `kind` holds
+// them (optimizer_kinds.h's python_options: torch 2.15's keys, in its order,
+// "params" not included), each with the writer of its Python value; for a
+// class fsdp-cpp does not know (checkpoints without one), the stored numbers.
+std::vector<std::pair<std::string, std::function<void(pickle::Writer&)>>> python_group_options(
+    const std::string& kind, const std::map<std::string, double>& options);
 
 // The pickle (protocol 2) that makes a full checkpoint a torch.load-able
 // dict: {entry: {key: tensor} | value}, optimizers as PyTorch's

@@ -155,36 +155,10 @@ class FullPickler {
     p_.setitems();
   }
 
-  // A group's options with Python's types and keys (optimizer_kinds.h);
-  // for a checkpoint without the optimizer's class, the numbers as stored.
   void options(const std::string& kind, const std::map<std::string, double>& options) {
-    using T = PythonOption::Type;
-    const auto& table = python_options(kind);
-    if (table.empty()) {
-      for (const auto& [k, v] : options) {
-        p_.str(k);
-        p_.floating(v);
-      }
-      return;
-    }
-    auto number = [&](const std::string& k) {
-      auto it = options.find(k);
-      return it == options.end() ? 0.0 : it->second;
-    };
-    for (const auto& o : table) {
-      p_.str(o.key);
-      switch (o.type) {
-        case T::kNumber: p_.floating(number(o.key)); break;
-        case T::kBool: p_.boolean(number(o.key) != 0); break;
-        case T::kPair:
-          p_.floating(number(o.key + ".0"));
-          p_.floating(number(o.key + ".1"));
-          p_.tuple2();
-          break;
-        case T::kNone: p_.none(); break;
-        case T::kFalse: p_.boolean(false); break;
-        case T::kTrue: p_.boolean(true); break;
-      }
+    for (const auto& [key, write] : python_group_options(kind, options)) {
+      p_.str(key);
+      write(p_);
     }
   }
 
@@ -194,6 +168,40 @@ class FullPickler {
 };
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::function<void(pickle::Writer&)>>> python_group_options(
+    const std::string& kind, const std::map<std::string, double>& options) {
+  using T = PythonOption::Type;
+  std::vector<std::pair<std::string, std::function<void(pickle::Writer&)>>> out;
+  const auto& table = python_options(kind);
+  if (table.empty()) {  // a checkpoint without the optimizer's class: the numbers as stored
+    for (const auto& [k, v] : options) out.emplace_back(k, [v = v](pickle::Writer& w) { w.floating(v); });
+    return out;
+  }
+  auto number = [&](const std::string& k) {
+    auto it = options.find(k);
+    return it == options.end() ? 0.0 : it->second;
+  };
+  for (const auto& o : table) {
+    std::function<void(pickle::Writer&)> write;
+    switch (o.type) {
+      case T::kNumber: write = [v = number(o.key)](pickle::Writer& w) { w.floating(v); }; break;
+      case T::kBool: write = [v = number(o.key) != 0](pickle::Writer& w) { w.boolean(v); }; break;
+      case T::kPair:
+        write = [a = number(o.key + ".0"), b = number(o.key + ".1")](pickle::Writer& w) {
+          w.floating(a);
+          w.floating(b);
+          w.tuple2();
+        };
+        break;
+      case T::kNone: write = [](pickle::Writer& w) { w.none(); }; break;
+      case T::kFalse: write = [](pickle::Writer& w) { w.boolean(false); }; break;
+      case T::kTrue: write = [](pickle::Writer& w) { w.boolean(true); }; break;
+    }
+    out.emplace_back(o.key, std::move(write));
+  }
+  return out;
+}
 
 std::string full_pickle(const Index& index, const std::map<std::string, std::string>& record_of) {
   return FullPickler(index, record_of).write();

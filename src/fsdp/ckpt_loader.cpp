@@ -9,6 +9,7 @@
 #include <functional>
 #include <set>
 
+#include "ckpt_dcp.h"
 #include "ckpt_parts.h"
 #include "fsdp/error.h"
 #include "fsdp/optim_state_dict.h"
@@ -100,24 +101,51 @@ namespace {
                     (why.empty() ? "" : " (" + why + ")"));
 }
 
-// A directory: its index.json, of kind "sharded".
+std::string read_small(const std::string& path) {
+  const int64_t size = ck::file_size(path);
+  if (size > (int64_t{1} << 30)) throw ConfigError("checkpoint: " + path + " is implausibly large");
+  return ck::read_range(path, 0, size);
+}
+
+// A DCP directory (its .metadata): fsdp-cpp's own index when it belongs to
+// this save (same save id), else the index built from .metadata.
+void open_dcp(Source& s) {
+  const std::string metadata = (fs::path(s.path) / ck::kDcpMetadataFile).string();
+  const ck::DcpMetadata md = ck::parse_dcp_metadata(read_small(metadata), metadata);
+  const std::string own = (fs::path(s.path) / ck::kDcpIndexFile).string();
+  s.dir = s.path;
+  if (!md.save_id.empty() && ck::file_size(own) >= 0) {
+    ck::Index ix = ck::parse_index(read_small(own), own);
+    if (ix.kind == ck::Index::Kind::kSharded && ix.save_id == md.save_id) {
+      s.where = own;
+      s.ix = std::move(ix);
+      return;
+    }
+  }
+  s.where = metadata;
+  s.ix = ck::dcp_index(md, s.path);
+}
+
+// A directory: a DCP checkpoint (.metadata), or fsdp-cpp's earlier layout
+// (index.json of kind "sharded" and data-*.bin files).
 void open_sharded(Source& s) {
   std::error_code ec;
+  if (fs::is_regular_file(fs::path(s.path) / ck::kDcpMetadataFile, ec)) return open_dcp(s);
   const fs::path index = fs::path(s.path) / ck::kIndexFile;
   if (!fs::is_regular_file(index, ec)) {
     for (const auto& f : fs::directory_iterator(s.path, ec)) {
       const std::string name = f.path().filename().string();
-      if (name.rfind("data-", 0) == 0 || name.rfind("index.json.tmp", 0) == 0) {
-        throw ConfigError("checkpoint: " + s.path + " holds an incomplete sharded checkpoint: it has data files but no "
-                          "index.json (the save was interrupted before its commit); load an earlier checkpoint");
+      const bool distcp = name.find(".distcp") != std::string::npos;
+      if (name.rfind("data-", 0) == 0 || name.rfind("index.json.tmp", 0) == 0 || distcp) {
+        throw ConfigError("checkpoint: " + s.path + " holds an incomplete sharded checkpoint: it has data files but no " +
+                          (distcp ? ".metadata" : "index.json") +
+                          " (the save was interrupted before its commit); load an earlier checkpoint");
       }
     }
-    not_a_checkpoint(s.path, "a directory without index.json");
+    not_a_checkpoint(s.path, "a directory without .metadata or index.json");
   }
   s.where = index.string();
-  const int64_t size = ck::file_size(s.where);
-  if (size > (int64_t{1} << 30)) throw ConfigError("checkpoint: " + s.where + " is implausibly large");
-  s.ix = ck::parse_index(ck::read_range(s.where, 0, size), s.where);
+  s.ix = ck::parse_index(read_small(s.where), s.where);
   if (s.ix.kind != ck::Index::Kind::kSharded) {
     throw ConfigError("checkpoint: " + s.where + ": a directory's index must be of kind \"sharded\"");
   }

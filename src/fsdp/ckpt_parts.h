@@ -97,6 +97,11 @@ void save_sharded(const std::string& path, const CheckpointState& state,
                   const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                   const CheckpointOptions& options);
 
+struct Source;
+// [local] Writes the checkpoint `src` as a sharded (DCP) checkpoint at
+// `path`, one tensor in memory at a time, each tensor one chunk.
+void copy_to_sharded(const Source& src, const std::string& path);
+
 // ---- Reading (ckpt_loader.cpp) ----
 
 // An opened checkpoint: its index and where its bytes are.

@@ -1,20 +1,24 @@
-// The sharded format's writer (docs/checkpoint-format.md), in three steps:
-// stage [collective: who writes which piece], write [local: this rank's data
-// file], commit [collective: rank 0 writes the index, the commit point]. An
-// async save runs the write in the background and commits at
-// wait_for_checkpoint.
+// The sharded format's writer: a DCP checkpoint (docs/checkpoint-format.md),
+// in three steps: stage [collective: who writes which piece], write [local:
+// this rank's data file of DCP items], commit [collective: rank 0 writes
+// meta.pt, fsdp-cpp's index and last .metadata, the commit point]. An async
+// save runs the write in the background and commits at wait_for_checkpoint.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 #include <tuple>
 
+#include "ckpt_dcp.h"
 #include "ckpt_parts.h"
 #include "fault_points.h"
 #include "fsdp/error.h"
+#include "pickle_writer.h"
+#include "torch_pickle.h"
 
 namespace fsdp::detail {
 
@@ -36,13 +40,14 @@ struct ShardedJob {
   std::vector<Piece> owned;  // the pieces this rank writes
   // The write's outcome: the written pieces' records, or its failure.
   std::vector<ck::PieceRecord> written;
+  std::vector<ck::DcpItem> bytes_written;  // rank 0: the values and parameter groups
   Failure write_failure;
 };
 
+// DCP's name is __<rank>_0.distcp; the save id keeps the previous save's
+// files intact until the commit (DCP's reader opens the names .metadata lists).
 std::string data_file_name(const std::string& save_id, int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%05d", rank);
-  return "data-" + save_id + "-" + buf + ".bin";
+  return "__" + std::to_string(rank) + "_" + save_id + ".distcp";
 }
 
 std::string saving(const std::string& path) { return "save_checkpoint: saving " + path; }
@@ -122,18 +127,38 @@ ShardedJob stage(const std::string& path, const CheckpointState& state,
 
 // [local] Writes this rank's data file, synced before the index can name it;
 // keeps the outcome in the job.
+// Appends a piece to the data file as a DCP item; its record (with where
+// its bytes are) goes to job.written.
+void write_piece(ShardedJob& job, ck::AtomicFile& file, Piece& p) {
+  const at::Tensor t = p.tensor.detach().cpu().contiguous();
+  ck::Chunk& c = p.record.chunk;
+  c.file = job.file_name;
+  c.nbytes = static_cast<int64_t>(t.numel() * t.element_size());
+  c.crc = ck::crc32(t.data_ptr(), static_cast<size_t>(c.nbytes));
+  pickle::Writer pkl;
+  pkl.tensor("0", pickle::storage_class(t.scalar_type()), t.sizes().vec());
+  const ck::WrittenItem item = ck::write_dcp_item(file, job.file_name, pkl.finish(), t.data_ptr(), c.nbytes);
+  c.offset = item.data_offset;
+  p.record.item_offset = item.storage.offset;
+  p.record.item_length = item.storage.length;
+  job.written.push_back(p.record);
+}
+
+// Rank 0's bytes items (values, parameter groups), first in its file as DCP puts them.
+void write_bytes_items(ShardedJob& job, ck::AtomicFile& file) {
+  if (job.rank != 0) return;
+  for (auto& [item, pkl] : ck::dcp_bytes_items(job.entries)) {
+    item.bytes = ck::write_dcp_item(file, job.file_name, pkl, nullptr, 0).storage;
+    job.bytes_written.push_back(std::move(item));
+  }
+}
+
 void write_data(ShardedJob& job) {
   job.write_failure = capture([&] {
     ck::AtomicFile file((fs::path(job.path) / job.file_name).string());
+    write_bytes_items(job, file);
     for (Piece& p : job.owned) {
-      const at::Tensor t = p.tensor.detach().cpu().contiguous();
-      ck::Chunk& c = p.record.chunk;
-      c.file = job.file_name;
-      c.offset = file.size();
-      c.nbytes = static_cast<int64_t>(t.numel() * t.element_size());
-      c.crc = ck::crc32(t.data_ptr(), static_cast<size_t>(c.nbytes));
-      job.written.push_back(p.record);
-      file.write(t.data_ptr(), static_cast<size_t>(c.nbytes));
+      write_piece(job, file, p);
       if (job.written.size() == 1) fault_point("sharded-mid-data", job.rank);
     }
     file.commit();
@@ -154,17 +179,57 @@ ck::Index index_of(const ShardedJob& job, const std::vector<std::string>& writte
   return ix;
 }
 
-// Writes the index: the commit point (the new index replaces the old one
-// atomically); then removes the previous save's data files, no longer
-// referenced, and the temporaries of saves that were killed.
-void commit_index(const std::string& path, const ck::Index& ix) {
-  const std::string text = ck::to_json(ix);
-  ck::AtomicFile index((fs::path(path) / ck::kIndexFile).string());
-  index.write(text.data(), text.size());
+// DCP's Metadata of the index: every tensor's chunks with their items, and
+// the bytes items rank 0 wrote.
+ck::DcpMetadata metadata_of(const ShardedJob& job, const ck::Index& ix, const std::vector<std::string>& written) {
+  std::map<std::string, ck::DcpItem> tensors;
+  for (size_t r = 0; r < written.size(); ++r) {
+    for (const auto& p : ck::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) {
+      ck::DcpItem& it = tensors[p.key];
+      it.dtype = p.dtype;
+      it.shape = p.shape;
+      it.chunks.push_back({p.chunk.offsets, p.chunk.sizes, {p.chunk.file, p.item_offset, p.item_length}});
+    }
+  }
+  ck::DcpMetadata md;
+  md.save_id = job.save_id;
+  md.items = job.bytes_written;
+  for (const auto& key : ix.tensor_order) {
+    ck::DcpItem it = std::move(tensors.at(key));
+    ck::set_dcp_key(ix.entries, key, it);
+    md.items.push_back(std::move(it));
+  }
+  return md;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  ck::AtomicFile f(path);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
+}
+
+// Writes meta.pt, fsdp-cpp's index and last .metadata: the commit point (the
+// new .metadata replaces the old one atomically); then removes the previous
+// save's data files, no longer referenced, earlier layouts' files and the
+// temporaries of saves that were killed.
+void commit_index(const std::string& path, const ck::Index& ix, const ck::DcpMetadata& md) {
+  const fs::path dir(path);
+  {
+    ck::AtomicFile meta((dir / ck::kLightningMetaFile).string());
+    const std::string pkl = ck::lightning_meta_pickle(ix.entries);
+    ck::write_dcp_item(meta, ck::kLightningMetaFile, pkl, nullptr, 0);
+    meta.commit();
+  }
+  write_file((dir / ck::kDcpIndexFile).string(), ck::to_json(ix));
+  const std::string metadata = ck::dcp_metadata_bytes(md);
+  ck::AtomicFile commit((dir / ck::kDcpMetadataFile).string());
+  commit.write(metadata.data(), metadata.size());
   fault_point("sharded-before-index", 0);
-  index.commit();
+  commit.commit();
   fault_point("sharded-after-index", 0);
-  static const std::regex stale("data-.*\\.bin|data-.*\\.bin\\.tmp-.*|index\\.json\\.tmp-.*");
+  static const std::regex stale(
+      "data-.*\\.bin(\\.tmp-.*)?|index\\.json(\\.tmp-.*)?|__.*\\.distcp(\\.tmp-.*)?|"
+      "(\\.metadata|fsdp_index\\.json|meta\\.pt)\\.tmp-.*");
   for (const auto& f : fs::directory_iterator(path)) {
     const std::string name = f.path().filename().string();
     if (std::regex_match(name, stale) && std::find(ix.files.begin(), ix.files.end(), name) == ix.files.end()) {
@@ -180,7 +245,12 @@ void commit_index(const std::string& path, const ck::Index& ix) {
 void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
   Failure failed;
   const auto written = gather_outcomes(group, ck::encode_pieces(job.written), job.write_failure, failed);
-  if (group.rank() == 0 && failed.empty()) failed = capture([&] { commit_index(job.path, index_of(job, written)); });
+  if (group.rank() == 0 && failed.empty()) {
+    failed = capture([&] {
+      const ck::Index ix = index_of(job, written);
+      commit_index(job.path, ix, metadata_of(job, ix, written));
+    });
+  }
   failed = failure_from(group, 0, failed);
   if (failed.empty()) return;
   std::error_code ec;
@@ -189,6 +259,28 @@ void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
 }
 
 }  // namespace
+
+void copy_to_sharded(const Source& src, const std::string& path) {
+  fs::create_directories(path);
+  ShardedJob job;
+  job.path = path;
+  job.save_id = ck::new_save_id();
+  job.file_name = data_file_name(job.save_id, 0);
+  job.entries = src.ix.entries;
+  {
+    ck::AtomicFile file((fs::path(path) / job.file_name).string());
+    write_bytes_items(job, file);
+    for (const auto& key : src.ix.tensor_order) {  // one tensor in memory at a time
+      const auto& t = src.tensor(key);
+      Piece p = make_piece(key, t.dtype, t.shape, std::vector<int64_t>(t.shape.size(), 0), src.read_whole(key));
+      write_piece(job, file, p);
+    }
+    file.commit();
+  }
+  const std::vector<std::string> written{ck::encode_pieces(job.written)};
+  const ck::Index ix = index_of(job, written);
+  commit_index(path, ix, metadata_of(job, ix, written));
+}
 
 void save_sharded(const std::string& path, const CheckpointState& state,
                   const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,

@@ -1,6 +1,9 @@
-// The tools: inspect, verify, consolidate and export checkpoints (fsdp-ckpt).
+// The tools: inspect, verify, consolidate, convert and export checkpoints (fsdp-ckpt).
+#include <algorithm>
 #include <filesystem>
+#include <tuple>
 
+#include "ckpt_dcp.h"
 #include "ckpt_parts.h"
 #include "fsdp/error.h"
 
@@ -27,6 +30,60 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   }
   return info;
 }
+
+namespace {
+
+bool same_chunks(std::vector<ck::Chunk> a, std::vector<ck::Chunk> b) {
+  auto key = [](const ck::Chunk& c) { return std::tie(c.file, c.offset, c.nbytes, c.offsets, c.sizes, c.crc); };
+  auto less = [&](const ck::Chunk& x, const ck::Chunk& y) { return key(x) < key(y); };
+  std::sort(a.begin(), a.end(), less);
+  std::sort(b.begin(), b.end(), less);
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [&](const auto& x, const auto& y) {
+           return key(x) == key(y);
+         });
+}
+
+// A DCP directory beyond its tensor bytes: every item's other records
+// against the zip's CRC-32s, and fsdp-cpp's index against .metadata (what
+// Python reads).
+void verify_dcp(const detail::Source& src, std::vector<std::string>& problems) {
+  try {
+    const std::string metadata = (fs::path(src.dir) / ck::kDcpMetadataFile).string();
+    const ck::DcpMetadata md = ck::parse_dcp_metadata(ck::read_range(metadata, 0, ck::file_size(metadata)), metadata);
+    for (const auto& it : md.items) {
+      std::vector<ck::DcpStorage> items;
+      if (it.is_bytes) items.push_back(it.bytes);
+      for (const auto& c : it.chunks) items.push_back(c.storage);
+      for (const auto& s : items) {
+        ck::FullReader zip((fs::path(src.dir) / s.file).string(), s.offset, s.length);
+        for (const auto& record : zip.records()) {
+          if (record.rfind("data/", 0) == 0) continue;  // tensor bytes: the chunks' checksums, above
+          const std::string bytes = zip.read(record);
+          if (ck::crc32(bytes.data(), bytes.size()) != zip.record_crc(record)) {
+            problems.push_back("checksum mismatch in " + zip.where() + " (record " + record + " of '" + it.key +
+                               "'): the file is damaged");
+          }
+        }
+      }
+    }
+    const ck::Index built = ck::dcp_index(md, src.dir);
+    if (src.where == metadata) return;  // the index is .metadata's own
+    for (const auto& [key, t] : built.tensors) {
+      auto own = src.ix.tensors.find(key);
+      if (own == src.ix.tensors.end() || !same_chunks(own->second.chunks, t.chunks)) {
+        problems.push_back(std::string(ck::kDcpMetadataFile) + " and " + ck::kDcpIndexFile + " disagree on tensor '" +
+                           key + "'");
+      }
+    }
+    if (built.tensors.size() != src.ix.tensors.size()) {
+      problems.push_back(std::string(ck::kDcpMetadataFile) + " and " + ck::kDcpIndexFile + " list different tensors");
+    }
+  } catch (const std::exception& e) {
+    problems.push_back(e.what());
+  }
+}
+
+}  // namespace
 
 std::vector<std::string> verify_checkpoint(const std::string& path) {
   std::vector<std::string> problems;
@@ -60,20 +117,58 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     }
     int64_t want = static_cast<int64_t>(c10::elementSize(t.dtype));
     for (auto d : t.shape) want *= d;
+    bool overlap = false;
+    for (size_t i = 0; i < t.chunks.size() && !overlap; ++i) {
+      for (size_t j = i + 1; j < t.chunks.size() && !overlap; ++j) {
+        bool meet = true;
+        for (size_t d = 0; d < t.shape.size(); ++d) {
+          const auto &a = t.chunks[i], &b = t.chunks[j];
+          meet &= std::max(a.offsets[d], b.offsets[d]) < std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]);
+        }
+        overlap = meet && t.chunks[i].nbytes > 0 && t.chunks[j].nbytes > 0;
+      }
+    }
+    if (overlap) problems.push_back("tensor '" + key + "': two of its chunks overlap");
     if (covered < want && problems.empty()) problems.push_back("tensor '" + key + "': its chunks do not cover it");
   }
+  if (!src->dir.empty() && ck::file_size((fs::path(path) / ck::kDcpMetadataFile).string()) >= 0) {
+    verify_dcp(*src, problems);
+  }
   return problems;
+}
+
+namespace {
+
+void write_full(const detail::Source& src, const std::string& out_file) {
+  detail::FullFileWriter out(out_file, src.ix.world_size);
+  for (const auto& key : src.ix.tensor_order) out.add(key, src.read_whole(key));  // one tensor in memory at a time
+  out.finish(src.ix.entries);
+  if (!out.error().empty()) {
+    throw Error("consolidate: writing " + out_file + " failed: " + detail::failure_message(out.error()));
+  }
+}
+
+}  // namespace
+
+void convert_checkpoint(const std::string& src_path, const std::string& dst, CheckpointFormat format) {
+  std::error_code ec;
+  const std::string a = fs::weakly_canonical(src_path, ec).string(), b = fs::weakly_canonical(dst, ec).string();
+  if (a == b || b.rfind(a + "/", 0) == 0) {
+    throw ConfigError("convert: the destination " + dst + " is the checkpoint " + src_path +
+                      " or inside it; convert to another path");
+  }
+  auto src = detail::open_source(src_path);
+  if (format == CheckpointFormat::kFull) {
+    write_full(*src, dst);
+  } else {
+    detail::copy_to_sharded(*src, dst);
+  }
 }
 
 void consolidate_checkpoint(const std::string& sharded_dir, const std::string& out_file) {
   auto src = detail::open_source(sharded_dir);
   if (src->full) throw ConfigError("consolidate: " + sharded_dir + " is already a full checkpoint");
-  detail::FullFileWriter out(out_file, src->ix.world_size);
-  for (const auto& key : src->ix.tensor_order) out.add(key, src->read_whole(key));  // one tensor in memory at a time
-  out.finish(src->ix.entries);
-  if (!out.error().empty()) {
-    throw Error("consolidate: writing " + out_file + " failed: " + detail::failure_message(out.error()));
-  }
+  write_full(*src, out_file);
 }
 
 namespace {

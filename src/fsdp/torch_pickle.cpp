@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -30,9 +31,45 @@ std::string quoted(const std::string& s) {
 
 // The globals a pickle may name (see the header); everything else is refused.
 enum class Global { kOrderedDict, kRebuildTensor, kRebuildParameter, kRebuildParameterWithState, kRebuildFromType,
-                    kTensorType, kRestoreTypeTag, kSize, kStorage };
+                    kTensorType, kRestoreTypeTag,
+                    kSize, kStorage,
+                    // Mode::kDcpMetadata only:
+                    kDcpClass,   // a dataclass of DCP's metadata: NEWOBJ + BUILD
+                    kDtype,      // torch.float32, ...: the value itself
+                    kGetLayout,  // torch.serialization._get_layout('torch.strided')
+                    kGetattr,    // builtins.getattr(_MEM_FORMAT_ENCODING, 'TORCH_CONTIGUOUS_FORMAT')
+                    kEnumClass,  // _MEM_FORMAT_ENCODING (only as getattr's object)
+                    kPath };     // pathlib.PosixPath(*parts)
 
-std::optional<Global> accepted_global(const std::string& module, const std::string& name) {
+bool dcp_class(const std::string& module, const std::string& name) {
+  static const char* const metadata[] = {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                         "ChunkStorageMetadata", "TensorProperties", "MetadataIndex", "StorageMeta"};
+  if (module == "torch.distributed.checkpoint.metadata") {
+    return std::find(std::begin(metadata), std::end(metadata), name) != std::end(metadata);
+  }
+  return module == "torch.distributed.checkpoint.filesystem" && name == "_StorageInfo";
+}
+
+std::optional<Global> dcp_global(const std::string& module, const std::string& name) {
+  if (dcp_class(module, name)) return Global::kDcpClass;
+  if (module == "torch.distributed.checkpoint.metadata" && name == "_MEM_FORMAT_ENCODING") return Global::kEnumClass;
+  if (module == "torch.serialization" && name == "_get_layout") return Global::kGetLayout;
+  if (module == "builtins" && name == "getattr") return Global::kGetattr;
+  if (module == "pathlib" && (name == "PosixPath" || name == "PurePosixPath")) return Global::kPath;
+  if (module == "torch") {
+    try {
+      ckpt::parse_dtype(name, "");
+      return Global::kDtype;
+    } catch (const std::exception&) {
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Global> accepted_global(const std::string& module, const std::string& name, Mode mode) {
+  if (mode == Mode::kDcpMetadata) {
+    if (auto g = dcp_global(module, name)) return g;
+  }
   if (module == "collections" && name == "OrderedDict") return Global::kOrderedDict;
   if (module == "torch._utils" && name == "_rebuild_tensor_v2") return Global::kRebuildTensor;
   if (module == "torch._utils" && name == "_rebuild_parameter") return Global::kRebuildParameter;
@@ -78,13 +115,21 @@ std::string describe(const Value& v) {
     case K::kTensor: return "a tensor";
     case K::kStorage: return "a storage";
     case K::kGlobal: return "the Python global " + v.text;
+    case K::kObject: return "a " + v.text.substr(v.text.rfind('.') + 1) + " object";
   }
   return "a value";
 }
 
+const Value* Value::get(const std::string& key) const {
+  if (kind != Kind::kDict) return nullptr;
+  auto it = index.find("s" + key);
+  return it == index.end() ? nullptr : entries[it->second].second;
+}
+
 class Parser {
  public:
-  Parser(const std::string& bytes, const std::string& where, Pickle& out) : in_(bytes), where_(where), out_(out) {}
+  Parser(const std::string& bytes, const std::string& where, Mode mode, Pickle& out)
+      : in_(bytes), where_(where), mode_(mode), out_(out) {}
 
   void run() {
     while (true) {
@@ -101,6 +146,7 @@ class Parser {
  private:
   const std::string& in_;
   const std::string& where_;
+  const Mode mode_;
   Pickle& out_;
   size_t pos_ = 0, op_at_ = 0;
   std::vector<Value*> stack_;
@@ -173,7 +219,7 @@ class Parser {
     return t;
   }
 
-  Value* expect(Value* v, Value::Kind kind, const char* what) {
+  Value* expect(Value* v, Value::Kind kind, const std::string& what) {
     if (v->kind != kind) fail("has " + describe(*v) + " where " + what + " belongs");
     return v;
   }
@@ -182,6 +228,7 @@ class Parser {
     if (k.kind == Value::Kind::kString) return "s" + k.text;
     if (k.kind == Value::Kind::kInt) return std::string(1, 'i').append(std::to_string(k.integer));
     if (k.kind == Value::Kind::kBool) return k.boolean ? "i1" : "i0";  // True == 1 in Python
+    if (k.kind == Value::Kind::kObject) return "o" + std::to_string(reinterpret_cast<uintptr_t>(&k));  // by identity
     return "";
   }
   void set_item(Value* dict, Value* key, Value* value) {
@@ -209,7 +256,7 @@ class Parser {
   }
 
   void global(const std::string& module, const std::string& name) {
-    if (!accepted_global(module, name)) {
+    if (!accepted_global(module, name, mode_)) {
       fail("names the Python global " + module + "." + name +
            ", which fsdp-cpp does not load (it reads tensors, numbers, strings and containers, as "
            "torch.load(weights_only=True) does)");
@@ -230,7 +277,9 @@ class Parser {
     if (callable->kind != Value::Kind::kGlobal) fail("calls " + describe(*callable) + ", not an accepted global");
     if (args->kind != Value::Kind::kTuple) fail("calls " + callable->text + " with " + describe(*args) + ", not a tuple");
     const auto dot = callable->text.rfind('.');
-    const Global g = *accepted_global(callable->text.substr(0, dot), callable->text.substr(dot + 1));
+    const auto accepted = accepted_global(callable->text.substr(0, dot), callable->text.substr(dot + 1), mode_);
+    if (!accepted) fail("calls " + callable->text);
+    const Global g = *accepted;
     auto& a = args->items;
     auto arity = [&](size_t lo, size_t hi) {
       if (a.size() < lo || a.size() > hi) {
@@ -259,7 +308,7 @@ class Parser {
         arity(4, 4);
         expect(a[1], Value::Kind::kGlobal, "a tensor type");
         const auto d = a[1]->text.rfind('.');
-        if (*accepted_global(a[1]->text.substr(0, d), a[1]->text.substr(d + 1)) != Global::kTensorType) {
+        if (*accepted_global(a[1]->text.substr(0, d), a[1]->text.substr(d + 1), mode_) != Global::kTensorType) {
           fail("rebuilds a tensor as " + a[1]->text + ", not torch.Tensor or torch.nn.Parameter");
         }
         Value* rebuilt = reduce(expect(a[0], Value::Kind::kGlobal, "a tensor's rebuild function"), a[2]);
@@ -283,6 +332,29 @@ class Parser {
       }
       case Global::kStorage:
         fail("calls the storage class " + callable->text + " (storages come as persistent ids)");
+      case Global::kGetLayout:
+      case Global::kPath: {  // symbolic: the call and its (string) arguments
+        for (Value* x : a) expect(x, Value::Kind::kString, "an argument of " + callable->text);
+        Value* o = make(Value::Kind::kObject);
+        o->text = callable->text;
+        o->args = a;
+        return o;
+      }
+      case Global::kGetattr: {  // an enum member: getattr(<the enum class>, 'NAME')
+        arity(2, 2);
+        Value* cls = expect(a[0], Value::Kind::kGlobal, "getattr's object");
+        const auto dot2 = cls->text.rfind('.');
+        if (accepted_global(cls->text.substr(0, dot2), cls->text.substr(dot2 + 1), mode_) != Global::kEnumClass) {
+          fail("calls getattr on " + cls->text + " (only DCP's _MEM_FORMAT_ENCODING is read)");
+        }
+        Value* member = make(Value::Kind::kGlobal);
+        member->text = cls->text + "." + expect(a[1], Value::Kind::kString, "getattr's name")->text;
+        return member;
+      }
+      case Global::kDcpClass:
+      case Global::kDtype:
+      case Global::kEnumClass:
+        break;
     }
     fail("calls " + callable->text);
   }
@@ -419,10 +491,28 @@ class Parser {
         stack_.push_back(reduce(callable, args));
         return;
       }
-      case 'b': {  // BUILD: only a dict's attributes (an OrderedDict's _metadata), which are ignored
+      case 'b': {  // BUILD: a DCP object's state, or a dict's attributes (an OrderedDict's _metadata), ignored
         Value* state = pop();
         Value* obj = top();
+        if (obj->kind == K::kObject && !obj->state) {
+          obj->state = state;
+          return;
+        }
         if (obj->kind != K::kDict) fail("sets the attributes " + describe(*state) + " of " + describe(*obj));
+        return;
+      }
+      case 0x81: {  // NEWOBJ: only DCP's dataclasses (Mode::kDcpMetadata)
+        Value* args = expect(pop(), K::kTuple, "NEWOBJ's arguments");
+        Value* cls = pop();
+        if (cls->kind != K::kGlobal) fail("creates an object of " + describe(*cls));
+        const auto dot = cls->text.rfind('.');
+        if (accepted_global(cls->text.substr(0, dot), cls->text.substr(dot + 1), mode_) != Global::kDcpClass) {
+          fail("creates an object of " + cls->text + ", which fsdp-cpp does not load");
+        }
+        Value* o = make(K::kObject);
+        o->text = cls->text;
+        o->args = args->items;
+        stack_.push_back(o);
         return;
       }
       case 'Q': {  // BINPERSID
@@ -455,9 +545,9 @@ class Parser {
   }
 };
 
-Pickle parse(const std::string& bytes, const std::string& where) {
+Pickle parse(const std::string& bytes, const std::string& where, Mode mode) {
   Pickle p;
-  Parser(bytes, where, p).run();
+  Parser(bytes, where, mode, p).run();
   return p;
 }
 

@@ -16,6 +16,15 @@
 // dict's _metadata, are ignored); torch.Size; LibTorch's
 // torch.jit._pickle.restore_type_tag. Any other global (a Python class or
 // function) is refused by name, before anything runs.
+//
+// Mode::kDcpMetadata (a torch.distributed.checkpoint `.metadata`, which
+// Python reads with plain pickle.load) accepts besides exactly DCP's metadata
+// globals (docs/python-formats.md §2): the dataclasses of
+// torch.distributed.checkpoint.metadata and filesystem._StorageInfo, dtypes
+// (torch.float32, ...), torch.serialization._get_layout,
+// builtins.getattr of _MEM_FORMAT_ENCODING and pathlib.PosixPath. They become
+// symbolic values (Kind::kObject: the class and its NEWOBJ/BUILD state;
+// Kind::kGlobal: a dtype or an enum member by name); nothing is executed.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -50,7 +59,7 @@ struct TensorRef {
 };
 
 struct Value {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTuple, kList, kDict, kTensor, kStorage, kGlobal };
+  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTuple, kList, kDict, kTensor, kStorage, kGlobal, kObject };
   Kind kind = Kind::kNone;
   bool boolean = false;
   int64_t integer = 0;
@@ -60,7 +69,14 @@ struct Value {
   std::vector<std::pair<Value*, Value*>> entries;        // dict, in insertion order
   std::unordered_map<std::string, size_t> index;         // dict: "s" + a string key, "i" + an int key -> entry
   TensorRef tensor;                                      // tensor, storage
+  Value* state = nullptr;                                // object: its BUILD state (null: none)
+  std::vector<Value*> args;                              // object: its NEWOBJ / REDUCE arguments
+
+  // dict: the value at a string key (null if absent or not a dict).
+  const Value* get(const std::string& key) const;
 };
+
+enum class Mode { kTorchLoad, kDcpMetadata };
 
 // "None", "a dict", "a tensor", "the string 'x'", ... for error messages.
 std::string describe(const Value& v);
@@ -72,15 +88,16 @@ class Pickle {
   const Value& root() const { return *root_; }
 
  private:
-  friend Pickle parse(const std::string& bytes, const std::string& where);
+  friend Pickle parse(const std::string& bytes, const std::string& where, Mode mode);
   friend class Parser;
   std::deque<Value> values_;
   Value* root_ = nullptr;
 };
 
-// Parses `bytes` (a data.pkl). ConfigError naming `where` and the byte
-// offset for anything malformed or not accepted (above).
-Pickle parse(const std::string& bytes, const std::string& where);
+// Parses `bytes` (a data.pkl; with kDcpMetadata a DCP .metadata).
+// ConfigError naming `where` and the byte offset for anything malformed or
+// not accepted (above).
+Pickle parse(const std::string& bytes, const std::string& where, Mode mode = Mode::kTorchLoad);
 
 // ConfigError if `zip` records that it was written big-endian (tensor
 // bytes are read as little-endian). Call it once per file.

@@ -8,7 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <tuple>
 
+#include <nlohmann/json.hpp>
+
+#include "../../src/fsdp/ckpt_dcp.h"
 #include "../../src/fsdp/ckpt_format.h"
 #include "../support/errors.h"
 #include "../support/subprocess.h"
@@ -165,11 +169,20 @@ TEST(Checkpoint, HybridAndNoShardSaveEachPieceOnce) {
     auto info = inspect_checkpoint(path);
     int64_t bytes = 0;
     for (const auto& t : info.tensors) bytes += t.nbytes;
-    int64_t data = 0;
+    // Every byte of the data files is an item .metadata names, and the
+    // items hold exactly the tensors' bytes plus one zip each.
+    int64_t data = 0, items = 0, nitems = 0;
     for (const auto& f : fs::directory_iterator(path)) {
-      if (f.path().filename().string().rfind("data-", 0) == 0) data += static_cast<int64_t>(fs::file_size(f.path()));
+      if (f.path().extension() == ".distcp") data += static_cast<int64_t>(fs::file_size(f.path()));
     }
-    EXPECT_EQ(data, bytes) << to_string(s);
+    const auto md = fsdp::detail::ckpt::parse_dcp_metadata(fsdp::detail::ckpt::read_range(path + "/.metadata", 0, fsdp::detail::ckpt::file_size(path + "/.metadata")), ".metadata");
+    for (const auto& it : md.items) {
+      for (const auto& c : it.chunks) items += c.storage.length, ++nitems;
+      if (it.is_bytes) items += it.bytes.length;
+    }
+    EXPECT_EQ(data, items) << to_string(s);
+    EXPECT_GT(items, bytes);
+    EXPECT_LT(items, bytes + nitems * 2048 + 64 * 1024) << to_string(s);  // a zip is ~1.3 KiB
     int64_t model_bytes = 0;
     for (const auto& [k, t] : want) {
       if (k.rfind("optim/", 0) != 0) model_bytes += t.numel() * t.element_size();
@@ -390,9 +403,15 @@ void write_all(const std::string& p, const std::string& s) {
 std::string first_data_file(const std::string& dir) {
   for (const auto& f : fs::directory_iterator(dir)) {
     const auto name = f.path().filename().string();
-    if (name.rfind("data-", 0) == 0 && fs::file_size(f.path()) > 0) return f.path().string();
+    if (f.path().extension() == ".distcp" && fs::file_size(f.path()) > 0) return f.path().string();
   }
   return "";
+}
+// The data file and offset of the first tensor chunk's raw bytes (fsdp_index.json).
+std::pair<std::string, int64_t> first_chunk(const std::string& dir) {
+  const auto ix = nlohmann::json::parse(read_all(dir + "/fsdp_index.json"));
+  const auto& c = ix["tensors"].begin().value()["chunks"][0];
+  return {dir + "/" + c["file"].get<std::string>(), c["offset"].get<int64_t>()};
 }
 void replace_in(const std::string& file, const std::string& from, const std::string& to) {
   std::string s = read_all(file);
@@ -412,11 +431,11 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
     fs::copy(good, p, fs::copy_options::recursive);
     return p;
   };
-  {  // a flipped byte
+  {  // a flipped byte in a tensor's bytes
     auto p = fresh("flip");
-    auto f = first_data_file(p);
+    auto [f, at] = first_chunk(p);
     std::string s = read_all(f);
-    s[s.size() / 2] = static_cast<char>(s[s.size() / 2] ^ 0x40);
+    s[static_cast<size_t>(at)] = static_cast<char>(s[static_cast<size_t>(at)] ^ 0x40);
     write_all(f, s);
     auto msg = load_error(p);
     EXPECT_NE(msg.find("checksum mismatch in " + f), std::string::npos) << msg;
@@ -438,45 +457,88 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
     EXPECT_NE(msg.find("a data file of the checkpoint is missing"), std::string::npos) << msg;
     EXPECT_NE(verify_checkpoint(p).front().find("missing data file"), std::string::npos);
   }
+  {  // a flipped byte in a bytes item's pickle: the load takes the index's values, verify checks every record
+    auto p = fresh("flip-pickle");
+    namespace ck = fsdp::detail::ckpt;
+    const auto md = ck::parse_dcp_metadata(ck::read_range(p + "/.metadata", 0, ck::file_size(p + "/.metadata")), "md");
+    const ck::DcpStorage* item = nullptr;
+    for (const auto& it : md.items) {
+      if (it.is_bytes && !item) item = &it.bytes;
+    }
+    ASSERT_TRUE(item);
+    const std::string f = p + "/" + item->file;
+    const int64_t at = item->offset + ck::FullReader(f, item->offset, item->length).record_offset("data.pkl") + 2;
+    std::string s = read_all(f);
+    s[static_cast<size_t>(at)] = static_cast<char>(s[static_cast<size_t>(at)] ^ 0x01);
+    write_all(f, s);
+    auto problems = verify_checkpoint(p);
+    ASSERT_FALSE(problems.empty());
+    EXPECT_NE(problems.front().find("checksum mismatch in " + f), std::string::npos) << problems.front();
+    EXPECT_NE(problems.front().find("record data.pkl"), std::string::npos) << problems.front();
+  }
   {  // an index pointing outside the directory
     auto p = fresh("escape");
     auto name = fs::path(first_data_file(p)).filename().string();
-    std::string s = read_all(p + "/index.json");
+    std::string s = read_all(p + "/fsdp_index.json");
     size_t at;
     while ((at = s.find("\"" + name + "\"")) != std::string::npos) s.replace(at, name.size() + 2, "\"../../etc/passwd\"");
-    write_all(p + "/index.json", s);
+    write_all(p + "/fsdp_index.json", s);
     auto msg = load_error(p);
     EXPECT_NE(msg.find("is not a plain file name inside the checkpoint"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(p + "/index.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(p + "/fsdp_index.json"), std::string::npos) << msg;
   }
   {  // a version from the future
     auto p = fresh("future");
-    replace_in(p + "/index.json", "\"version\": 1", "\"version\": 7");
+    replace_in(p + "/fsdp_index.json", "\"version\": 1", "\"version\": 7");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("written by a newer fsdp-cpp (format version 7"), std::string::npos) << msg;
   }
   {  // bytes that do not match dtype x shape
     auto p = fresh("bytes");
-    std::string s = read_all(p + "/index.json");
+    std::string s = read_all(p + "/fsdp_index.json");
     const auto at = s.find("\"nbytes\": ");
     const auto end = s.find(',', at);
     s.replace(at, end - at, "\"nbytes\": 3");
-    write_all(p + "/index.json", s);
+    write_all(p + "/fsdp_index.json", s);
     auto msg = load_error(p);
     EXPECT_NE(msg.find("does not match its sizes x dtype"), std::string::npos) << msg;
     EXPECT_NE(msg.find("tensor '"), std::string::npos) << msg;
   }
   {  // garbage index
     auto p = fresh("garbage");
-    write_all(p + "/index.json", "{\"format\": \"fsdp-cpp\", \"version\": [");
+    write_all(p + "/fsdp_index.json", "{\"format\": \"fsdp-cpp\", \"version\": [");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
   }
-  {  // an interrupted save: data files, no index
+  {  // an interrupted save: data files, no .metadata (the commit marker)
     auto p = fresh("interrupted");
-    fs::remove(p + "/index.json");
+    fs::remove(p + "/.metadata");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("incomplete sharded checkpoint"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("no .metadata"), std::string::npos) << msg;
+    EXPECT_FALSE(verify_checkpoint(p).empty());
+  }
+  {  // without fsdp_index.json (as PyTorch writes it): .metadata's index, the zips' CRC-32s
+    auto p = fresh("no-index");
+    fs::remove(p + "/fsdp_index.json");
+    EXPECT_TRUE(verify_checkpoint(p).empty()) << verify_checkpoint(p).front();
+    auto [f, at] = first_chunk(good);
+    f = p + "/" + fs::path(f).filename().string();
+    std::string s = read_all(f);
+    s[static_cast<size_t>(at)] = static_cast<char>(s[static_cast<size_t>(at)] ^ 0x40);
+    write_all(f, s);
+    auto msg = load_error(p);
+    EXPECT_NE(msg.find("checksum mismatch in " + f), std::string::npos) << msg;
+    EXPECT_FALSE(verify_checkpoint(p).empty());
+  }
+  {  // fsdp-cpp's earlier layout (index.json, raw data files, no .metadata) keeps loading
+    auto p = fresh("earlier");
+    fs::rename(p + "/fsdp_index.json", p + "/index.json");
+    fs::remove(p + "/.metadata");
+    fs::remove(p + "/meta.pt");
+    EXPECT_TRUE(load_error(p).empty()) << load_error(p);
+    EXPECT_TRUE(verify_checkpoint(p).empty());
+    EXPECT_EQ(inspect_checkpoint(p).format, CheckpointFormat::kSharded);
   }
 }
 
@@ -545,9 +607,9 @@ TEST(FsdpCkptTool, InspectVerifyConsolidate) {
   });
   expect_equal(named_params(*b), named_params(*a), "consolidated");
   // Damage is reported with exit status 1 and the entry named.
-  std::string f = first_data_file(sharded);
+  auto [f, at] = first_chunk(sharded);
   std::string bytes = read_all(f);
-  bytes[0] = static_cast<char>(bytes[0] ^ 0x10);
+  bytes[static_cast<size_t>(at)] = static_cast<char>(bytes[static_cast<size_t>(at)] ^ 0x10);
   write_all(f, bytes);
   r = run_program({FSDP_CKPT_PATH, "verify", sharded}, std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code(), 1) << r.output;
@@ -556,6 +618,44 @@ TEST(FsdpCkptTool, InspectVerifyConsolidate) {
   r = run_program({FSDP_CKPT_PATH, "inspect", dir.path() + "/nope"}, std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code(), 2) << r.output;
   EXPECT_NE(r.output.find("does not point to a valid checkpoint"), std::string::npos) << r.output;
+}
+
+TEST(FsdpCkptTool, ConvertBetweenFormatsAndLayouts) {
+  TempDir dir;
+  const std::string sharded = dir.path() + "/sharded", earlier = dir.path() + "/earlier";
+  save_small(sharded, CheckpointFormat::kSharded);
+  fs::copy(sharded, earlier, fs::copy_options::recursive);  // fsdp-cpp's earlier layout: index.json, raw data files
+  fs::rename(earlier + "/fsdp_index.json", earlier + "/index.json");
+  fs::remove(earlier + "/.metadata");
+  auto want = make_net(1);
+  run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(sharded, want, pg); });
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {sharded, dir.path() + "/to_full.pt", "full"},
+      {sharded, dir.path() + "/to_sharded", "sharded"},
+      {dir.path() + "/to_full.pt", dir.path() + "/full_to_sharded", "sharded"},
+      {earlier, dir.path() + "/earlier_to_dcp", "sharded"}};
+  for (const auto& c : cases) {
+    const std::string src = std::get<0>(c), dst = std::get<1>(c), format = std::get<2>(c);  // (lambdas capture them)
+    auto r = run_program({FSDP_CKPT_PATH, "convert", src, dst, "--format", format}, std::chrono::seconds(60));
+    ASSERT_EQ(r.exit_code(), 0) << r.output;
+    EXPECT_EQ(inspect_checkpoint(dst).format, format == "full" ? CheckpointFormat::kFull : CheckpointFormat::kSharded);
+    EXPECT_TRUE(verify_checkpoint(dst).empty()) << dst << ": " << verify_checkpoint(dst).front();
+    EXPECT_EQ(fs::exists(dst + "/.metadata"), format == "sharded") << dst;
+    auto got = make_net(2);
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      Trainer t(pg, Opt::kSgd, 2);
+      CheckpointState s = state_of(t);
+      s.value("step", int64_t{0});
+      load_checkpoint(dst, s, pg);  // model, optimizer and values
+      EXPECT_EQ(s.get<int64_t>("step"), 5);
+    });
+    run_ranks(1, [&](dist::ProcessGroup& pg) { load_checkpoint(dst, got, pg); });
+    expect_equal(named_params(*got), named_params(*want), dst);
+  }
+  auto r = run_program({FSDP_CKPT_PATH, "convert", sharded, sharded + "/inner", "--format", "sharded"},
+                       std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code(), 2) << r.output;
+  EXPECT_NE(r.output.find("or inside it"), std::string::npos) << r.output;
 }
 
 // An index as fsdp-cpp has always written it (docs/checkpoint-format.md)
@@ -704,3 +804,58 @@ TEST(CheckpointIndex, PiecesRoundTripAndBadOnesAreNamed) {
 }
 
 }  // namespace
+
+// DCP's .metadata as fsdp-cpp writes it reads back into the same records
+// (tensors with their chunks and items, bytes items, int path elements, the
+// save id), and the unpickler's DCP mode accepts only DCP's classes.
+TEST(DcpMetadata, RoundTripsAndRefusesOtherGlobals) {
+  namespace ck = fsdp::detail::ckpt;
+  ck::DcpMetadata md;
+  md.save_id = "abc-1";
+  ck::DcpItem t;
+  t.key = "model.w";
+  t.path = {"model", "w"};
+  t.path_is_int = {false, false};
+  t.dtype = at::kBFloat16;
+  t.shape = {5, 4};
+  t.chunks = {{{0, 0}, {3, 4}, {"__0_x.distcp", 1261, 1577}}, {{3, 0}, {2, 4}, {"__1_x.distcp", 0, int64_t{1} << 33}}};
+  ck::DcpItem b;
+  b.key = "optimizer.param_groups.0.lr";
+  b.path = {"optimizer", "param_groups", "0", "lr"};
+  b.path_is_int = {false, false, true, false};
+  b.is_bytes = true;
+  b.bytes = {"__0_x.distcp", 0, 1261};
+  md.items = {t, b};
+  const ck::DcpMetadata back = ck::parse_dcp_metadata(ck::dcp_metadata_bytes(md), "md");
+  EXPECT_EQ(back.save_id, "abc-1");
+  ASSERT_EQ(back.items.size(), 2u);
+  EXPECT_EQ(back.items[0].key, "model.w");
+  EXPECT_EQ(back.items[0].dtype, at::kBFloat16);
+  EXPECT_EQ(back.items[0].shape, t.shape);
+  ASSERT_EQ(back.items[0].chunks.size(), 2u);
+  EXPECT_EQ(back.items[0].chunks[1].offsets, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(back.items[0].chunks[1].storage.file, "__1_x.distcp");
+  EXPECT_EQ(back.items[0].chunks[1].storage.length, int64_t{1} << 33);
+  EXPECT_TRUE(back.items[1].is_bytes);
+  EXPECT_EQ(back.items[1].path, b.path);
+  EXPECT_EQ(back.items[1].path_is_int, b.path_is_int);
+  EXPECT_EQ(back.items[1].bytes.offset, 0);
+  auto refused = [](const std::string& pkl, const std::string& text) {
+    try {
+      ck::parse_dcp_metadata(pkl, "md");
+      ADD_FAILURE() << "accepted, expected: " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  const std::string ls("X\x02\x00\x00\x00ls", 7), x("X\x01\x00\x00\x00x", 6);
+  refused("\x80\x02" "cos\nsystem\n" + ls + "\x85R.", "the Python global os.system");
+  refused("\x80\x02" "cbuiltins\ngetattr\n" "cos\npath\n" + x + "\x86R.", "the Python global os.path");
+  refused("\x80\x02}.", "expected a Metadata object");
+  // A data file name outside the directory is refused.
+  const std::string good = ck::dcp_metadata_bytes(md);
+  const auto at = good.find("relative_path");
+  std::string escaped = good;
+  escaped.replace(good.find("__0_x.distcp", at), 12, "../x.distcp_");
+  refused(escaped, "is not a plain name inside the directory");
+}

@@ -7,6 +7,8 @@
 //                      that reads module state dicts written by Python)
 //   FSDP_FUZZ_SAFETENSORS  a safetensors file (its header's parser, every
 //                      tensor read from it, and load_checkpoint(path, module))
+//   FSDP_FUZZ_DCP      a DCP directory's .metadata (the unpickler's DCP mode and
+//                      the typed records built from it)
 // Full and sharded inputs are inspected, verified and loaded into a small
 // model and optimizer, and into the model alone (a full input without
 // fsdp-cpp's index is read as a module state dict, torch.save's). An fsdp::Error (ConfigError or Error: the refusal of
@@ -25,6 +27,7 @@
 #include <iostream>
 #include <string>
 
+#include "../../src/fsdp/ckpt_dcp.h"
 #include "../../src/fsdp/ckpt_format.h"
 #include "../../src/fsdp/ckpt_safetensors.h"
 #include "../../src/fsdp/torch_pickle.h"
@@ -175,7 +178,9 @@ void write_seeds(const fs::path& seeds) {
     const fs::path path = tmp / (full ? "ckpt.pt" : "ckpt");
     fsdp::save_checkpoint(path.string(), state_of(w), *w.group, o);
 #if defined(FSDP_FUZZ_INDEX)
-    if (!full) write_file(seeds / "index.json", read_file(path / "index.json"));
+    if (!full) write_file(seeds / "index.json", read_file(path / "fsdp_index.json"));
+#elif defined(FSDP_FUZZ_DCP)
+    if (!full) write_file(seeds / "metadata", read_file(path / ".metadata"));
 #elif defined(FSDP_FUZZ_FULL)
     if (full) write_file(seeds / "ckpt.pt", read_file(path));
     if (full) write_file(seeds / "raw.pt", raw_state_dict(w));
@@ -236,6 +241,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fsdp::detail::pickle::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz/data.pkl");
   } catch (const fsdp::Error&) {
   }
+#elif defined(FSDP_FUZZ_DCP)
+  (void)w;
+  try {
+    fsdp::detail::ckpt::parse_dcp_metadata(std::string(reinterpret_cast<const char*>(data), size), "fuzz/.metadata");
+  } catch (const fsdp::Error&) {
+  }
 #elif defined(FSDP_FUZZ_SHARDED)
   const fs::path dir = w.scratch / "input";
   fs::remove_all(dir);
@@ -257,7 +268,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const fsdp::Error&) {
   }
 #else
-#error "define FSDP_FUZZ_INDEX, FSDP_FUZZ_FULL, FSDP_FUZZ_SHARDED, FSDP_FUZZ_PICKLE or FSDP_FUZZ_SAFETENSORS"
+#error "define FSDP_FUZZ_INDEX, FSDP_FUZZ_FULL, FSDP_FUZZ_SHARDED, FSDP_FUZZ_PICKLE, FSDP_FUZZ_SAFETENSORS or FSDP_FUZZ_DCP"
 #endif
   return 0;
 }

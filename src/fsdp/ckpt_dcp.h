@@ -1,0 +1,101 @@
+// src/fsdp/ckpt_dcp.h — torch.distributed.checkpoint (DCP) directories
+// (docs/checkpoint-format.md, docs/python-formats.md §1-§3): their
+// `.metadata` parsed into typed records, and the index of chunks built from
+// it, so that the loader, verify and consolidate read a DCP checkpoint as
+// they read fsdp-cpp's own. Private to the checkpoint_files module.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt_format.h"
+
+namespace fsdp::detail::ckpt {
+
+constexpr const char* kDcpMetadataFile = ".metadata";  // DCP's commit marker
+constexpr const char* kLightningMetaFile = "meta.pt";   // Lightning's values (torch.save of a dict)
+constexpr const char* kDcpIndexFile = "fsdp_index.json";  // fsdp-cpp's index of a DCP save (its CRC-32s)
+
+// Where an item's bytes are: _StorageInfo(relative_path, offset, length).
+struct DcpStorage {
+  std::string file;
+  int64_t offset = 0, length = 0;
+};
+
+// One flattened key of the checkpoint: a tensor (with its chunks) or a
+// bytes item (a torch.save'd Python value).
+struct DcpItem {
+  std::string key;                // "model.emb.weight", "optimizer.param_groups.0.lr", ...
+  std::vector<std::string> path;  // planner_data: ("optimizer", "param_groups", "0", "lr")
+  std::vector<bool> path_is_int;  // per element of path: an int in Python (a list index)
+  bool is_bytes = false;
+  at::ScalarType dtype = at::kFloat;  // tensor
+  std::vector<int64_t> shape;         // tensor
+  struct Piece {
+    std::vector<int64_t> offsets, sizes;
+    DcpStorage storage;
+  };
+  std::vector<Piece> chunks;  // tensor
+  DcpStorage bytes;           // bytes item
+};
+
+struct DcpMetadata {
+  std::vector<DcpItem> items;  // in the metadata's order
+  std::string save_id;         // storage_meta.save_id ("" if none)
+};
+
+// Parses a `.metadata` (any pickle protocol 2-5; only DCP's classes, nothing
+// run) and checks it: sizes, chunk boxes inside shapes, a storage entry for
+// every chunk and bytes item, plain file names. ConfigError naming `where`.
+DcpMetadata parse_dcp_metadata(const std::string& bytes, const std::string& where);
+
+// The index of the DCP checkpoint in `dir` described by `md`: each chunk's
+// raw tensor bytes located inside its item (a torch.save zip) with the
+// zip's CRC-32; bytes items and `meta.pt` (Lightning) unpickled into
+// entries: model state dicts, optimizers (`<name>.state.<param>.<field>`
+// tensors, `<name>.param_groups.<i>.<option>` values), values. Reads each
+// item's zip directory and pickle (small), not the tensor data.
+// ConfigError naming the file and item otherwise.
+Index dcp_index(const DcpMetadata& md, const std::string& dir);
+
+// ---- Writing ----
+
+// An item appended to a data file: where it is, and where its storage
+// record data/0 (a tensor item's raw bytes) starts, in bytes into the file.
+struct WrittenItem {
+  DcpStorage storage;
+  int64_t data_offset = -1;
+};
+
+// Appends to `file` (named `file_name` in the directory) a standalone
+// torch.save archive, as DCP's items are: records data.pkl (`pkl`),
+// .format_version, .storage_alignment, byteorder and, with `data`, data/0
+// holding `n` bytes (stored, 64-byte aligned). Errors as AtomicFile's.
+WrittenItem write_dcp_item(AtomicFile& file, const std::string& file_name, const std::string& pkl, const void* data,
+                           int64_t n);
+
+// The `.metadata` of `md`: a protocol-2 pickle of DCP's Metadata that
+// Python's pickle.load reads (docs/python-formats.md §2): every item with its
+// planner_data path, every chunk's and bytes item's _StorageInfo,
+// storage_meta with md.save_id, version "1.0.0". parse_dcp_metadata reads it
+// back.
+std::string dcp_metadata_bytes(const DcpMetadata& md);
+
+// The DCP key and planner path of a tensor of the index ("<entry>/<key>"
+// of a model or optimizer, "<name>" of a tensor value), in the layout of
+// PyTorch's get_state_dict: "<model>.<key>", "<optimizer>.state.<param>.<field>",
+// "<name>".
+void set_dcp_key(const std::vector<EntryRecord>& entries, const std::string& tensor_key, DcpItem& item);
+
+// The bytes items of `entries`, each with its pickle (what torch.save writes
+// as data.pkl): scalar values ("<name>", a dotted name nested as
+// "a.b" -> ("a", "b")), and every optimizer's parameter groups
+// ("<optimizer>.param_groups.<i>.<option>", betas as a tuple, flags as bools,
+// params as the list of names).
+std::vector<std::pair<DcpItem, std::string>> dcp_bytes_items(const std::vector<EntryRecord>& entries);
+
+// Lightning's meta.pt pickle: the scalar values as a dict, dotted names nested.
+std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries);
+
+}  // namespace fsdp::detail::ckpt
