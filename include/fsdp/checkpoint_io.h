@@ -219,7 +219,7 @@ void export_safetensors(const std::string& path, const std::string& out_file);
 // sharded layout, or a DCP directory PyTorch or Lightning wrote) as a
 // checkpoint of `format` at `dst`, one tensor in memory at a time (sharded:
 // a DCP directory whose tensors are one chunk each). ConfigError if `dst` is
-// `src` or inside it.
+// `src` or inside it (symbolic links resolved), as export_safetensors does.
 void convert_checkpoint(const std::string& src, const std::string& dst, CheckpointFormat format);
 
 }  // namespace fsdp

@@ -139,6 +139,21 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
 
 namespace {
 
+// ConfigError if `out` is `in` or inside it (symbolic links resolved).
+void refuse_inside(const std::string& in, const std::string& out, const char* caller) {
+  std::error_code ec, ec2;
+  const fs::path a = fs::weakly_canonical(in, ec), b = fs::weakly_canonical(out, ec2);
+  if (ec || ec2)
+    throw ConfigError(std::string(caller) + ": cannot resolve " + in + " or " + out + ": " + (ec ? ec : ec2).message());
+  for (fs::path p = b; !p.empty(); p = p.parent_path()) {
+    if (p == a) {
+      throw ConfigError(std::string(caller) + ": the output " + out +
+                        (p == b ? " is the checkpoint " : " is inside the checkpoint ") + in + "; write it elsewhere");
+    }
+    if (p == p.parent_path()) break;
+  }
+}
+
 void write_full(const detail::Source& src, const std::string& out_file) {
   detail::FullFileWriter out(out_file, src.ix.world_size);
   for (const auto& key : src.ix.tensor_order) out.add(key, src.read_whole(key));  // one tensor in memory at a time
@@ -151,12 +166,7 @@ void write_full(const detail::Source& src, const std::string& out_file) {
 }  // namespace
 
 void convert_checkpoint(const std::string& src_path, const std::string& dst, CheckpointFormat format) {
-  std::error_code ec;
-  const std::string a = fs::weakly_canonical(src_path, ec).string(), b = fs::weakly_canonical(dst, ec).string();
-  if (a == b || b.rfind(a + "/", 0) == 0) {
-    throw ConfigError("convert: the destination " + dst + " is the checkpoint " + src_path +
-                      " or inside it; convert to another path");
-  }
+  refuse_inside(src_path, dst, "convert");
   auto src = detail::open_source(src_path);
   if (format == CheckpointFormat::kFull) {
     write_full(*src, dst);
@@ -171,29 +181,13 @@ void consolidate_checkpoint(const std::string& sharded_dir, const std::string& o
   write_full(*src, out_file);
 }
 
-namespace {
-
-// ConfigError if `out` is `in` or inside it (symbolic links resolved).
-void refuse_inside(const std::string& in, const std::string& out, const char* caller) {
-  std::error_code ec, ec2;
-  const fs::path a = fs::weakly_canonical(in, ec), b = fs::weakly_canonical(out, ec2);
-  if (ec || ec2)
-    throw ConfigError(std::string(caller) + ": cannot resolve " + in + " or " + out + ": " + (ec ? ec : ec2).message());
-  for (fs::path p = b; !p.empty(); p = p.parent_path()) {
-    if (p == a) {
-      throw ConfigError(std::string(caller) + ": the output " + out +
-                        (p == b ? " is the checkpoint " : " is inside the checkpoint ") + in + "; write it elsewhere");
-    }
-    if (p == p.parent_path()) break;
-  }
-  if (fs::is_directory(out, ec))
-    throw ConfigError(std::string(caller) + ": the output " + out + " is a directory; give a file name");
-}
-
-}  // namespace
 
 void export_safetensors(const std::string& path, const std::string& out_file) {
   refuse_inside(path, out_file, "export");
+  std::error_code ec;
+  if (fs::is_directory(out_file, ec)) {
+    throw ConfigError("export: the output " + out_file + " is a directory; give a file name");
+  }
   auto src = detail::open_source(path);
   const ck::EntryRecord& model = src->the_model("export");
   std::vector<ck::SafetensorsTensor> plan;

@@ -655,7 +655,7 @@ TEST(FsdpCkptTool, ConvertBetweenFormatsAndLayouts) {
   auto r = run_program({FSDP_CKPT_PATH, "convert", sharded, sharded + "/inner", "--format", "sharded"},
                        std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code(), 2) << r.output;
-  EXPECT_NE(r.output.find("or inside it"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is inside the checkpoint"), std::string::npos) << r.output;
 }
 
 // An index as fsdp-cpp has always written it (docs/checkpoint-format.md)
