@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,10 +69,21 @@ struct WrittenItem {
   int64_t data_offset = -1;
 };
 
+// A data record's bytes.
+struct RecordBytes {
+  const void* data;
+  int64_t n;
+};
+
 // Appends to `file` (named `file_name` in the directory) a standalone
-// torch.save archive, as DCP's items are: records data.pkl (`pkl`),
-// .format_version, .storage_alignment, byteorder and, with `data`, data/0
-// holding `n` bytes (stored, 64-byte aligned). Errors as AtomicFile's.
+// torch.save archive: records data.pkl (`pkl`), .format_version,
+// .storage_alignment, byteorder and data/0, data/1, ... holding `records`
+// (stored, 64-byte aligned). data_offset: where data/0 starts (-1 without
+// records). Errors as AtomicFile's.
+WrittenItem write_torch_save(AtomicFile& file, const std::string& file_name, const std::string& pkl,
+                             const std::vector<RecordBytes>& records);
+
+// A DCP item, as write_torch_save: with `data`, one record data/0 of `n` bytes.
 WrittenItem write_dcp_item(AtomicFile& file, const std::string& file_name, const std::string& pkl, const void* data,
                            int64_t n);
 
@@ -95,7 +107,13 @@ void set_dcp_key(const std::vector<EntryRecord>& entries, const std::string& ten
 // params as the list of names).
 std::vector<std::pair<DcpItem, std::string>> dcp_bytes_items(const std::vector<EntryRecord>& entries);
 
-// Lightning's meta.pt pickle: the scalar values as a dict, dotted names nested.
-std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries);
+// Lightning's meta.pt pickle: the values as a dict, dotted names nested
+// (Lightning's fabric.load reads every value that is not a model or an
+// optimizer from it). Tensor values are those of `tensors` (by name; a
+// tensor value missing there is left out): each references the record
+// data/<i> of its position in `records`, which this fills with their CPU,
+// contiguous copies for write_torch_save.
+std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries,
+                                  const std::map<std::string, at::Tensor>& tensors, std::vector<at::Tensor>& records);
 
 }  // namespace fsdp::detail::ckpt

@@ -193,6 +193,35 @@ std::string join(const std::vector<std::string>& parts, size_t from) {
   return s;
 }
 
+// A tensor's raw bytes inside a torch.save zip (`zip`, which lies at
+// `storage` in the directory): the tensor is its whole storage, contiguous,
+// of `sizes`, in record data/<key>; the chunk covers the box at `offsets`.
+Chunk chunk_in(const FullReader& zip, const pickle::TensorRef& t, const DcpStorage& storage,
+               const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes, const std::string& at) {
+  if (t.sizes != sizes) bad(at, "holds a tensor whose size differs from its chunk's");
+  int64_t stride = 1;
+  for (size_t d = t.sizes.size(); d-- > 0;) {
+    if (t.sizes[d] != 1 && t.strides[d] != stride) bad(at, "holds a non-contiguous tensor (fsdp-cpp reads DCP's contiguous items)");
+    stride *= t.sizes[d];
+  }
+  const int64_t numel = stride;
+  if (t.offset != 0 || t.storage_numel != numel) {
+    bad(at, "holds a view of a larger storage (fsdp-cpp reads items whose tensor is its whole storage, as DCP writes them)");
+  }
+  const std::string record = "data/" + t.storage;
+  if (t.storage.empty() || t.storage.find('/') != std::string::npos || !zip.has(record)) bad(at, "has no record " + record);
+  Chunk c;
+  c.file = storage.file;
+  c.nbytes = numel * static_cast<int64_t>(c10::elementSize(t.dtype));
+  const int64_t rec = zip.record_offset(record);
+  if (rec < 0 || rec > storage.length || c.nbytes > storage.length - rec) bad(at, "its data record lies outside the item");
+  c.offset = storage.offset + rec;
+  c.offsets = offsets;
+  c.sizes = sizes;
+  c.crc = zip.record_crc(record);
+  return c;
+}
+
 // A chunk's raw bytes inside its item: a torch.save zip of one tensor that
 // is its whole storage (as DCP writes it), contiguous, of the chunk's size.
 Chunk locate_chunk(const DcpItem& item, const DcpItem::Piece& piece, const std::string& dir) {
@@ -207,28 +236,7 @@ Chunk locate_chunk(const DcpItem& item, const DcpItem::Piece& piece, const std::
     bad(at, std::string("holds a tensor of dtype ") + c10::toString(t.dtype) + ", the metadata says " +
                 c10::toString(item.dtype));
   }
-  if (t.sizes != piece.sizes) bad(at, "holds a tensor whose size differs from its chunk's");
-  int64_t numel = 1, stride = 1;
-  for (size_t d = t.sizes.size(); d-- > 0;) {
-    if (t.sizes[d] != 1 && t.strides[d] != stride) bad(at, "holds a non-contiguous tensor (fsdp-cpp reads DCP's contiguous items)");
-    stride *= t.sizes[d];
-  }
-  numel = stride;
-  if (t.offset != 0 || t.storage_numel != numel) {
-    bad(at, "holds a view of a larger storage (fsdp-cpp reads items whose tensor is its whole storage, as DCP writes them)");
-  }
-  const std::string record = "data/" + t.storage;
-  if (t.storage.empty() || t.storage.find('/') != std::string::npos || !zip.has(record)) bad(at, "has no record " + record);
-  Chunk c;
-  c.file = piece.storage.file;
-  c.nbytes = numel * static_cast<int64_t>(c10::elementSize(t.dtype));
-  const int64_t rec = zip.record_offset(record);
-  if (rec < 0 || rec > piece.storage.length || c.nbytes > piece.storage.length - rec) bad(at, "its data record lies outside the item");
-  c.offset = piece.storage.offset + rec;
-  c.offsets = piece.offsets;
-  c.sizes = piece.sizes;
-  c.crc = zip.record_crc(record);
-  return c;
+  return chunk_in(zip, t, piece.storage, piece.offsets, piece.sizes, at);
 }
 
 // An entry's value from a Python value: int, float, bool, str.
@@ -258,13 +266,18 @@ void set_option(ParamGroup& g, const std::string& name, const Value& v, const st
   }
 }
 
-// Lightning's meta.pt: a torch.save'd dict of values, nested dicts as dotted names.
-void add_meta_values(const Value& v, const std::string& prefix, Index& ix, const std::string& where) {
+// Lightning's meta.pt (`zip`, the file `storage`): a torch.save'd dict of
+// values, nested dicts as dotted names; a tensor value is indexed as one
+// chunk inside meta.pt. Names already in the index (fsdp-cpp writes each
+// value both as a DCP item and here) keep the DCP item.
+void add_meta_values(const Value& v, const std::string& prefix, Index& ix, const FullReader& zip,
+                     const DcpStorage& storage) {
+  const std::string& where = storage.file;
   for (const auto& [k, x] : v.entries) {
     if (k->kind != K::kString) bad(where, "has the key " + pickle::describe(*k) + "; values are named by strings");
     const std::string name = prefix.empty() ? k->text : prefix + "." + k->text;
     if (x->kind == K::kDict) {
-      add_meta_values(*x, name, ix, where);
+      add_meta_values(*x, name, ix, zip, storage);
       continue;
     }
     bool present = false;
@@ -272,7 +285,19 @@ void add_meta_values(const Value& v, const std::string& prefix, Index& ix, const
     if (present) continue;
     EntryRecord e;
     e.name = name;
-    set_value(e, *x, where + ": value '" + name + "'");
+    if (x->kind == K::kTensor) {
+      const pickle::TensorRef& t = x->tensor;
+      TensorEntry te;
+      te.dtype = t.dtype;
+      te.shape = t.sizes;
+      te.chunks.push_back(chunk_in(zip, t, storage, std::vector<int64_t>(t.sizes.size(), 0), t.sizes,
+                                   zip.where() + ": value '" + name + "'"));
+      e.type = EntryType::kTensor;
+      ix.tensor_order.push_back(name);
+      ix.tensors[name] = std::move(te);
+    } else {
+      set_value(e, *x, zip.where() + ": value '" + name + "'");
+    }
     ix.entries.push_back(std::move(e));
   }
 }
@@ -373,11 +398,15 @@ Index dcp_index(const DcpMetadata& md, const std::string& dir) {
   ix.files.assign(files.begin(), files.end());
   ix.world_size = std::max<int>(1, static_cast<int>(ix.files.size()));
   const std::string meta = (fs::path(dir) / kLightningMetaFile).string();
-  if (file_size(meta) >= 0) {
+  const int64_t meta_size = file_size(meta);
+  if (meta_size >= 0) {
     FullReader zip(meta);
+    pickle::check_byte_order(zip);
     const pickle::Pickle p = pickle::parse(zip.read("data.pkl"), meta);
     if (p.root().kind != K::kDict) bad(meta, "holds " + pickle::describe(p.root()) + ", not a dict of values");
-    add_meta_values(p.root(), "", ix, meta);
+    const size_t before = ix.tensors.size();
+    add_meta_values(p.root(), "", ix, zip, DcpStorage{kLightningMetaFile, 0, meta_size});
+    if (ix.tensors.size() > before) ix.files.push_back(kLightningMetaFile);
   }
   return ix;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 #include <functional>
+#include <map>
 
 #include "ckpt_dcp.h"
 #include "fsdp/error.h"
@@ -13,8 +14,8 @@
 
 namespace fsdp::detail::ckpt {
 
-WrittenItem write_dcp_item(AtomicFile& file, const std::string& file_name, const std::string& pkl, const void* data,
-                           int64_t n) {
+WrittenItem write_torch_save(AtomicFile& file, const std::string& file_name, const std::string& pkl,
+                             const std::vector<RecordBytes>& records) {
   WrittenItem out;
   out.storage.file = file_name;
   out.storage.offset = file.size();
@@ -35,17 +36,26 @@ WrittenItem write_dcp_item(AtomicFile& file, const std::string& file_name, const
     zip.writeRecord(".format_version", "1", 1);
     zip.writeRecord(".storage_alignment", "64", 2);
     zip.writeRecord("byteorder", "little", 6);
-    if (data) zip.writeRecord("data/0", data, static_cast<size_t>(n));
+    for (size_t i = 0; i < records.size(); ++i) {
+      zip.writeRecord("data/" + std::to_string(i), records[i].data, static_cast<size_t>(records[i].n));
+    }
     zip.writeEndOfFile();
   }
   if (error) std::rethrow_exception(error);
   out.storage.length = file.size() - out.storage.offset;
-  if (data) {
-    // Where the record's bytes landed: read back from the zip's own headers.
+  if (!records.empty()) {
+    // Where the first record's bytes landed: read back from the zip's own headers.
     FullReader item(file.temp_path(), out.storage.offset, out.storage.length);
     out.data_offset = out.storage.offset + item.record_offset("data/0");
   }
   return out;
+}
+
+WrittenItem write_dcp_item(AtomicFile& file, const std::string& file_name, const std::string& pkl, const void* data,
+                           int64_t n) {
+  std::vector<RecordBytes> records;
+  if (data) records.push_back({data, n});
+  return write_torch_save(file, file_name, pkl, records);
 }
 
 namespace {
@@ -306,14 +316,15 @@ std::vector<std::pair<DcpItem, std::string>> dcp_bytes_items(const std::vector<E
   return out;
 }
 
-std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries) {
+std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries,
+                                  const std::map<std::string, at::Tensor>& tensors, std::vector<at::Tensor>& records) {
   // A tree of dicts: a value "a.b" is {"a": {"b": value}}.
   struct Node {
     std::vector<std::pair<std::string, Node>> children;
     const EntryRecord* value = nullptr;
   } root;
   for (const auto& e : entries) {
-    if (!is_scalar(e)) continue;
+    if (!is_scalar(e) && !(e.type == EntryType::kTensor && tensors.count(e.name))) continue;
     Node* n = &root;
     for (const auto& part : split_dots(e.name)) {
       auto it = std::find_if(n->children.begin(), n->children.end(), [&](const auto& c) { return c.first == part; });
@@ -323,8 +334,15 @@ std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries) {
     n->value = &e;
   }
   pickle::Writer w;
+  records.clear();
   std::function<void(const Node&)> write = [&](const Node& n) {
-    if (n.value && n.children.empty()) return scalar(w, *n.value);
+    if (n.value && n.children.empty()) {
+      if (n.value->type != EntryType::kTensor) return scalar(w, *n.value);
+      const at::Tensor t = tensors.at(n.value->name).detach().cpu().contiguous();
+      w.tensor(std::to_string(records.size()), pickle::storage_class(t.scalar_type()), t.sizes().vec());
+      records.push_back(t);
+      return;
+    }
     w.empty_dict();
     if (n.children.empty()) return;
     w.mark();

@@ -212,12 +212,17 @@ void write_file(const std::string& path, const std::string& bytes) {
 // new .metadata replaces the old one atomically); then removes the previous
 // save's data files, no longer referenced, earlier layouts' files and the
 // temporaries of saves that were killed.
-void commit_index(const std::string& path, const ck::Index& ix, const ck::DcpMetadata& md) {
+// `values`: the tensor values, which rank 0 holds (it claims every replicated piece).
+void commit_index(const std::string& path, const ck::Index& ix, const ck::DcpMetadata& md,
+                  const std::map<std::string, at::Tensor>& values) {
   const fs::path dir(path);
   {
     ck::AtomicFile meta((dir / ck::kLightningMetaFile).string());
-    const std::string pkl = ck::lightning_meta_pickle(ix.entries);
-    ck::write_dcp_item(meta, ck::kLightningMetaFile, pkl, nullptr, 0);
+    std::vector<at::Tensor> tensors;
+    const std::string pkl = ck::lightning_meta_pickle(ix.entries, values, tensors);
+    std::vector<ck::RecordBytes> records;
+    for (const auto& t : tensors) records.push_back({t.data_ptr(), static_cast<int64_t>(t.numel() * t.element_size())});
+    ck::write_torch_save(meta, ck::kLightningMetaFile, pkl, records);
     meta.commit();
   }
   write_file((dir / ck::kDcpIndexFile).string(), ck::to_json(ix));
@@ -248,7 +253,14 @@ void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
   if (group.rank() == 0 && failed.empty()) {
     failed = capture([&] {
       const ck::Index ix = index_of(job, written);
-      commit_index(job.path, ix, metadata_of(job, ix, written));
+      std::map<std::string, at::Tensor> values;
+      for (const auto& e : ix.entries) {
+        if (e.type != ck::EntryType::kTensor) continue;
+        for (const auto& p : job.owned) {
+          if (p.record.key == e.name) values[e.name] = p.tensor;
+        }
+      }
+      commit_index(job.path, ix, metadata_of(job, ix, written), values);
     });
   }
   failed = failure_from(group, 0, failed);
@@ -279,7 +291,11 @@ void copy_to_sharded(const Source& src, const std::string& path) {
   }
   const std::vector<std::string> written{ck::encode_pieces(job.written)};
   const ck::Index ix = index_of(job, written);
-  commit_index(path, ix, metadata_of(job, ix, written));
+  std::map<std::string, at::Tensor> values;  // for meta.pt
+  for (const auto& e : ix.entries) {
+    if (e.type == ck::EntryType::kTensor) values[e.name] = src.read_whole(e.name);
+  }
+  commit_index(path, ix, metadata_of(job, ix, written), values);
 }
 
 void save_sharded(const std::string& path, const CheckpointState& state,

@@ -1,14 +1,18 @@
 // The C++ side of the interop tests with Python (tests/python/interop.py),
 // at any world size (alone: world 1; under fsdp-run: its world):
-//   interop_helper save DIR
+//   interop_helper save DIR [full|sharded]
 //       trains a small GPT (FSDP, transformer policy on GPTBlock, AdamW) for
-//       3 steps, saves DIR/full.pt (full format, "step" = 3), trains 2 more;
+//       3 steps, saves DIR/full.pt (full format, the default, "step" = 3) or
+//       the DCP directory DIR/sharded (sharded format), trains 2 more;
 //       rank 0 writes DIR/expected.json: {config, optimizer, step,
-//       world_size, batches (steps 4-5, token lists), losses (steps 4-5)}.
+//       world_size, batches (steps 4-5, token lists), losses (steps 4-5),
+//       history (steps 1-3: the tensor value "history" in the checkpoint,
+//       float64)}.
 //   interop_helper resume CKPT EXPECTED.json
-//       builds the same model, loads CKPT (model, optimizer, step), trains
-//       on EXPECTED's batches and exits 1 if a loss differs from EXPECTED's
-//       by more than 1e-5 (or the step differs), naming the step and both values.
+//       builds the same model, loads CKPT (model, optimizer, step, history;
+//       a full file or a sharded directory, whoever wrote it), trains on
+//       EXPECTED's batches and exits 1 if a loss differs from EXPECTED's by
+//       more than 1e-5 (or the step or history differs), naming what differs.
 // Each step's global batch is split by rank; the loss is the mean over ranks.
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
@@ -64,9 +68,10 @@ struct Job {
     return sum.item<double>() / pg->size();
   }
 
-  CheckpointState state(int64_t step) {
+  CheckpointState state(int64_t step, const std::vector<double>& history) {
     CheckpointState s;
     s.model("model", model.ptr()).optimizer("optimizer", *optimizer).value("step", step);
+    s.value("history", at::tensor(history, at::kDouble));
     return s;
   }
 };
@@ -102,7 +107,7 @@ json rows_of(const at::Tensor& tokens) {
   return rows;
 }
 
-int save(const std::string& dir) {
+int save(const std::string& dir, CheckpointFormat format) {
   auto pg = dist::init_process_group_from_env();
   models::GPTConfig config;
   config.vocab_size = 64;
@@ -114,14 +119,20 @@ int save(const std::string& dir) {
   Job job(pg, config, lr, weight_decay, kSeed);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(kSeed);
   json batches = json::array(), losses = json::array();
+  std::vector<double> history;
   for (int step = 1; step <= kSteps; ++step) {
     const auto tokens = at::randint(config.vocab_size, {kBatch, config.context + 1}, gen, at::kLong);
     const double loss = job.step(tokens);
     if (step > kSavedStep) {
       batches.push_back(rows_of(tokens));
       losses.push_back(loss);
+    } else {
+      history.push_back(loss);
     }
-    if (step == kSavedStep) save_checkpoint(dir + "/full.pt", job.state(kSavedStep), *pg, {CheckpointFormat::kFull});
+    if (step == kSavedStep) {
+      const std::string path = dir + (format == CheckpointFormat::kFull ? "/full.pt" : "/sharded");
+      save_checkpoint(path, job.state(kSavedStep, history), *pg, CheckpointOptions().format(format));
+    }
   }
   if (pg->rank() == 0) {
     const json expected = {{"config", config_json(config)},
@@ -129,7 +140,8 @@ int save(const std::string& dir) {
                            {"step", kSavedStep},
                            {"world_size", pg->size()},
                            {"batches", batches},
-                           {"losses", losses}};
+                           {"losses", losses},
+                           {"history", history}};
     std::ofstream(dir + "/expected.json") << expected.dump(1) << "\n";
   }
   return 0;
@@ -142,9 +154,16 @@ int resume(const std::string& checkpoint, const std::string& expected_path) {
   auto pg = dist::init_process_group_from_env();
   const auto& opt = expected.at("optimizer");
   Job job(pg, config_of(expected.at("config")), opt.at("lr"), opt.at("weight_decay"), kReaderSeed);
-  CheckpointState s = job.state(0);
+  CheckpointState s = job.state(0, {});
   load_checkpoint(checkpoint, s, *pg);
   int failures = 0;
+  const auto want_history = expected.at("history").get<std::vector<double>>();
+  const at::Tensor history = s.get<at::Tensor>("history");
+  if (history.scalar_type() != at::kDouble || !at::equal(history, at::tensor(want_history, at::kDouble))) {
+    std::cerr << "interop_helper: " << checkpoint << " holds history " << history << ", expected "
+              << at::tensor(want_history, at::kDouble) << " (float64)\n";
+    ++failures;
+  }
   const int64_t step = s.get<int64_t>("step"), expected_step = expected.at("step");
   if (step != expected_step) {
     std::cerr << "interop_helper: " << checkpoint << " holds step " << step << ", expected " << expected_step << "\n";
@@ -170,9 +189,11 @@ int resume(const std::string& checkpoint, const std::string& expected_path) {
 int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (mode == "save" && argc == 3) return save(argv[2]);
+    if (mode == "save" && (argc == 3 || argc == 4)) {
+      return save(argv[2], argc == 4 ? parse_checkpoint_format(argv[3], "save's format") : CheckpointFormat::kFull);
+    }
     if (mode == "resume" && argc == 4) return resume(argv[2], argv[3]);
-    std::cerr << "usage: interop_helper save DIR | resume CHECKPOINT EXPECTED.json\n";
+    std::cerr << "usage: interop_helper save DIR [full|sharded] | resume CHECKPOINT EXPECTED.json\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "interop_helper: " << e.what() << "\n";

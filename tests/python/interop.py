@@ -1,4 +1,4 @@
-"""The Python side of the full-checkpoint interop tests (issue 18), on CPU over Gloo.
+"""The Python side of the checkpoint interop tests (issue 18), on CPU over Gloo.
 
   interop.py check-full DIR [--lightning]
       loads DIR/full.pt (written by tests/fsdp/interop_helper_main.cpp) with
@@ -7,13 +7,23 @@
       (python/fsdp_gpt.py) under torch FSDP (FSDP.optim_state_dict_to_load) or,
       with --lightning, Lightning Fabric's FSDP strategy (fabric.load), trains
       on DIR/expected.json's batches and checks its losses within 1e-5.
+  interop.py check-sharded DIR [--lightning]
+      the same for the DCP directory DIR/sharded (`interop_helper save DIR
+      sharded`): its .metadata holds exactly the keys of PyTorch's own
+      get_state_dict layout, with the same shapes; the GPT resumes under torch
+      FSDP (get_state_dict, dcp.load, set_state_dict) or Lightning's
+      fabric.load (DCP plus meta.pt) and continues with C++'s losses.
   interop.py write-full DIR --mode lightning|fsdp|torch-save
       trains the GPT 3 steps, saves DIR/full.pt the named way (Lightning's
       full state_dict_type; torch FSDP's full state dicts; plain
       torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 3})),
       trains 2 more and writes DIR/expected.json for `interop_helper resume`.
+  interop.py write-sharded DIR --mode lightning|fsdp
+      the same into the DCP directory DIR/sharded: Lightning's sharded
+      state_dict_type (fabric.save: DCP, step in meta.pt), or dcp.save of
+      {"model", "optimizer"} from get_state_dict plus "step".
 
-World 1: run it alone; world 2: under torchrun (writing: --mode fsdp only). Exits 1 naming what differs.
+World 1: run it alone; world 2: under torchrun (writing full: --mode fsdp only). Exits 1 naming what differs.
 """
 import argparse
 import json
@@ -22,6 +32,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -123,16 +135,54 @@ def check_layout(ckpt, config, hyper, step):
         raise Failure(f"model keys {list(ckpt['model'])} differ from the GPT's {list(model.state_dict())}")
 
 
-def check_full(directory, lightning):
+def check_sharded_layout(path, config, hyper):
+    """The DCP directory's .metadata names exactly the keys PyTorch's get_state_dict layout gives the same GPT
+    and AdamW ({"model": ..., "optimizer": ..., "step"}), each tensor with the same shape."""
+    model = new_model(config, READER_SEED)
+    opt = new_optimizer(model, hyper)
+    model(torch.zeros(1, 1, dtype=torch.long)).sum().backward()
+    opt.step()  # AdamW's state exists only after a step
+    msd, osd = get_state_dict(model, opt)
+    want = {}
+    for name, v in msd.items():
+        want[f"model.{name}"] = tuple(v.shape)
+    for fqn, fields in osd["state"].items():
+        for field, v in fields.items():
+            want[f"optimizer.state.{fqn}.{field}"] = tuple(v.shape)
+    for i, group in enumerate(osd["param_groups"]):
+        for option in group:
+            want[f"optimizer.param_groups.{i}.{option}"] = None
+    got = {}
+    for key, md in dcp.FileSystemReader(path).read_metadata().state_dict_metadata.items():
+        got[key] = tuple(md.size) if hasattr(md, "size") else None
+    for value in ("step", "history"):  # the values beside the state dicts (Lightning reads them from meta.pt)
+        if value not in got:
+            raise Failure(f"{path}/.metadata has no item '{value}'")
+        del got[value]
+    if got != want:
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        shapes = sorted(k for k in set(got) & set(want) if got[k] != want[k])
+        raise Failure(f"{path}/.metadata: keys missing {missing}, unexpected {extra}, other shapes {shapes} "
+                      "(expected get_state_dict's layout)")
+
+
+def check(directory, form, lightning):
     expected = read_expected(directory)
-    path = os.path.join(directory, "full.pt")
-    ckpt = torch.load(path, weights_only=True)  # what a user does first; fails on non-weights_only content
-    check_layout(ckpt, expected["config"], expected["optimizer"], expected["step"])
+    if form == "full":
+        path = os.path.join(directory, "full.pt")
+        ckpt = torch.load(path, weights_only=True)  # what a user does first; fails on non-weights_only content
+        check_layout(ckpt, expected["config"], expected["optimizer"], expected["step"])
+    else:
+        path, ckpt = os.path.join(directory, "sharded"), None
+        check_sharded_layout(path, expected["config"], expected["optimizer"])
     mode = "lightning" if lightning else "fsdp"
     job = Job(mode, expected["config"], expected["optimizer"], READER_SEED, saving=False)
-    step = job.load(path, ckpt)
+    step, history = job.load(path, ckpt)
     if step != expected["step"]:
         raise Failure(f"{path}: step {step!r}, expected {expected['step']}")
+    want = torch.tensor(expected["history"], dtype=torch.float64)
+    if not isinstance(history, torch.Tensor) or history.dtype != torch.float64 or not torch.equal(history, want):
+        raise Failure(f"{path}: history {history!r}, expected the tensor {want!r}")
     for i, (tokens, want) in enumerate(zip(expected["batches"], expected["losses"])):
         loss = job.step(torch.tensor(tokens))
         at = expected["step"] + 1 + i
@@ -145,23 +195,25 @@ def check_full(directory, lightning):
 # --- write-full: Python -> C++
 
 
-def write_full(directory, mode):
-    path = os.path.join(directory, "full.pt")
-    job = Job(mode, CONFIG, OPTIMIZER, SEED, saving=True)
+def write(directory, form, mode):
+    path = os.path.join(directory, "full.pt" if form == "full" else "sharded")
+    job = Job(mode, CONFIG, OPTIMIZER, SEED, saving=True, sharded=form == "sharded")
     gen = torch.Generator().manual_seed(SEED)
-    batches, losses = [], []
+    batches, losses, history = [], [], []
     for step in range(1, STEPS + 1):
         tokens = torch.randint(0, CONFIG["vocab_size"], (BATCH, CONFIG["context"] + 1), generator=gen)
         loss = job.step(tokens)
         if step > SAVED_STEP:
             batches.append(tokens.tolist())
             losses.append(loss)
+        else:
+            history.append(loss)
         if step == SAVED_STEP:
-            job.save(path, step)
+            job.save(path, step, torch.tensor(history, dtype=torch.float64))
     if rank() == 0:
         with open(os.path.join(directory, "expected.json"), "w") as f:
             json.dump({"config": CONFIG, "optimizer": OPTIMIZER, "step": SAVED_STEP, "world_size": world(),
-                       "batches": batches, "losses": losses}, f)
+                       "batches": batches, "losses": losses, "history": history}, f)
         print(f"interop: wrote {path} ({mode}, world {world()}), losses {losses}", flush=True)
 
 
@@ -170,15 +222,18 @@ def write_full(directory, mode):
 
 class Job:
     """mode "fsdp": torch FSDP (transformer policy on GPTBlock, use_orig_params) at torchrun's world or 1;
-    "lightning": Lightning Fabric's FSDP strategy, full state_dict_type, on CPU at torchrun's world or 1
-    (docs/python-formats.md §4: a subclass passes Fabric's GPU-only check, the model comes wrapped with
-    device_id=cpu); "torch-save": the plain module (world 1)."""
+    "lightning": Lightning Fabric's FSDP strategy, full (or with `sharded`, sharded) state_dict_type, on CPU
+    at torchrun's world or 1 (docs/python-formats.md §4: a subclass passes Fabric's GPU-only check, the model
+    comes wrapped with device_id=cpu); "torch-save": the plain module (world 1). Saves and loads are full
+    checkpoints, or with `sharded` DCP directories."""
 
-    def __init__(self, mode, config, hyper, seed, saving):
-        self.mode, self.fabric = mode, None
+    def __init__(self, mode, config, hyper, seed, saving, sharded=False):
+        self.mode, self.fabric, self.sharded = mode, None, sharded
         model = new_model(config, seed)
+        if mode == "torch-save" and sharded:
+            raise Failure("--mode torch-save writes a full checkpoint only")
         if mode == "lightning":
-            if world_of_launcher() > 1 and saving:
+            if world_of_launcher() > 1 and saving and not sharded:
                 raise Failure("Lightning saves full checkpoints at world 1 only here: at world > 1 on CPU, torch "
                               "2.15's FSDP.optim_state_dict under Lightning's offload_to_cpu=True writes exp_avg_sq "
                               "as exp_avg (see full_state_dicts)")
@@ -188,7 +243,8 @@ class Job:
             class CPUFSDP(FSDPStrategy):
                 pass
 
-            self.fabric = L.Fabric(accelerator="cpu", devices=world_of_launcher(), strategy=CPUFSDP(state_dict_type="full"))
+            strategy = CPUFSDP(state_dict_type="sharded" if sharded else "full")
+            self.fabric = L.Fabric(accelerator="cpu", devices=world_of_launcher(), strategy=strategy)
             self.fabric.launch()
             self.model = self.fabric.setup_module(wrap(model))
             self.opt = self.fabric.setup_optimizers(new_optimizer(self.model, hyper))
@@ -214,30 +270,42 @@ class Job:
             dist.all_reduce(total)
         return total.item() / world()
 
-    def save(self, path, step):
+    def save(self, path, step, history):
+        """Saves the model, the optimizer, `step` and the tensor value `history`."""
         if self.mode == "lightning":
-            self.fabric.save(path, {"model": self.model, "optimizer": self.opt, "step": step})
+            self.fabric.save(path, {"model": self.model, "optimizer": self.opt, "step": step, "history": history})
+        elif self.mode == "fsdp" and self.sharded:
+            msd, osd = get_state_dict(self.model, self.opt)
+            dcp.save({"model": msd, "optimizer": osd, "step": step, "history": history}, checkpoint_id=path)
         elif self.mode == "fsdp":
             with full_state_dicts(self.model, rank0_only=True):
                 state = {"model": self.model.state_dict(), "optimizer": FSDP.optim_state_dict(self.model, self.opt),
-                         "step": step}
+                         "step": step, "history": history}
             if rank() == 0:
                 torch.save(state, path)
             dist.barrier()
         else:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": step}, path)
+            torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": step,
+                        "history": history}, path)
 
     def load(self, path, ckpt):
-        """Loads `path` (whose torch.load is `ckpt`) the mode's way; returns its step."""
+        """Loads `path` (a full checkpoint, whose torch.load is `ckpt`, or a DCP directory) the mode's way;
+        returns its step and its tensor value "history"."""
         if self.mode == "lightning":
-            state = {"model": self.model, "optimizer": self.opt, "step": None}
+            state = {"model": self.model, "optimizer": self.opt, "step": None, "history": None}
             self.fabric.load(path, state)
-            return state["step"]
+            return state["step"], state["history"]
+        if os.path.isdir(path):  # DCP at any world size: PyTorch's own recipe
+            msd, osd = get_state_dict(self.model, self.opt)  # initialises AdamW's state, for its layout
+            state = {"model": msd, "optimizer": osd, "step": None, "history": torch.zeros(SAVED_STEP, dtype=torch.float64)}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            return state["step"], state["history"]
         with full_state_dicts(self.model, rank0_only=False):  # every rank loads
             self.model.load_state_dict(ckpt["model"])
             osd = FSDP.optim_state_dict_to_load(self.model, self.opt, ckpt["optimizer"])
         self.opt.load_state_dict(osd)
-        return ckpt["step"]
+        return ckpt["step"], ckpt["history"]
 
 
 def full_state_dicts(model, rank0_only):
@@ -257,18 +325,21 @@ def read_expected(directory):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check-full")
-    check.add_argument("dir")
-    check.add_argument("--lightning", action="store_true")
-    write = sub.add_parser("write-full")
-    write.add_argument("dir")
-    write.add_argument("--mode", choices=["lightning", "fsdp", "torch-save"], required=True)
+    for form in ("full", "sharded"):
+        reader = sub.add_parser(f"check-{form}")
+        reader.add_argument("dir")
+        reader.add_argument("--lightning", action="store_true")
+        writer = sub.add_parser(f"write-{form}")
+        writer.add_argument("dir")
+        modes = ["lightning", "fsdp"] + (["torch-save"] if form == "full" else [])
+        writer.add_argument("--mode", choices=modes, required=True)
     args = parser.parse_args()
+    action, form = args.command.split("-")
     try:
-        if args.command == "check-full":
-            check_full(args.dir, args.lightning)
+        if action == "check":
+            check(args.dir, form, args.lightning)
         else:
-            write_full(args.dir, args.mode)
+            write(args.dir, form, args.mode)
     except Failure as e:
         print(f"interop: rank {rank()}: {e}", file=sys.stderr, flush=True)
         return 1
