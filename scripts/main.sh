@@ -16,7 +16,13 @@ scripts/build.sh --target $targets
 bin=build/bin
 [ "${FSDP_LIBTORCH:-wheel}" = debian ] && bin=build-debian/bin
 out=runs/latest
-$bin/fsdp-run --nproc-per-node 2 -- $bin/fsdp-train --out "$out" --log-every 25 "$@"
-ckpt=$(ls -d "$out"/checkpoints/step-* | tail -n 1)
+# Each run of the main job starts over in runs/latest (fsdp-train refuses a
+# new run into a used directory otherwise), unless asked to resume.
+start=(--overwrite)
+for arg in "$@"; do
+  case "$arg" in --resume | --resume-from | --resume-from=* | --overwrite) start=() ;; esac
+done
+$bin/fsdp-run --nproc-per-node 2 -- $bin/fsdp-train --out "$out" --log-every 25 ${start[@]+"${start[@]}"} "$@"
+ckpt=$(ls -d "$out"/checkpoints/step-???????? | tail -n 1)
 echo "--- generated from $ckpt:"
 $bin/fsdp-run --nproc-per-node 1 --no-rank-prefix -- $bin/fsdp-train generate --checkpoint "$ckpt" --prompt "the old man "

@@ -30,8 +30,16 @@ int main(int argc, char** argv) {
   app.add_option("--data", c.data, "text file to train on (default: a generated corpus)");
   app.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end only)")->capture_default_str();
   app.add_option("--keep", c.keep, "checkpoints to keep")->capture_default_str();
-  app.add_flag("--resume", c.resume,
-               "continue from the newest complete checkpoint in --out (automatic after an fsdp-run --max-restarts restart)");
+  auto* resume = app.add_flag("--resume", c.resume,
+                              "continue the run in --out from its newest checkpoint that verifies (a damaged one is "
+                              "moved aside; automatic after an fsdp-run --max-restarts restart)");
+  app.add_option("--resume-from", c.resume_from,
+                 "continue from this checkpoint (any run's); after a restart, the run's own newest checkpoint once "
+                 "it has one");
+  app.add_flag("--overwrite", c.overwrite,
+               "start a new run in an --out that holds one: removes its run.json, checkpoints/, metrics.jsonl, "
+               "train.log and loss.svg (a new run into a used --out is refused otherwise)")
+      ->excludes(resume);
   // Enums by name, parsed (and named in errors) below.
   std::string state_dict_type = fsdp::to_string(c.state_dict_type), sharding = fsdp::to_string(c.sharding_strategy),
               backward_prefetch = "pre";
@@ -72,9 +80,11 @@ int main(int argc, char** argv) {
       if (world->rank() == 0) std::cout << text << std::endl;
       return 0;
     }
-    // A restart by `fsdp-run --max-restarts` continues from the newest checkpoint.
+    // A restart by `fsdp-run --max-restarts` continues the run it restarts
+    // from its newest checkpoint; --overwrite applied to the first start only.
     if (const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) {
       c.resume = true;
+      c.overwrite = false;
     }
     // A bad name is an error naming its flag.
     auto named = [](const char* flag, const auto& parse) {

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -111,6 +112,25 @@ void validate(const TrainConfig& c) {
     }
   }
   if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
+  if (c.overwrite && c.resume) {
+    throw ConfigError("--overwrite and --resume contradict each other: --overwrite starts a new run in --out " + c.out +
+                      ", --resume continues the run there; expected one of them");
+  }
+  if (!c.resume_from.empty()) {
+    std::error_code ec;
+    if (!fs::exists(c.resume_from, ec)) {
+      throw ConfigError("--resume-from " + c.resume_from + ": no such checkpoint (file or directory)");
+    }
+    if (c.overwrite) {
+      // --overwrite empties --out: a checkpoint inside it would be gone before it is read.
+      const fs::path from = fs::weakly_canonical(c.resume_from, ec), out = fs::weakly_canonical(c.out, ec);
+      if (std::mismatch(out.begin(), out.end(), from.begin(), from.end()).first == out.end()) {
+        throw ConfigError("--resume-from " + c.resume_from + " lies inside --out " + c.out +
+                          ", which --overwrite empties first: expected a checkpoint outside it (copy it elsewhere, "
+                          "or use --resume)");
+      }
+    }
+  }
   std::error_code ec;
   fs::create_directories(c.out, ec);
   bool writable = false;
@@ -255,18 +275,27 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   FSDPStrategy strategy(strategy_options(c, world));
   strategy.setup_environment();
   const int rank = strategy.global_rank(), nranks = strategy.world_size();
+  // One job per run directory: rank 0 holds its lock until train() returns.
+  const RunDirectory run(c.out);
+  std::optional<RunLock> lock;
+  detail::agree_from(strategy.group(), 0, detail::capture([&] {
+                       if (rank == 0) lock.emplace(c.out);
+                     }),
+                     "");
+  const RunIdentity identity = run.begin(strategy, c);
   const BatchSampler batches(read_text(c), c.model.context, c.batch, c.seed, rank, nranks, strategy.root_device());
   Model model = build_model(strategy, c);
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
   strategy.setup_optimizer(opt);
-  const RunDirectory run(c.out);
   int64_t start = 0;
-  if (c.resume) {
+  ResumePoint from;
+  if (c.resume || !c.resume_from.empty()) {
     CheckpointState s = run_state(model, opt, 0);
-    if (const std::string from = run.resume(strategy, c, s); !from.empty()) {
+    from = run.resume(strategy, c, identity, s);
+    if (!from.path.empty()) {
       start = s.get<int64_t>("step");
-      strategy.print("fsdp-train: resumed from " + from + " at step " + std::to_string(start));
+      strategy.print("fsdp-train: resumed from " + from.path + " at step " + std::to_string(start));
     }
   }
   // Rank 0 writes the metrics (on resume, those after the checkpoint's step
@@ -293,6 +322,10 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     if (c.eval_every > 0 && (m.step % c.eval_every == 0 || last)) m.eval_loss = evaluate(strategy, model, batches);
     const auto mems = memory_of_ranks(strategy);
     m.elapsed_s = seconds_since(t0);
+    if (step == start && (c.resume || !c.resume_from.empty())) {
+      m.resumed_from = start;  // where this job took over, and what it set aside
+      m.set_aside = from.set_aside;
+    }
     const double eta = m.elapsed_s / static_cast<double>(m.step - start) * static_cast<double>(c.steps - m.step);
     if (rank == 0) {
       metrics->write(m);
@@ -300,8 +333,8 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     }
     if ((c.save_every > 0 && m.step % c.save_every == 0) || last) {
       CheckpointState s = run_state(model, opt, m.step);
-      put_config(s, c);
-      run.save(strategy, s, m.step, c.keep);
+      put_config(s, c, identity);
+      run.save(strategy, s, m.step, c.keep, identity);
     }
     mean_loss = m.loss;
   }

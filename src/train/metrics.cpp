@@ -81,6 +81,8 @@ void MetricsWriter::write(const StepMetrics& m) {
   j["tokens_per_s"] = m.tokens_per_s;
   j["elapsed_s"] = m.elapsed_s;
   if (m.eval_loss) j["eval_loss"] = *m.eval_loss;
+  if (m.resumed_from) j["resumed_from"] = *m.resumed_from;
+  if (!m.set_aside.empty()) j["set_aside"] = m.set_aside;
   out_ << j.dump() << std::endl;
 }
 

@@ -1,6 +1,6 @@
 // src/train/metrics.h — a run's metrics.jsonl: one JSON object per step
 // ({"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"[,
-// "eval_loss"]}), written by rank 0 and read back on resume and for the loss
+// "eval_loss"][, "resumed_from"[, "set_aside"]]}), written by rank 0 and read back on resume and for the loss
 // curve. Local: no collectives.
 #pragma once
 
@@ -17,6 +17,10 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based: the steps done
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
   std::optional<double> eval_loss;
+  // The first step of a job that resumed: the step it resumed from (0: no
+  // checkpoint to resume), and the damaged checkpoints it set aside.
+  std::optional<int64_t> resumed_from;
+  std::vector<std::string> set_aside;
 };
 
 // A line of metrics.jsonl as read back: its number in the file (blank lines

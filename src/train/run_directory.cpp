@@ -1,10 +1,22 @@
 #include "run_directory.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <random>
 #include <sstream>
 
 #include "fsdp/error.h"
@@ -13,6 +25,80 @@
 namespace fsdp::train {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The time now in UTC: "2026-12-01T10:00:00Z", or compact "20261201T100000Z"
+// (for file names).
+std::string utc_now(bool compact = false) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, compact ? "%Y%m%dT%H%M%SZ" : "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+}  // namespace
+
+RunLock::RunLock(const std::string& root) {
+  const std::string path = (fs::path(root) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    throw Error("--out " + root + ": cannot open the lock file " + path + ": " + std::strerror(err));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[512] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw Error("--out " + root + ": cannot lock " + path + ": " + std::strerror(err));
+    throw ConfigError("--out " + root + " is in use by another fsdp-train job (" +
+                      (holder.empty() ? std::string("its host and pid are not written yet") : holder) +
+                      "; it holds the lock " + path +
+                      "): expected a run directory that no other job writes; wait for that job to end, or pass "
+                      "another --out");
+  }
+  std::ostringstream me;
+  me << "host " << host_name() << " pid " << ::getpid() << " since " << utc_now() << "\n";
+  const std::string text = me.str();
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    // The lock holds all the same; only the name of its holder is missing.
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays
+}
+
+RunLock::RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+
+std::string config_digest(const TrainConfig& c) {
+  std::ostringstream os;
+  os << std::setprecision(17) << "vocab " << c.model.vocab_size << " context " << c.model.context << " dim "
+     << c.model.dim << " layers " << c.model.layers << " heads " << c.model.heads << " lr " << c.lr << " min_lr "
+     << min_learning_rate(c) << " warmup " << warmup_steps(c) << " steps " << c.steps << " batch " << c.batch
+     << " seed " << c.seed << " data " << c.data << " precision " << c.precision << " sharding "
+     << to_string(c.sharding_strategy) << " format " << to_string(c.state_dict_type) << " mesh " << c.mesh;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  for (unsigned char ch : os.str()) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  std::ostringstream hex;
+  hex << std::hex << std::setw(16) << std::setfill('0') << h;
+  return hex.str();
+}
 
 RunDirectory::RunDirectory(std::string root) : root_(std::move(root)) {}
 
@@ -24,6 +110,138 @@ std::string RunDirectory::checkpoint_path(int64_t step) const {
   std::ostringstream name;
   name << "step-" << std::setw(8) << std::setfill('0') << step;
   return (fs::path(root_) / "checkpoints" / name.str()).string();
+}
+
+std::string RunDirectory::identity_path() const { return (fs::path(root_) / "run.json").string(); }
+
+std::string RunDirectory::lock_path() const { return (fs::path(root_) / ".lock").string(); }
+
+namespace {
+
+using Json = nlohmann::json;
+
+// run.json's "legacy_checkpoints": set when a --resume adopted a directory
+// written before fsdp-train recorded run identities, so that its
+// checkpoints without a run id count as the run's.
+bool legacy_run(const std::string& identity_path) {
+  std::ifstream in(identity_path);
+  try {
+    const Json j = Json::parse(in);
+    return j.value("legacy_checkpoints", false);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void write_identity(const std::string& path, const RunIdentity& id, bool legacy) {
+  Json j;
+  j["run_id"] = id.id;
+  j["config_digest"] = id.digest;
+  j["started"] = utc_now();
+  j["host"] = host_name();
+  j["pid"] = static_cast<int64_t>(::getpid());
+  if (legacy) j["legacy_checkpoints"] = true;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(1) << "\n";
+    if (!out.flush()) throw Error("--out: cannot write " + tmp);
+  }
+  fs::rename(tmp, path);  // whole or not at all
+}
+
+std::string new_run_id() {
+  std::random_device rd;
+  std::ostringstream os;
+  os << utc_now(true) << "-" << std::hex << std::setw(8) << std::setfill('0') << rd();
+  return os.str();
+}
+
+// A sharded checkpoint directory that a killed save left before its commit:
+// no commit file in it (.metadata, written last; index.json in the layout
+// before issue 18).
+bool incomplete(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return false;
+  for (const char* index : {".metadata", "index.json"}) {
+    if (fs::exists(fs::path(path) / index, ec)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<RunIdentity> RunDirectory::identity() const {
+  const std::string path = identity_path();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  try {
+    const Json j = Json::parse(in);
+    RunIdentity id;
+    id.id = j.at("run_id").get<std::string>();
+    id.digest = j.at("config_digest").get<std::string>();
+    if (id.id.empty()) throw std::invalid_argument("empty run_id");
+    return id;
+  } catch (const std::exception& e) {
+    throw ConfigError("--out " + root_ + ": " + path + " is not the run identity fsdp-train writes (" + e.what() +
+                      "): expected a JSON object with \"run_id\" and \"config_digest\" strings; --overwrite "
+                      "starts a new run there");
+  }
+}
+
+bool RunDirectory::holds_run() const {
+  std::error_code ec;
+  for (const char* name : {"run.json", "metrics.jsonl", "train.log", "loss.svg"}) {
+    if (fs::exists(fs::path(root_) / name, ec)) return true;
+  }
+  const fs::path dir = fs::path(root_) / "checkpoints";
+  return fs::is_directory(dir, ec) && !fs::is_empty(dir, ec);
+}
+
+RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig& c) const {
+  RunIdentity id;
+  bool legacy = false;
+  const auto failure = detail::capture([&] {
+    if (strategy.global_rank() != 0) return;
+    id = RunIdentity{new_run_id(), config_digest(c)};
+    const std::optional<RunIdentity> had = identity();
+    if (c.resume || !c.resume_from.empty()) {
+      if (had) {
+        id.id = had->id;  // the same run; its checkpoints record the configuration that wrote them
+        legacy = legacy_run(identity_path());
+      } else {
+        legacy = !checkpoints().empty();  // a directory from before run identities: its checkpoints are the run's
+        write_identity(identity_path(), id, legacy);
+      }
+      return;
+    }
+    if (c.overwrite) {
+      // run.json first: a restart after a kill in between never takes the old run for its own.
+      for (const char* name : {"run.json", "metrics.jsonl", "train.log", "loss.svg", "checkpoints"}) {
+        fs::remove_all(fs::path(root_) / name);
+      }
+    } else if (holds_run()) {
+      const auto all = checkpoints();
+      std::string what = had ? "run " + had->id : std::string("a run");
+      what += all.empty() ? ", no checkpoint" : ", newest checkpoint " + all.front().second;
+      throw ConfigError("--out " + root_ + " already holds " + what +
+                        ": expected an empty run directory for a new run; pass --resume to continue that run, "
+                        "--overwrite to start over (it removes run.json, checkpoints/, metrics.jsonl, train.log "
+                        "and loss.svg there), or another --out");
+    }
+    write_identity(identity_path(), id, false);
+  });
+  const std::string payload = id.id + "\n" + id.digest + "\n" + (legacy ? "1" : "0");
+  const std::string agreed = strategy.broadcast(detail::outcome(payload, failure), 0);
+  if (detail::outcome_failed(agreed)) detail::rethrow(detail::outcome_failure(agreed));
+  std::istringstream in(detail::outcome_payload(agreed));
+  std::string flag;
+  std::getline(in, id.id);
+  std::getline(in, id.digest);
+  std::getline(in, flag);
+  id.legacy = flag == "1";
+  return id;
 }
 
 std::vector<std::pair<int64_t, std::string>> RunDirectory::checkpoints() const {
@@ -58,59 +276,168 @@ std::string shape_mismatch(const models::GPTConfig& saved, const models::GPTConf
   return diff.empty() ? diff : "--resume: " + path + " holds a model of another shape:" + diff;
 }
 
+// Whether a checkpoint whose run id is `id` belongs to `run`.
+bool belongs_to(const std::string& id, const RunIdentity& run) { return id == run.id || (id.empty() && run.legacy); }
+
+// Checks that the checkpoint `path` (described by `info`) holds a model of
+// config.model's shape (ConfigError listing each difference otherwise) and
+// prints the flags of `c` that differ from its run's.
+void check_resumable(const std::string& path, const CheckpointInfo& info, const TrainConfig& c) {
+  const models::GPTConfig saved = config_of(info, path);
+  if (const std::string mismatch = shape_mismatch(saved, c.model, path); !mismatch.empty()) {
+    throw ConfigError(mismatch);
+  }
+  const auto over = overridden_flags(info, c);
+  if (!over.empty()) {
+    std::string msg = "fsdp-train: --resume: these flags differ from the checkpoint's run and apply from its step on:";
+    for (size_t i = 0; i < over.size(); ++i) msg += (i ? "; " : " ") + over[i];
+    std::cout << msg << std::endl;
+  }
+}
+
+// Up to 3 problems of verify_checkpoint, "; "-joined.
+std::string problems_text(const std::vector<std::string>& problems) {
+  std::string out;
+  for (size_t i = 0; i < problems.size() && i < 3; ++i) out += (i ? "; " : "") + problems[i];
+  if (problems.size() > 3) out += "; and " + std::to_string(problems.size() - 3) + " more";
+  return out;
+}
+
 }  // namespace
 
-std::string RunDirectory::resume_checkpoint(const TrainConfig& c) const {
-  for (const auto& [step, path] : checkpoints()) {
+std::string RunDirectory::resume_checkpoint(const TrainConfig& c, const RunIdentity& run,
+                                            std::vector<std::string>* set_aside) const {
+  auto explicit_checkpoint = [&]() -> std::string {
+    const std::string& path = c.resume_from;
     CheckpointInfo info;
-    models::GPTConfig saved;
     try {
       info = inspect_checkpoint(path);
-      saved = config_of(info, path);
-    } catch (const ConfigError&) {
-      std::cerr << "fsdp-train: skipping incomplete or damaged checkpoint " << path << std::endl;
+      config_of(info, path);
+    } catch (const ConfigError& e) {
+      throw ConfigError("--resume-from " + path + " is not a checkpoint fsdp-train can resume: " + e.what());
+    }
+    if (const auto problems = verify_checkpoint(path); !problems.empty()) {
+      throw ConfigError("--resume-from " + path + " is damaged: " + problems_text(problems) +
+                        ": expected a checkpoint whose every checksum matches");
+    }
+    check_resumable(path, info, c);
+    return path;
+  };
+  if (!c.resume && !c.resume_from.empty()) return explicit_checkpoint();
+  for (const auto& [step, path] : checkpoints()) {
+    CheckpointInfo info;
+    std::vector<std::string> problems;
+    try {
+      info = inspect_checkpoint(path);
+    } catch (const ConfigError& e) {
+      if (incomplete(path)) {
+        std::cerr << "fsdp-train: skipping incomplete checkpoint " << path << " (a save that did not finish)"
+                  << std::endl;
+        continue;
+      }
+      problems.push_back(e.what());
+    }
+    if (problems.empty()) {
+      const std::string id = run_id_of(info);
+      if (!belongs_to(id, run)) {
+        std::cerr << "fsdp-train: not resuming " << path << ": it belongs to "
+                  << (id.empty() ? std::string("a run that recorded no run id") : "run " + id)
+                  << ", not to this directory's run " << run.id << " (--resume-from it to continue from it)"
+                  << std::endl;
+        continue;
+      }
+      problems = verify_checkpoint(path);
+    }
+    if (!problems.empty()) {
+      const std::string aside = path + ".damaged-" + utc_now(true);
+      fs::rename(path, aside);
+      std::cerr << "fsdp-train: WARNING: checkpoint " << path << " is damaged (" << problems_text(problems)
+                << "); moved it aside to " << aside << ", resuming from the newest checkpoint that verifies"
+                << std::endl;
+      if (set_aside) set_aside->push_back(aside);
       continue;
     }
-    if (const std::string mismatch = shape_mismatch(saved, c.model, path); !mismatch.empty()) {
-      throw ConfigError(mismatch);
+    try {
+      config_of(info, path);
+    } catch (const ConfigError& e) {
+      std::cerr << "fsdp-train: skipping " << path << ": " << e.what() << std::endl;
+      continue;
     }
-    const auto over = overridden_flags(info, c);
-    if (!over.empty()) {
-      std::string msg = "fsdp-train: --resume: these flags differ from the checkpoint's run and apply from its step on:";
-      for (size_t i = 0; i < over.size(); ++i) msg += (i ? "; " : " ") + over[i];
-      std::cout << msg << std::endl;
-    }
+    check_resumable(path, info, c);
     return path;
   }
+  if (!c.resume_from.empty()) return explicit_checkpoint();
   return "";
 }
 
-std::string RunDirectory::resume(const FSDPStrategy& strategy, const TrainConfig& c, CheckpointState& state) const {
-  std::string chosen;
+ResumePoint RunDirectory::resume(const FSDPStrategy& strategy, const TrainConfig& c, const RunIdentity& run,
+                                 CheckpointState& state) const {
+  ResumePoint point;
   const auto failure = detail::capture([&] {
-    if (strategy.global_rank() == 0) chosen = resume_checkpoint(c);
+    if (strategy.global_rank() == 0) point.path = resume_checkpoint(c, run, &point.set_aside);
   });
   // [collective] One broadcast: rank 0's choice, or its failure.
-  const std::string agreed = strategy.broadcast(detail::outcome(chosen, failure), 0);
+  const std::string agreed = strategy.broadcast(detail::outcome(point.path, failure), 0);
   if (detail::outcome_failed(agreed)) detail::rethrow(detail::outcome_failure(agreed));
-  chosen = detail::outcome_payload(agreed);
-  if (!chosen.empty()) strategy.load_checkpoint(chosen, state);
-  return chosen;
+  point.path = detail::outcome_payload(agreed);
+  if (!point.path.empty()) strategy.load_checkpoint(point.path, state);
+  return point;
 }
 
-void RunDirectory::save(const FSDPStrategy& strategy, const CheckpointState& state, int64_t step, int keep) const {
+std::vector<std::string> RunDirectory::remove_dead_temporaries() const {
+  std::vector<std::string> removed;
+  const fs::path dir = fs::path(root_) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  // Every writer names its temporary "<final name>.tmp-<save id>"
+  // (src/fsdp/ckpt_files.cpp, AtomicFile); none is alive: the caller holds the lock.
+  auto temporary = [](const fs::path& p) { return p.filename().string().find(".tmp-") != std::string::npos; };
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0) continue;
+    if (temporary(e.path())) {
+      fs::remove_all(e.path());
+      removed.push_back(e.path().string());
+    } else if (e.is_directory(ec)) {
+      for (const auto& f : fs::directory_iterator(e.path())) {
+        if (temporary(f.path()) && !f.is_directory(ec)) {
+          fs::remove(f.path());
+          removed.push_back(f.path().string());
+        }
+      }
+    }
+  }
+  return removed;
+}
+
+void RunDirectory::save(const FSDPStrategy& strategy, const CheckpointState& state, int64_t step, int keep,
+                        const RunIdentity& run) const {
   const std::string path = checkpoint_path(step);
-  if (strategy.global_rank() == 0) fs::create_directories(fs::path(path).parent_path());
+  if (strategy.global_rank() == 0) {
+    fs::create_directories(fs::path(path).parent_path());
+    for (const auto& dead : remove_dead_temporaries()) {
+      std::cerr << "fsdp-train: removed " << dead << ", left by a save that was killed" << std::endl;
+    }
+  }
   strategy.barrier();
   strategy.save_checkpoint(path, state);
   if (strategy.global_rank() == 0) {
-    const auto all = checkpoints();
-    for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) fs::remove_all(all[i].second);
+    int kept = 0;
+    for (const auto& [s, p] : checkpoints()) {
+      std::string id;
+      try {
+        id = run_id_of(inspect_checkpoint(p));
+      } catch (const ConfigError&) {
+        if (s < step && incomplete(p)) fs::remove_all(p);  // a killed save of this job's run (the lock)
+        continue;
+      }
+      if (belongs_to(id, run) && ++kept > keep) fs::remove_all(p);
+    }
   }
   strategy.barrier();
 }
 
-void put_config(CheckpointState& s, const TrainConfig& run) {
+void put_config(CheckpointState& s, const TrainConfig& run, const RunIdentity& identity) {
   const models::GPTConfig& c = run.model;
   auto put = [&](const std::string& key, CheckpointValue v) { s.value("config." + key, std::move(v)); };
   put("model.vocab", c.vocab_size);
@@ -124,6 +451,8 @@ void put_config(CheckpointState& s, const TrainConfig& run) {
   put("run.steps", run.steps);
   put("run.batch", run.batch);
   put("run.seed", static_cast<int64_t>(run.seed));
+  put("run.id", identity.id);
+  put("run.digest", identity.digest);
 }
 
 namespace {
@@ -139,6 +468,11 @@ const std::string* config_value(const CheckpointInfo& info, const std::string& k
 }
 
 }  // namespace
+
+std::string run_id_of(const CheckpointInfo& info) {
+  const std::string* v = config_value(info, "run.id");
+  return v ? *v : "";
+}
 
 models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path) {
   models::GPTConfig c;

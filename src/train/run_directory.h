@@ -1,9 +1,16 @@
 // src/train/run_directory.h — fsdp-train's run directory (--out): where its
-// files lie, its checkpoints (checkpoints/step-NNNNNNNN, the newest K kept),
-// what a checkpoint records of the run, and where a resumed run continues.
+// files lie, its checkpoints (checkpoints/step-NNNNNNNN, the newest K of the
+// run kept), the lock that keeps a second job out (.lock), the run's
+// identity (run.json, and config.run.id in each checkpoint), what a
+// checkpoint records of the run, and where a resumed run continues.
+//
+// One job per directory: rank 0 holds RunLock for the job's lifetime, so
+// nothing else writes there meanwhile; that is also what lets a save remove
+// the temporary files of killed saves (no other writer is alive).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +22,55 @@
 
 namespace fsdp::train {
 
+// An exclusive lock on a run directory, held from construction to
+// destruction: flock(2) on <root>/.lock, a file that names its holder
+// ("host <name> pid <pid> since <UTC time>"). The kernel releases the lock
+// when the holding process ends, however it ends (a restart by fsdp-run
+// takes it again); the file itself stays. flock works across machines on
+// NFS (Linux maps it to NFS byte-range locks). fsdp-train takes it on rank 0
+// only: every job writing a run directory has a rank 0, so a second job's
+// rank 0 fails. Move-only.
+class RunLock {
+ public:
+  // ConfigError naming the directory and the holder's host and pid when
+  // another process (or another RunLock of this one) holds it; Error when
+  // the lock file cannot be opened.
+  explicit RunLock(const std::string& root);
+  ~RunLock();
+  RunLock(RunLock&& other) noexcept;
+  RunLock& operator=(RunLock&&) = delete;
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Who a run is: a random id given when the run starts (kept across resumes
+// and restarts), and a digest of the configuration it started with
+// (config_digest). In <root>/run.json and in each checkpoint
+// (config.run.id, config.run.digest).
+struct RunIdentity {
+  std::string id;
+  std::string digest;  // of the configuration of this job (a resume may change flags)
+  // The directory was written before run identities (a --resume adopted
+  // it: run.json's "legacy_checkpoints"); its checkpoints without a run id
+  // count as the run's.
+  bool legacy = false;
+};
+
+// 16 hex digits over the settings that make a run what it is: the model
+// shape, the schedule (lr, min_lr, warm-up, steps), batch, seed, data,
+// precision, sharding, checkpoint format and mesh.
+std::string config_digest(const TrainConfig& config);
+
+// Where a resumed run continues (empty path: from scratch), and the
+// damaged checkpoints set aside on the way (rank 0 only).
+struct ResumePoint {
+  std::string path;
+  std::vector<std::string> set_aside;
+};
+
 class RunDirectory {
  public:
   explicit RunDirectory(std::string root);
@@ -22,37 +78,86 @@ class RunDirectory {
   std::string metrics_path() const;                 // <root>/metrics.jsonl
   std::string log_path() const;                     // <root>/train.log
   std::string checkpoint_path(int64_t step) const;  // <root>/checkpoints/step-<step, 8 digits>
+  std::string identity_path() const;                // <root>/run.json
+  std::string lock_path() const;                    // <root>/.lock
+
+  // [local] The run recorded in run.json; none when there is no run.json.
+  // ConfigError naming the file when it is not what begin() writes.
+  std::optional<RunIdentity> identity() const;
+
+  // [local] Whether the directory holds a run: run.json, metrics.jsonl,
+  // train.log, loss.svg, or anything in checkpoints/ (other files, such as
+  // a --data file kept there, and .lock do not count).
+  bool holds_run() const;
+
+  // [collective; call it with rank 0 holding RunLock] The identity of the
+  // run about to train, the same on every rank. Rank 0 decides:
+  // - config.resume or config.resume_from: the directory's run continues
+  //   (a directory without run.json gets a new id, written there);
+  // - config.overwrite: removes what fsdp-train wrote there (run.json,
+  //   checkpoints/, metrics.jsonl, train.log, loss.svg; nothing else) and
+  //   starts a new run;
+  // - otherwise a new run, and ConfigError if the directory already holds
+  //   one (holds_run), saying what --resume and --overwrite would do.
+  RunIdentity begin(const FSDPStrategy& strategy, const TrainConfig& config) const;
 
   // [local] The checkpoints in <root>/checkpoints, newest first (by the step
   // in the name); none when the folder does not exist.
   std::vector<std::pair<int64_t, std::string>> checkpoints() const;
 
-  // [local] Where a run of `config` resumes: the newest checkpoint that
-  // inspect_checkpoint reads (damaged or incomplete ones are skipped, named
-  // on stderr), "" when there is none. Prints the flags of `config` that
-  // differ from that checkpoint's run (overridden_flags) on stdout.
-  // ConfigError when its model has another shape than config.model, naming
-  // each difference.
-  std::string resume_checkpoint(const TrainConfig& config) const;
+  // [local] Where run `run` of `config` resumes: the newest of its own
+  // checkpoints in checkpoints/ that verifies (verify_checkpoint: every
+  // checksum). Checkpoints of another run (another config.run.id, or none
+  // in a directory with run.json) are never taken: each is named on stderr
+  // ("--resume-from it to continue it"). Incomplete ones (killed saves) are
+  // skipped, named. A damaged one (it fails inspection or verification) is
+  // named on stderr with its problems and renamed
+  // step-NNNNNNNN.damaged-<UTC time> (kept for a post-mortem; no longer a
+  // checkpoint to resume or prune), and the next older one is tried; its
+  // path goes to `set_aside`. With config.resume_from, that checkpoint when
+  // the directory has none of the run's own (a restart after the run's
+  // first checkpoint takes its own). "" when there is none. Prints the flags
+  // of `config` that differ from the chosen checkpoint's run
+  // (overridden_flags) on stdout. ConfigError when its model has another
+  // shape than config.model, naming each difference, or when
+  // config.resume_from is not a readable checkpoint.
+  std::string resume_checkpoint(const TrainConfig& config, const RunIdentity& run,
+                                std::vector<std::string>* set_aside = nullptr) const;
 
-  // [collective] Rank 0 chooses resume_checkpoint(config); every rank loads
-  // it into `state` (strategy.load_checkpoint). Returns its path, "" when
+  // [collective] Rank 0 chooses resume_checkpoint(config, run); every rank
+  // loads it into `state` (strategy.load_checkpoint). Its path is empty when
   // there is none (state untouched). Rank 0's error is thrown on every rank,
   // with its kind.
-  std::string resume(const FSDPStrategy& strategy, const TrainConfig& config, CheckpointState& state) const;
+  ResumePoint resume(const FSDPStrategy& strategy, const TrainConfig& config, const RunIdentity& run,
+                     CheckpointState& state) const;
 
-  // [collective] Saves `state` as checkpoint_path(step), then rank 0 removes
-  // all but the newest `keep` checkpoints. Every rank returns after both.
-  void save(const FSDPStrategy& strategy, const CheckpointState& state, int64_t step, int keep) const;
+  // [collective; rank 0 holding RunLock] Rank 0 first removes the
+  // temporary files of killed saves (remove_dead_temporaries), then `state`
+  // is saved as checkpoint_path(step), then rank 0 removes all but the
+  // newest `keep` checkpoints of `run` (and incomplete ones older than
+  // `step`); another run's checkpoints stay. Every rank returns after all.
+  void save(const FSDPStrategy& strategy, const CheckpointState& state, int64_t step, int keep,
+            const RunIdentity& run) const;
+
+  // [local; only while holding RunLock] Removes what killed saves left:
+  // checkpoints/step-*.tmp-* (a full save's file) and *.tmp-* files inside
+  // checkpoints/step-*/ (a sharded save's). No save of this job may be in
+  // flight. Returns the paths removed.
+  std::vector<std::string> remove_dead_temporaries() const;
 
  private:
   std::string root_;
 };
 
-// The model shape and the run settings (lr, min_lr, warmup_steps, steps,
-// batch, seed) of `run` as values of `state`, so that a checkpoint says what
-// it holds and a resume can say which flags it overrides.
-void put_config(CheckpointState& state, const TrainConfig& run);
+// The model shape, the run settings (lr, min_lr, warmup_steps, steps,
+// batch, seed) of `run` and its identity (run.id, run.digest) as values of
+// `state` under "config.", so that a checkpoint says what it holds and
+// whose it is, and a resume can say which flags it overrides.
+void put_config(CheckpointState& state, const TrainConfig& run, const RunIdentity& identity);
+
+// The run id a checkpoint records (config.run.id); "" for a checkpoint
+// written before fsdp-train recorded one.
+std::string run_id_of(const CheckpointInfo& info);
 
 // The model shape a checkpoint written by train() records; ConfigError
 // naming `path` when it lacks one (not written by fsdp-train).

@@ -194,6 +194,26 @@ TEST(DeadRank, KilledInASaveResumesFromTheLastCompleteCheckpoint) {
   expect_same_weights(dir.path() + "/run/checkpoints/step-00000010");
 }
 
+// Rank 0 dies while writing the second full checkpoint (step 6): its
+// temporary file (step-00000006.tmp-<id>) stays behind until the restarted
+// run's next save removes it (issue 19 item 7); the run still ends like the
+// uninterrupted one, with nothing temporary left in its directory.
+TEST(DeadRank, AFullSaveKilledMidWriteLeavesNoTemporaryFileBehind) {
+  reference_weights();
+  TempDir dir;
+  auto cmd = train_command(dir.path() + "/run", {"--max-restarts", "1"});
+  cmd.insert(cmd.end(), {"--state-dict-type", "full"});
+  auto r = run_program(cmd, std::chrono::seconds(300), fault_env("full-after-first-record:0:2"));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step-00000006.tmp-"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", left by a save that was killed"), std::string::npos) << r.output;
+  for (const auto& e : fs::recursive_directory_iterator(dir.path() + "/run")) {
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
+  }
+  expect_same_weights(dir.path() + "/run/checkpoints/step-00000010");
+}
+
 // Two "nodes" (one fsdp-run each, as on two machines): when node 1's rank dies
 // nobody stops node 0's rank, which must fail by itself with an error naming
 // the collective, within the collective timeout plus a few seconds.

@@ -15,6 +15,11 @@
 #include <iomanip>
 #include <sstream>
 
+#include <signal.h>
+
+#include <regex>
+#include <thread>
+
 #include "../support/errors.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
@@ -66,6 +71,8 @@ std::vector<std::string> command_line(const train::TrainConfig& c) {
   if (!c.data.empty()) f.push_back(is("--data", c.data));
   if (!c.mesh.empty()) f.push_back(is("--mesh", c.mesh));
   if (c.resume) f.emplace_back("--resume");
+  if (!c.resume_from.empty()) f.push_back(is("--resume-from", c.resume_from));
+  if (c.overwrite) f.emplace_back("--overwrite");
   if (!c.empty_init) f.emplace_back("--eager-init");
   if (c.activation_checkpointing) f.emplace_back("--activation-checkpointing");
   if (c.cpu_offload) f.emplace_back("--cpu-offload");
@@ -428,6 +435,218 @@ TEST(GptTrainer, CommandLineRunsUnderFsdpRun) {
     EXPECT_NE(r.output.find(flag + ": "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
   }
+}
+
+
+// Issue 19 item 5: one job per run directory. A second job into an --out
+// that a running job writes fails at once, naming the first job's host and
+// pid (rank 0 holds flock on <out>/.lock); the kernel releases the lock when
+// the holder dies, even by SIGKILL, and the next job takes it.
+TEST(GptTrainer, ASecondJobIntoTheSameOutIsRefusedNamingTheFirst) {
+  TempDir dir;
+  const std::string out = dir.path() + "/run";
+  auto a = tiny(out, 100000);  // runs until killed
+  a.eval_every = 0;
+  int fd = -1;
+  const pid_t first = spawn(command_line(a), {}, &fd);  // alone: rank 0 of 1
+  ASSERT_GT(first, 0);
+  std::string holder;
+  for (int i = 0; i < 1200 && holder.find("pid") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    holder = read_file(out + "/.lock");
+  }
+  ASSERT_NE(holder.find("pid " + std::to_string(first)), std::string::npos) << "lock file: '" << holder << "'";
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  auto b = tiny(out, 4);
+  b.resume = true;
+  std::vector<std::string> argv{FSDP_RUN_PATH, "--nproc-per-node", "2", "--"};
+  for (auto& arg : command_line(b)) argv.push_back(arg);
+  auto second = run_program(argv, std::chrono::seconds(120));
+  EXPECT_NE(second.exit_code(), 0) << second.output;
+  EXPECT_NE(second.output.find("--out " + out + " is in use by another fsdp-train job (host " + std::string(host) +
+                               " pid " + std::to_string(first) + " since "),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("wait for that job to end, or pass another --out"), std::string::npos)
+      << second.output;
+  kill(first, SIGKILL);  // the holder dies: the kernel releases its lock
+  const auto r = wait_program(first, fd, std::chrono::seconds(30));
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_TRUE(train_processes(2, b)) << "the lock outlived its holder";
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step-00000004"));
+}
+
+// Issue 19 item 6: a run's identity (run.json, config.run.id in each
+// checkpoint) keeps runs apart. A new run into a used --out is refused
+// unless --resume or --overwrite says what to do; a resume never takes
+// another run's checkpoint, unless --resume-from names it; --overwrite starts
+// over, and a restart by fsdp-run (with --overwrite still on its command
+// line) resumes the new run, not the old one.
+TEST(GptTrainer, ANewRunIntoAUsedOutIsRefusedAndNeverResumesAnotherRun) {
+  TempDir dir;
+  const std::string a = dir.path() + "/a", b = dir.path() + "/b", c = dir.path() + "/c";
+  auto id_of_dir = [](const std::string& out) {
+    return nlohmann::json::parse(read_file(out + "/run.json")).at("run_id").get<std::string>();
+  };
+  auto id_of_checkpoint = [](const std::string& path) { return inspect_checkpoint(path).values.at("config.run.id"); };
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(a, 4), borrow(pg)); });
+  const std::string run_a = id_of_dir(a);
+  EXPECT_EQ(id_of_checkpoint(a + "/checkpoints/step-00000004"), run_a);
+  EXPECT_EQ(inspect_checkpoint(a + "/checkpoints/step-00000004").values.at("config.run.digest"),
+            nlohmann::json::parse(read_file(a + "/run.json")).at("config_digest").get<std::string>());
+  // A new run (another seed) into a: refused, on every rank, saying what to do.
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto again = tiny(a, 4);
+    again.seed = 1;
+    expect_config_error([&] { train::train(again, borrow(pg)); },
+                        "--out " + a + " already holds run " + run_a + ", newest checkpoint " + a +
+                            "/checkpoints/step-00000004: expected an empty run directory for a new run; pass "
+                            "--resume to continue that run, --overwrite to start over");
+  });
+  EXPECT_EQ(id_of_dir(a), run_a);
+  // Run B in b, with A's newer checkpoint copied among its own: a resume
+  // takes B's own newest (step 2), naming A's as another run's.
+  auto rb = tiny(b, 2);
+  rb.seed = 1;
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(rb, borrow(pg)); });
+  fs::copy(a + "/checkpoints/step-00000004", b + "/checkpoints/step-00000004", fs::copy_options::recursive);
+  rb.steps = 6;
+  rb.resume = true;
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(rb, borrow(pg)); });
+  const std::string said = ::testing::internal::GetCapturedStdout(), warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("resumed from " + b + "/checkpoints/step-00000002 at step 2"), std::string::npos) << said;
+  EXPECT_NE(warned.find("not resuming " + b + "/checkpoints/step-00000004: it belongs to run " + run_a +
+                        ", not to this directory's run " + id_of_dir(b) + " (--resume-from it to continue from it)"),
+            std::string::npos)
+      << warned;
+  EXPECT_EQ(id_of_checkpoint(b + "/checkpoints/step-00000006"), id_of_dir(b));
+  EXPECT_EQ(id_of_checkpoint(b + "/checkpoints/step-00000004"), run_a) << "another run's checkpoint was replaced";
+  // --resume-from names another run's checkpoint explicitly: it is taken.
+  auto rc = tiny(c, 6);
+  rc.resume_from = a + "/checkpoints/step-00000004";
+  ::testing::internal::CaptureStdout();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(rc, borrow(pg)); });
+  EXPECT_NE(::testing::internal::GetCapturedStdout().find("resumed from " + rc.resume_from + " at step 4"),
+            std::string::npos);
+  EXPECT_NE(id_of_dir(c), run_a);
+  EXPECT_EQ(id_of_checkpoint(c + "/checkpoints/step-00000006"), id_of_dir(c));
+  // --overwrite starts over in a: a new run id, A's checkpoints and metrics gone.
+  auto ra = tiny(a, 2);
+  ra.seed = 1;
+  ra.overwrite = true;
+  ASSERT_TRUE(train_processes(2, ra));
+  const std::string run_a2 = id_of_dir(a);
+  EXPECT_NE(run_a2, run_a);
+  EXPECT_FALSE(fs::exists(a + "/checkpoints/step-00000004"));
+  EXPECT_EQ(metrics(a).size(), 2u);
+  // fsdp-run restarts it with the same command line (--overwrite included):
+  // the restart continues the new run from its step 2.
+  // (fsdp-run sets TORCHELASTIC_RESTART_COUNT itself: the restarted worker
+  // is run alone here, as rank 0 of 1.)
+  ra.steps = 4;
+  auto r = run_program(command_line(ra), std::chrono::seconds(240), {"TORCHELASTIC_RESTART_COUNT=1"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + a + "/checkpoints/step-00000002 at step 2"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(id_of_dir(a), run_a2);
+  EXPECT_EQ(id_of_checkpoint(a + "/checkpoints/step-00000004"), run_a2);
+  EXPECT_EQ(metrics(a).size(), 4u);
+  // Contradictory or unusable flags are named before anything is touched.
+  auto bad = tiny(a, 4);
+  bad.overwrite = true;
+  bad.resume = true;
+  expect_config_error([&] { train::validate(bad); }, "--overwrite and --resume contradict each other");
+  bad = tiny(a, 4);
+  bad.resume_from = dir.path() + "/nowhere";
+  expect_config_error([&] { train::validate(bad); }, "--resume-from " + bad.resume_from + ": no such checkpoint");
+  bad.resume_from = a + "/checkpoints/step-00000004";
+  bad.overwrite = true;
+  expect_config_error([&] { train::validate(bad); }, "lies inside --out " + a + ", which --overwrite empties first");
+}
+
+// Issue 19 item 7: a save killed mid-write leaves its temporary file
+// (step-NNNNNNNN.tmp-<id> for a full save, *.tmp-<id> inside a sharded
+// checkpoint's directory). The next save of the run removes them: the run
+// directory's lock proves that no writer of theirs is alive. Incomplete
+// sharded checkpoints older than the save go too.
+TEST(GptTrainer, TheNextSaveRemovesWhatKilledSavesLeft) {
+  TempDir dir;
+  const std::string out = dir.path() + "/run", ck = out + "/checkpoints";
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(out, 2), borrow(pg)); });
+  auto junk = [](const std::string& path) { std::ofstream(path) << std::string(1000, 'x'); };
+  junk(ck + "/step-00000003.tmp-18c2f3a1b2c-abcdef");             // a full save killed at step 3
+  junk(ck + "/step-00000002/data-0-18c2f3a1b2c.bin.tmp-18c2f3a1b2c-abc");  // a sharded one, in a kept checkpoint
+  fs::create_directories(ck + "/step-00000001");                  // a sharded save killed before its commit
+  junk(ck + "/step-00000001/data-0-1.bin.tmp-18c2f3a1b2c-abc");
+  auto r = tiny(out, 4);
+  r.resume = true;
+  r.keep = 3;
+  ::testing::internal::CaptureStderr();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(r, borrow(pg)); });
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("removed " + ck + "/step-00000003.tmp-18c2f3a1b2c-abcdef, left by a save that was killed"),
+            std::string::npos)
+      << warned;
+  std::vector<std::string> left;
+  for (const auto& e : fs::recursive_directory_iterator(ck)) left.push_back(e.path().string());
+  for (const auto& p : left) EXPECT_EQ(p.find(".tmp-"), std::string::npos) << "left behind: " << p;
+  EXPECT_FALSE(fs::exists(ck + "/step-00000001")) << "an incomplete checkpoint stayed";
+  EXPECT_TRUE(verify_checkpoint(ck + "/step-00000002").empty());
+  EXPECT_TRUE(fs::exists(ck + "/step-00000004"));
+}
+
+// Issue 19 item 8: a damaged newest checkpoint does not stop the run (under
+// fsdp-run --max-restarts it would die in a loop): the resume names it and
+// its problem, moves it aside (step-NNNNNNNN.damaged-<time>, kept for a
+// post-mortem), resumes from the newest checkpoint that verifies, and
+// metrics.jsonl records the step it resumed from and what it set aside.
+TEST(GptTrainer, ADamagedNewestCheckpointIsSetAsideAndTheRunResumesFromTheOneBefore) {
+  TempDir dir;
+  const std::string out = dir.path() + "/run", ck = out + "/checkpoints";
+  auto c = tiny(out, 4);
+  c.save_every = 2;
+  c.keep = 3;
+  ASSERT_TRUE(train_processes(2, c));
+  // One flipped byte in the middle of step 4's largest file.
+  fs::path largest;
+  for (const auto& e : fs::directory_iterator(ck + "/step-00000004")) {
+    if (largest.empty() || fs::file_size(e.path()) > fs::file_size(largest)) largest = e.path();
+  }
+  {
+    std::fstream f(largest, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(largest) / 2);
+    f.seekg(at);
+    const char byte = static_cast<char>(f.get() ^ 0x01);
+    f.seekp(at);
+    f.put(byte);
+  }
+  ASSERT_FALSE(verify_checkpoint(ck + "/step-00000004").empty()) << "the damage went unnoticed";
+  c.steps = 6;
+  c.resume = true;
+  std::vector<std::string> argv{FSDP_RUN_PATH, "--nproc-per-node", "2", "--max-restarts", "1", "--"};
+  for (auto& arg : command_line(c)) argv.push_back(arg);
+  auto r = run_program(argv, std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("WARNING: checkpoint " + ck + "/step-00000004 is damaged ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + ck + "/step-00000002 at step 2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restarting"), std::string::npos) << "it took a restart:\n" << r.output;
+  std::string aside;
+  for (const auto& e : fs::directory_iterator(ck)) {
+    if (e.path().filename().string().rfind("step-00000004.damaged-", 0) == 0) aside = e.path().string();
+  }
+  EXPECT_FALSE(aside.empty()) << "the damaged checkpoint was not kept aside";
+  EXPECT_NE(r.output.find("moved it aside to " + aside), std::string::npos) << r.output;
+  EXPECT_TRUE(verify_checkpoint(ck + "/step-00000004").empty()) << "step 4 saved again";
+  std::ifstream in(out + "/metrics.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(lines[2].value("resumed_from", -1), 2) << lines[2];
+  EXPECT_EQ(lines[2].value("set_aside", nlohmann::json::array()), nlohmann::json::array({aside})) << lines[2];
+  EXPECT_FALSE(lines[3].contains("resumed_from")) << lines[3];
 }
 
 }  // namespace

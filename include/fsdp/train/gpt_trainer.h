@@ -32,7 +32,18 @@ struct TrainConfig {
   std::string data;                 // text file (empty: the generated corpus)
   int64_t save_every = 0;           // 0: only at the end
   int keep = 2;                     // checkpoints kept
-  bool resume = false;              // continue from the newest complete checkpoint in out/checkpoints
+  // One run per directory (docs/reliability.md). A run that starts fresh
+  // into a directory that already holds a run is refused unless it says
+  // what to do: resume = continue the directory's run from its newest
+  // checkpoint that verifies (a damaged one is set aside, loudly; another
+  // run's checkpoint is never taken); overwrite = start over, removing what
+  // fsdp-train wrote there; resume_from = continue from that checkpoint
+  // (any run's). With resume too (as after an fsdp-run restart, which sets
+  // resume), resume_from is taken only while the directory has no
+  // checkpoint of its own run yet.
+  bool resume = false;
+  std::string resume_from;
+  bool overwrite = false;
   CheckpointFormat state_dict_type = CheckpointFormat::kSharded;
   ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
   std::string precision = "32-true";
@@ -57,7 +68,9 @@ models::GPTConfig preset(const std::string& name);
 
 // Checks what can be checked before training: heads divide dim, the data
 // file exists and is not empty, the run directory is writable, numbers are
-// positive. ConfigError naming the setting otherwise.
+// positive, overwrite is not combined with resume, resume_from exists and
+// (with overwrite) lies outside the run directory. ConfigError naming the
+// setting otherwise.
 void validate(const TrainConfig& config);
 
 // The generated corpus: deterministic English-like text (no file needed).
@@ -76,9 +89,14 @@ double learning_rate(const TrainConfig& config, int64_t step);
 std::string write_loss_curve(const std::string& out);
 
 // [collective over `world`] Trains; returns the last step's mean loss. Rank 0
-// prints a progress line (updated in place on a terminal), appends plain
-// lines to out/train.log and one JSON object per step to out/metrics.jsonl,
-// and draws out/loss.svg at the end. The initial weights come from the seed
+// holds an exclusive lock on `out` for the whole call (out/.lock: a second
+// job into the same directory fails naming this one's host and pid), records
+// the run's identity (out/run.json, and in each checkpoint), prints a
+// progress line (updated in place on a terminal), appends plain lines to
+// out/train.log and one JSON object per step to out/metrics.jsonl (the first
+// step after a resume also records "resumed_from", and "set_aside" when
+// damaged checkpoints were moved aside), and draws out/loss.svg at the end.
+// Each save first removes the temporary files of killed saves. The initial weights come from the seed
 // alone: it seeds LibTorch's process-wide generator (torch::manual_seed) and
 // builds the model from it, so ranks that are threads of one process start
 // from different weights; run ranks as processes (fsdp-run) to get them.
