@@ -73,13 +73,52 @@ def _value(entry):
     return v
 
 
+def _float_json(v):
+    """A float as nlohmann::json writes it: Python's shortest round-trip digits, which agree with its form
+    except from 1e15 to 1e16, where Python writes 16 digits before the point and nlohmann an exponent."""
+    text = repr(v)
+    if "e" in text or not 1e15 <= abs(v) < 1e16:
+        return text
+    sign = "-" if text.startswith("-") else ""
+    whole, frac = text.lstrip("-").split(".")
+    digits = (whole + frac).rstrip("0")
+    rest = digits[1:]
+    return f"{sign}{digits[0]}{'.' + rest if rest else ''}e+{len(whole) - 1:02d}"
+
+
+def _compact_json(v):
+    """JSON as fsdp-cpp's writer (nlohmann::json's dump()) writes it compactly, in the given order."""
+    if isinstance(v, float):
+        return _float_json(v)
+    if isinstance(v, list):
+        return "[" + ",".join(_compact_json(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _compact_json(x) for k, x in v.items()) + "}"
+    return json.dumps(v, ensure_ascii=False)  # str, int, bool, None
+
+
+def check_index(index, where):
+    """The index's own checksum (absent in indexes written before fsdp-cpp recorded it): "crc32:<hex>" of the
+    compact JSON of every other field, in the file's order."""
+    if "checksum" not in index:
+        return
+    rest = {k: v for k, v in index.items() if k != "checksum"}
+    computed = "crc32:%08x" % (zlib.crc32(_compact_json(rest).encode("utf-8")) & 0xFFFFFFFF)
+    if index["checksum"] != computed:
+        raise CheckpointError(f"{where}: checksum mismatch: the index records {index['checksum']}, its contents "
+                              f"have {computed} (the index is damaged)")
+
+
 def load_sharded(path, verify=True):
-    """Assembles the sharded checkpoint directory `path` into a dict of entries."""
+    """Assembles the sharded checkpoint directory `path` into a dict of entries (verify: the index's checksum
+    and every chunk's CRC-32 are checked)."""
     name = "fsdp_index.json" if os.path.exists(os.path.join(path, ".metadata")) else "index.json"
     with open(os.path.join(path, name)) as f:
         index = json.load(f)
     if index.get("format") != "fsdp-cpp" or index.get("kind") != "sharded":
         raise CheckpointError(f"{path}/{name} is not an fsdp-cpp sharded checkpoint index")
+    if verify:
+        check_index(index, f"{path}/{name}")
     if index["version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path}: format version {index['version']} is newer than this script ({FORMAT_VERSION})")
     tensors = _read_tensors(path, index, verify)

@@ -1,6 +1,8 @@
 // fsdp-ckpt: looks into fsdp-cpp checkpoints.
 //   fsdp-ckpt inspect PATH            format, version, world size, values, tensors
-//   fsdp-ckpt verify PATH             every checksum; exit 0 sound, 1 damaged (listed)
+//   fsdp-ckpt verify PATH             every checksum (the index's own, every zip record's, every chunk's),
+//                                     chunks covering each tensor exactly, and an fsdp-train checkpoint's
+//                                     model configuration against its tensors; exit 0 sound, 1 damaged (listed)
 //   fsdp-ckpt consolidate DIR OUT     sharded -> one full file (torch.load-able), one tensor in memory at a time
 //   fsdp-ckpt export CKPT OUT [--format safetensors]
 //                                     the model's weights as a safetensors file (Hugging Face's), one tensor at a time
@@ -14,6 +16,7 @@
 
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
+#include "fsdp/train/gpt_trainer.h"
 
 namespace {
 
@@ -61,6 +64,16 @@ int inspect(const std::string& path) {
 
 int verify(const std::string& path) {
   auto problems = fsdp::verify_checkpoint(path);
+  if (problems.empty()) {  // an fsdp-train checkpoint: its model configuration against its tensors
+    try {
+      const fsdp::CheckpointInfo info = fsdp::inspect_checkpoint(path);
+      bool trained = false;
+      for (const auto& [name, value] : info.values) trained |= name.rfind("config.model.", 0) == 0;
+      if (trained) fsdp::train::checkpoint_model_config(info, path);
+    } catch (const std::exception& e) {
+      problems.push_back(e.what());
+    }
+  }
   if (problems.empty()) {
     std::cout << path << ": ok (every checksum matches)\n";
     return 0;

@@ -189,13 +189,20 @@ struct CheckpointInfo {
   CheckpointFormat format = CheckpointFormat::kFull;
   int version = 0;
   int world_size = 0;
-  std::map<std::string, std::string> values;  // name -> printable value
+  std::map<std::string, std::string> values;       // name -> printable value
+  std::map<std::string, std::string> value_types;  // name -> "int", "float", "bool", "str" or "tensor"
   std::vector<CheckpointTensorInfo> tensors;
 };
 CheckpointInfo inspect_checkpoint(const std::string& path);
 
-// [local] Reads every piece and checks its checksum and size. Returns one
-// line per damaged piece or file (empty: the checkpoint is sound).
+// [local] Checks what loading checks, and reads everything: the index's own
+// checksum (before anything in it is used), every zip record against its
+// CRC-32 (full files, DCP items), every piece against its checksum and size,
+// that each tensor's chunks cover it exactly without overlap, and for a DCP
+// directory that fsdp_index.json and .metadata agree. Returns one line per
+// damaged piece or file (empty: the checkpoint is sound, and loads). Files
+// that are not regular files (FIFOs, devices) are refused, never opened for
+// a blocking read.
 std::vector<std::string> verify_checkpoint(const std::string& path);
 
 // [local] Writes the sharded checkpoint `sharded_dir` as one full checkpoint

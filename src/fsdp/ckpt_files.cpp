@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -101,15 +103,31 @@ int64_t file_size(const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
+const char* file_kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  return "not a regular file";
+}
+
 void read_into(const std::string& path, int64_t offset, int64_t nbytes, void* dst) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer (it
+  // is refused below); it changes nothing for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     throw ConfigError("checkpoint: cannot open " + path + ": " + std::strerror(err) +
                       (err == ENOENT ? " (a data file of the checkpoint is missing)" : ""));
   }
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const mode_t mode = st.st_mode;
+    ::close(fd);
+    throw ConfigError("checkpoint: " + path + " is " + file_kind(mode) +
+                      ", not a regular file: a checkpoint's files are regular files; refusing to read it");
+  }
   if (offset < 0 || nbytes < 0 || nbytes > static_cast<int64_t>(st.st_size) ||
       offset > static_cast<int64_t>(st.st_size) - nbytes) {
     ::close(fd);
@@ -149,8 +167,7 @@ class RangeAdapter final : public caffe2::serialize::ReadAdapterInterface {
   size_t read(uint64_t pos, void* buf, size_t n, const char* = "") const override {
     if (pos >= static_cast<uint64_t>(length_)) return 0;
     n = std::min<size_t>(n, static_cast<size_t>(static_cast<uint64_t>(length_) - pos));
-    const std::string bytes = read_range(path_, offset_ + static_cast<int64_t>(pos), static_cast<int64_t>(n));
-    std::memcpy(buf, bytes.data(), n);
+    read_into(path_, offset_ + static_cast<int64_t>(pos), static_cast<int64_t>(n), buf);
     return n;
   }
 
@@ -168,8 +185,13 @@ uint64_t le_at(const std::string& b, size_t at, size_t n) {
 }  // namespace
 
 FullReader::FullReader(const std::string& path) : path_(path), where_(path) {
+  // Read through read_into, which refuses what is not a regular file (a
+  // FIFO would block LibTorch's own open forever).
+  std::array<char, 1> probe{};
+  read_into(path, 0, 0, probe.data());
+  const int64_t size = file_size(path);
   try {
-    reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(std::make_shared<RangeAdapter>(path, 0, size));
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
@@ -215,6 +237,15 @@ std::vector<std::string> FullReader::records() const {
 }
 
 uint32_t FullReader::record_crc(const std::string& record) const {
+  if (!crcs_) crcs_ = std::make_unique<std::map<std::string, uint32_t>>(read_crcs());
+  const auto it = crcs_->find(record);
+  if (it == crcs_->end()) {
+    throw ConfigError("checkpoint: " + where_ + ": the zip's central directory has no entry for record '" + record + "'");
+  }
+  return it->second;
+}
+
+std::map<std::string, uint32_t> FullReader::read_crcs() const {
   const int64_t length = length_ >= 0 ? length_ : file_size(path_);
   auto bad = [&](const std::string& why) {
     return ConfigError("checkpoint: " + where_ + ": the zip's central directory " + why);
@@ -238,16 +269,17 @@ uint32_t FullReader::record_crc(const std::string& record) const {
     throw bad("lies outside the zip");
   }
   const std::string cd = read_range(path_, offset_ + static_cast<int64_t>(cd_offset), static_cast<int64_t>(cd_size));
+  std::map<std::string, uint32_t> crcs;
   for (size_t at = 0; at + 46 <= cd.size();) {
     if (le_at(cd, at, 4) != 0x02014b50) throw bad("has a malformed entry");
     const size_t name_n = le_at(cd, at + 28, 2), extra_n = le_at(cd, at + 30, 2), comment_n = le_at(cd, at + 32, 2);
     if (at + 46 + name_n > cd.size()) throw bad("has a malformed entry");
     const std::string name = cd.substr(at + 46, name_n);
     const auto slash = name.find('/');
-    if (slash != std::string::npos && name.substr(slash + 1) == record) return static_cast<uint32_t>(le_at(cd, at + 16, 4));
+    if (slash != std::string::npos) crcs.emplace(name.substr(slash + 1), static_cast<uint32_t>(le_at(cd, at + 16, 4)));
     at += 46 + name_n + extra_n + comment_n;
   }
-  throw bad("has no entry for record '" + record + "'");
+  return crcs;
 }
 
 FullReader::~FullReader() = default;
@@ -261,14 +293,24 @@ bool FullReader::has(const std::string& record) const {
 }
 
 std::string FullReader::read(const std::string& record) const {
+  std::string bytes;
   try {
     auto [data, size] = reader_->getRecord(record);
-    return std::string(static_cast<const char*>(data.get()), size);
+    bytes.assign(static_cast<const char*>(data.get()), size);
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
     throw ConfigError("checkpoint: " + path_ + ": cannot read record '" + record + "': " + what);
   }
+  // LibTorch's zip reader does not check CRC-32s: every record read is checked here.
+  const uint32_t want = record_crc(record), got = crc32(bytes.data(), bytes.size());
+  if (want != got) {
+    char text[64];
+    std::snprintf(text, sizeof text, "the zip records CRC-32 %08x, its bytes have %08x", want, got);
+    throw ConfigError("checkpoint: checksum mismatch in " + where_ + " (record " + record + "): " + text +
+                      ": the file is damaged");
+  }
+  return bytes;
 }
 
 std::string read_chunk(const Chunk& chunk, const std::string& key, const FullReader* full, const std::string& dir) {

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <regex>
+#include <set>
 
 #include "fsdp/error.h"
 
@@ -315,6 +317,7 @@ void encode_header(Json& j, const Index& index) {
   j["world_size"] = index.world_size;
   j["save_id"] = index.save_id;
   if (index.kind == Index::Kind::kSharded) j["files"] = index.files;
+  if (index.has_metadata_crc) j["metadata_crc32"] = index.metadata_crc;
 }
 
 Index decode_header(const Json& j, const std::string& where) {
@@ -338,7 +341,63 @@ Index decode_header(const Json& j, const std::string& where) {
       if (!safe_file_name(f)) bad(where, "data file name '" + f + "' is not a plain file name inside the checkpoint");
     }
   }
+  if (j.contains("metadata_crc32")) {
+    ix.metadata_crc = static_cast<uint32_t>(int_field(j, "metadata_crc32", where, 0, 0xffffffffLL));
+    ix.has_metadata_crc = true;
+  }
   return ix;
+}
+
+// The index's own checksum: "crc32:<8 hex digits>" of the compact JSON of
+// every other field, in the file's order.
+constexpr const char* kChecksumField = "checksum";
+std::string index_checksum(const Json& j_without_checksum) {
+  const std::string text = j_without_checksum.dump();
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", crc32(text.data(), text.size()));
+  return std::string("crc32:") + hex;
+}
+
+// The index's fields, every one known (a bit flip in a name must not make a
+// field, the checksum above all, silently absent), and its checksum, which
+// an index written before issue 19 lacks (Index::checksummed false).
+void check_fields_and_checksum(const Json& j, Index& ix, const std::string& where) {
+  static const std::vector<std::string> known = {"format", "kind",    "version", "world_size",     "save_id",
+                                                 "files",  "entries", "tensors", "metadata_crc32", kChecksumField};
+  for (const auto& [key, v] : j.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      bad(where, "has an unknown field '" + key + "' (the index is damaged, or from another program)");
+    }
+  }
+  if (!j.contains(kChecksumField)) return;
+  const std::string recorded = str_field(j, kChecksumField, where);
+  Json rest = j;
+  rest.erase(kChecksumField);
+  const std::string computed = index_checksum(rest);
+  if (recorded != computed) {
+    bad(where, "checksum mismatch: the index records " + recorded + ", its contents have " + computed +
+                   " (the index is damaged; nothing in it is trusted)");
+  }
+  ix.checksummed = true;
+}
+
+// Every state-dict key and tensor value of the entries has its tensor, and
+// every tensor belongs to an entry.
+void check_entries_match_tensors(const Index& ix, const std::string& where) {
+  std::set<std::string> named;
+  for (const auto& e : ix.entries) {
+    if (e.is_state_dict()) {
+      for (const auto& k : e.keys) named.insert(e.name + "/" + k);
+    } else if (e.type == EntryType::kTensor) {
+      named.insert(e.name);
+    }
+  }
+  for (const auto& key : named) {
+    if (!ix.tensors.count(key)) bad(where, "entry key '" + key + "' has no tensor in 'tensors'");
+  }
+  for (const auto& key : ix.tensor_order) {
+    if (!named.count(key)) bad(where, "tensor '" + key + "' belongs to no entry");
+  }
 }
 
 Json parse_json(const std::string& text, const std::string& where, const char* what) {
@@ -372,19 +431,27 @@ std::string to_json(const Index& index) {
   Json tensors = Json::object();
   for (const auto& key : index.tensor_order) tensors[key] = encode_tensor(index.tensors.at(key));
   j["tensors"] = std::move(tensors);
+  j[kChecksumField] = index_checksum(j);
   return j.dump(1);
 }
 
 Index parse_index(const std::string& text, const std::string& where) {
   const Json j = parse_json(text, where, "the index");
   try {
+    if (!j.is_object() || !j.contains("format") || j["format"] != "fsdp-cpp") {
+      bad(where, "not an fsdp-cpp checkpoint index (no \"format\": \"fsdp-cpp\")");
+    }
+    Index checked;
+    check_fields_and_checksum(j, checked, where);  // before anything in it is trusted
     Index ix = decode_header(j, where);
+    ix.checksummed = checked.checksummed;
     for (const auto& x : list_field(j, "entries", where)) ix.entries.push_back(decode_entry(x, where));
     if (!j.contains("tensors") || !j["tensors"].is_object()) bad(where, "field 'tensors' must be an object");
     for (const auto& [key, x] : j["tensors"].items()) {
       ix.tensors.emplace(key, decode_tensor(x, ix, where + ", tensor '" + key + "'"));
       ix.tensor_order.push_back(key);
     }
+    check_entries_match_tensors(ix, where);
     return ix;
   } catch (const nlohmann::json::exception& e) {
     bad(where, std::string("malformed index (") + e.what() + ")");

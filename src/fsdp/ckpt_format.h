@@ -89,6 +89,13 @@ struct Index {
   int world_size = 1;
   std::string save_id;
   std::vector<std::string> files;  // sharded: the data files
+  // A DCP save's fsdp_index.json: the CRC-32 of its .metadata file's bytes.
+  bool has_metadata_crc = false;
+  uint32_t metadata_crc = 0;
+  // Read from an index whose own checksum (field "checksum") matched; false
+  // for indexes written before issue 19, and for indexes built from DCP's
+  // .metadata or a Python pickle.
+  bool checksummed = false;
   std::vector<EntryRecord> entries;
   std::vector<std::string> tensor_order;
   std::map<std::string, TensorEntry> tensors;  // by "<entry>/<key>" (a tensor value: "<name>")
@@ -111,10 +118,14 @@ std::vector<PieceRecord> decode_pieces(const std::string& text, const std::strin
 void add_piece(Index& index, const PieceRecord& piece);
 
 // The index's JSON: every record above is encoded here and decoded by
-// parse_index, nowhere else (docs/checkpoint-format.md).
+// parse_index, nowhere else (docs/checkpoint-format.md). Its last field,
+// "checksum", is "crc32:<hex>" of the compact JSON of all the others.
 std::string to_json(const Index& index);
-// Parses and validates everything (types, sizes, boxes inside shapes, bytes
-// that match dtype x sizes, file names inside the checkpoint, the version).
+// Parses and validates everything: first the checksum (when present: indexes
+// of earlier fsdp-cpp versions have none) and that every field is known,
+// then types, sizes, boxes inside shapes, bytes that match dtype x sizes,
+// file names inside the checkpoint, the version, and that the entries'
+// keys and the tensors match one to one.
 // ConfigError naming `where` (the file) and the offending field otherwise.
 Index parse_index(const std::string& text, const std::string& where);
 
@@ -155,7 +166,9 @@ class FullReader {
   FullReader(const std::string& path, int64_t offset, int64_t length);
   ~FullReader();
   bool has(const std::string& record) const;
-  std::string read(const std::string& record) const;  // ConfigError naming the file on failure
+  // The record's bytes, checked against the CRC-32 the zip's central
+  // directory records for it. ConfigError naming the file on failure.
+  std::string read(const std::string& record) const;
   // Where a record's (stored) bytes start, in bytes from the start of the zip.
   int64_t record_offset(const std::string& record) const;
   // The CRC-32 the zip's central directory records for a record (reads the
@@ -166,9 +179,12 @@ class FullReader {
   const std::string& where() const { return where_; }  // the file, with the range if any
 
  private:
+  std::map<std::string, uint32_t> read_crcs() const;  // every record's CRC-32, from the central directory
+
   std::string path_, where_;
   int64_t offset_ = 0, length_ = -1;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
+  mutable std::unique_ptr<std::map<std::string, uint32_t>> crcs_;  // read_crcs(), on first use
 };
 
 // Reads ranges of a sharded checkpoint's data files, bound-checked.

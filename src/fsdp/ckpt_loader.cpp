@@ -111,15 +111,36 @@ std::string read_small(const std::string& path) {
 // this save (same save id), else the index built from .metadata.
 void open_dcp(Source& s) {
   const std::string metadata = (fs::path(s.path) / ck::kDcpMetadataFile).string();
-  const ck::DcpMetadata md = ck::parse_dcp_metadata(read_small(metadata), metadata);
+  const std::string metadata_bytes = read_small(metadata);
+  const ck::DcpMetadata md = ck::parse_dcp_metadata(metadata_bytes, metadata);
   const std::string own = (fs::path(s.path) / ck::kDcpIndexFile).string();
   s.dir = s.path;
-  if (!md.save_id.empty() && ck::file_size(own) >= 0) {
+  if (ck::file_size(own) >= 0) {
     ck::Index ix = ck::parse_index(read_small(own), own);
-    if (ix.kind == ck::Index::Kind::kSharded && ix.save_id == md.save_id) {
+    if (ix.kind == ck::Index::Kind::kSharded && !md.save_id.empty() && ix.save_id == md.save_id) {
+      const uint32_t crc = ck::crc32(metadata_bytes.data(), metadata_bytes.size());
+      if (ix.has_metadata_crc && ix.metadata_crc != crc) {
+        throw ConfigError("checkpoint: checksum mismatch in " + metadata + ": " + ck::kDcpIndexFile +
+                          " records its CRC-32 as " + std::to_string(ix.metadata_crc) + ", its bytes have " +
+                          std::to_string(crc) + " (the file is damaged; PyTorch would read wrong chunks from it)");
+      }
       s.where = own;
       s.ix = std::move(ix);
       return;
+    }
+    // Another save's index: legitimately, a save killed between writing it
+    // and committing .metadata (which then names the previous save's files).
+    // A .metadata naming this index's files under another save id is damaged.
+    std::set<std::string> named;
+    for (const auto& it : md.items) {
+      if (it.is_bytes) named.insert(it.bytes.file);
+      for (const auto& c : it.chunks) named.insert(c.storage.file);
+    }
+    for (const auto& f : ix.files) {
+      if (named.count(f)) {
+        throw ConfigError("checkpoint: " + metadata + " names the data file " + f + " of save " + ix.save_id + " (" +
+                          ck::kDcpIndexFile + ") but its save id is '" + md.save_id + "': the file is damaged");
+      }
     }
   }
   s.where = metadata;
@@ -130,6 +151,12 @@ void open_dcp(Source& s) {
 // (index.json of kind "sharded" and data-*.bin files).
 void open_sharded(Source& s) {
   std::error_code ec;
+  for (const char* name : {ck::kDcpMetadataFile, ck::kIndexFile, ck::kDcpIndexFile}) {
+    const fs::path p = fs::path(s.path) / name;
+    if (fs::exists(fs::symlink_status(p, ec)) && !fs::is_regular_file(p, ec)) {
+      throw ConfigError("checkpoint: " + p.string() + " is not a regular file; refusing to read it");
+    }
+  }
   if (fs::is_regular_file(fs::path(s.path) / ck::kDcpMetadataFile, ec)) return open_dcp(s);
   const fs::path index = fs::path(s.path) / ck::kIndexFile;
   if (!fs::is_regular_file(index, ec)) {

@@ -225,8 +225,11 @@ void commit_index(const std::string& path, const ck::Index& ix, const ck::DcpMet
     ck::write_torch_save(meta, ck::kLightningMetaFile, pkl, records);
     meta.commit();
   }
-  write_file((dir / ck::kDcpIndexFile).string(), ck::to_json(ix));
   const std::string metadata = ck::dcp_metadata_bytes(md);
+  ck::Index own = ix;  // fsdp_index.json also checks .metadata
+  own.has_metadata_crc = true;
+  own.metadata_crc = ck::crc32(metadata.data(), metadata.size());
+  write_file((dir / ck::kDcpIndexFile).string(), ck::to_json(own));
   ck::AtomicFile commit((dir / ck::kDcpMetadataFile).string());
   commit.write(metadata.data(), metadata.size());
   fault_point("sharded-before-index", 0);

@@ -21,6 +21,7 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   for (const auto& e : src->ix.entries) {
     if (e.is_state_dict()) continue;
     info.values[e.name] = e.type == ck::EntryType::kTensor ? "<tensor>" : ck::value_text(e);
+    info.value_types[e.name] = ck::entry_type_name(e.type);
   }
   for (const auto& key : src->ix.tensor_order) {
     const auto& t = src->ix.tensors.at(key);
@@ -96,6 +97,15 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
   for (const auto& f : src->ix.files) {
     if (ck::file_size((fs::path(path) / f).string()) < 0) problems.push_back("missing data file " + f);
   }
+  if (src->full) {  // every record against the zip's CRC-32 (tensor data: with the chunks, below)
+    try {
+      for (const auto& record : src->full->records()) {
+        if (record.rfind("data/", 0) != 0) src->full->read(record);
+      }
+    } catch (const std::exception& e) {
+      problems.push_back(e.what());
+    }
+  }
   for (const auto& key : src->ix.tensor_order) {
     const auto& t = src->ix.tensors.at(key);
     int64_t covered = 0;
@@ -129,7 +139,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
       }
     }
     if (overlap) problems.push_back("tensor '" + key + "': two of its chunks overlap");
-    if (covered < want && problems.empty()) problems.push_back("tensor '" + key + "': its chunks do not cover it");
+    if (covered != want && problems.empty()) problems.push_back("tensor '" + key + "': its chunks do not cover it exactly");
   }
   if (!src->dir.empty() && ck::file_size((fs::path(path) / ck::kDcpMetadataFile).string()) >= 0) {
     verify_dcp(*src, problems);
@@ -176,6 +186,7 @@ void convert_checkpoint(const std::string& src_path, const std::string& dst, Che
 }
 
 void consolidate_checkpoint(const std::string& sharded_dir, const std::string& out_file) {
+  refuse_inside(sharded_dir, out_file, "consolidate");
   auto src = detail::open_source(sharded_dir);
   if (src->full) throw ConfigError("consolidate: " + sharded_dir + " is already a full checkpoint");
   write_full(*src, out_file);

@@ -92,6 +92,33 @@ at::Tensor GPTImpl::forward(at::Tensor tokens) {
   return F::linear(ln_f_(x), tok_->weight);
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> gpt_state_shapes(const GPTConfig& c) {
+  const int64_t D = c.dim;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out = {{"tok.weight", {c.vocab_size, D}},
+                                                                   {"pos.weight", {c.context, D}}};
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"ln1.weight", {D}},
+             {"ln1.bias", {D}},
+             {"qkv.weight", {3 * D, D}},
+             {"qkv.bias", {3 * D}},
+             {"proj.weight", {D, D}},
+             {"proj.bias", {D}},
+             {"ln2.weight", {D}},
+             {"ln2.bias", {D}},
+             {"fc.weight", {4 * D, D}},
+             {"fc.bias", {4 * D}},
+             {"fc_proj.weight", {D, 4 * D}},
+             {"fc_proj.bias", {D}}}) {
+      out.emplace_back(b + name, shape);
+    }
+  }
+  out.push_back({"ln_f.weight", {D}});
+  out.push_back({"ln_f.bias", {D}});
+  return out;
+}
+
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {
   return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
 }

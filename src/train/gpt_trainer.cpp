@@ -102,7 +102,10 @@ void validate(const TrainConfig& c) {
   }
   if (!c.data.empty()) {
     std::error_code ec;
-    if (!fs::is_regular_file(c.data, ec)) throw ConfigError("--data " + c.data + ": no such file");
+    if (!fs::exists(c.data, ec)) throw ConfigError("--data " + c.data + ": no such file");
+    if (!fs::is_regular_file(c.data, ec)) {
+      throw ConfigError("--data " + c.data + ": not a regular file (a FIFO, device or directory); expected a text file");
+    }
     const auto size = fs::file_size(c.data, ec);
     if (ec || size == 0) throw ConfigError("--data " + c.data + ": the file is empty");
     if (static_cast<int64_t>(size) < c.model.context + 2) {

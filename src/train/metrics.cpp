@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 
 #include "fsdp/error.h"
 
@@ -35,6 +36,10 @@ std::optional<double> number(const Json& object, const char* key, const std::str
 
 std::vector<MetricsLine> read_metrics(const std::string& path) {
   std::vector<MetricsLine> out;
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    throw ConfigError(path + " is not a regular file (a FIFO, device or directory); refusing to read it");
+  }
   std::ifstream in(path);
   int64_t lineno = 0;
   for (std::string line; std::getline(in, line);) {

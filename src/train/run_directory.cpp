@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -124,6 +126,8 @@ using Json = nlohmann::json;
 // written before fsdp-train recorded run identities, so that its
 // checkpoints without a run id count as the run's.
 bool legacy_run(const std::string& identity_path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(identity_path, ec)) return false;
   std::ifstream in(identity_path);
   try {
     const Json j = Json::parse(in);
@@ -175,6 +179,7 @@ std::optional<RunIdentity> RunDirectory::identity() const {
   const std::string path = identity_path();
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
+  if (!fs::is_regular_file(path, ec)) throw ConfigError(path + " is not a regular file; refusing to read it");
   std::ifstream in(path);
   try {
     const Json j = Json::parse(in);
@@ -475,18 +480,82 @@ std::string run_id_of(const CheckpointInfo& info) {
 }
 
 models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path) {
-  models::GPTConfig c;
-  auto get = [&](const char* key) {
-    const std::string* v = config_value(info, key);
-    if (!v) throw ConfigError(path + " was not written by fsdp-train: it has no 'config." + key + "'");
-    return std::stoll(*v);
+  // The recorded numbers are checked (each an int, in range) and then held
+  // against the tensors the checkpoint lists, before anything is built from
+  // them: a damaged or hostile configuration is an error naming it, never an
+  // allocation without bound.
+  constexpr int64_t kMax = int64_t{1} << 31;
+  auto get = [&](const char* key) -> int64_t {
+    std::string name = std::string("config.") + key;
+    if (!info.values.count(name)) name = key;  // checkpoints before the config nesting
+    const auto v = info.values.find(name);
+    if (v == info.values.end()) {
+      throw ConfigError(path + " was not written by fsdp-train: it has no 'config." + key + "'");
+    }
+    const auto t = info.value_types.find(name);
+    const std::string type = t == info.value_types.end() ? "?" : t->second;
+    if (type != "int") {
+      throw ConfigError(path + ": its model configuration '" + name + "' is a " + type + " (" + v->second +
+                        "); expected an int");
+    }
+    int64_t n = 0;
+    const char* end = v->second.data() + v->second.size();
+    const auto [ptr, ec] = std::from_chars(v->second.data(), end, n);
+    if (ec != std::errc() || ptr != end || n < 1 || n > kMax) {
+      throw ConfigError(path + ": its model configuration '" + name + "' = " + v->second + " is out of range; expected 1 to " +
+                        std::to_string(kMax));
+    }
+    return n;
   };
+  models::GPTConfig c;
   c.vocab_size = get("model.vocab");
   c.context = get("model.context");
   c.dim = get("model.dim");
   c.layers = get("model.layers");
   c.heads = get("model.heads");
+  if (c.dim % c.heads != 0) {
+    throw ConfigError(path + ": its model configuration has heads " + std::to_string(c.heads) +
+                      " that do not divide dim " + std::to_string(c.dim));
+  }
+  // Against the model entry's tensors ("<entry>/<key>"; fsdp-train's entry is "model").
+  std::map<std::string, std::vector<int64_t>> listed;
+  for (const auto& t : info.tensors) {
+    if (t.key.rfind("model/", 0) == 0) listed[t.key.substr(6)] = t.shape;
+  }
+  auto shape_text = [](const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  };
+  const std::string layers_text = "'config.model.layers' = " + std::to_string(c.layers);
+  if (static_cast<size_t>(c.layers) > listed.size()) {  // before listing O(layers) keys
+    throw ConfigError(path + ": its model configuration does not match its tensors: " + layers_text + ", but the model holds " +
+                      std::to_string(listed.size()) + " tensors in all");
+  }
+  const auto want = models::gpt_state_shapes(c);
+  for (const auto& [key, shape] : want) {
+    const auto it = listed.find(key);
+    if (it == listed.end()) {
+      throw ConfigError(path + ": its model configuration does not match its tensors: it needs 'model/" + key +
+                        "', which the checkpoint does not hold (" + layers_text + ")");
+    }
+    if (it->second != shape) {
+      throw ConfigError(path + ": its model configuration does not match its tensors: 'model/" + key + "' is " +
+                        shape_text(it->second) + ", the configuration (vocab " + std::to_string(c.vocab_size) +
+                        ", context " + std::to_string(c.context) + ", dim " + std::to_string(c.dim) + ") needs " +
+                        shape_text(shape));
+    }
+  }
+  if (listed.size() != want.size()) {
+    throw ConfigError(path + ": its model configuration does not match its tensors: the model holds " +
+                      std::to_string(listed.size()) + " tensors, the configuration's (" + layers_text + ") has " +
+                      std::to_string(want.size()));
+  }
   return c;
+}
+
+models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std::string& path) {
+  return config_of(info, path);
 }
 
 std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& c) {

@@ -15,6 +15,7 @@
 #include "../../src/fsdp/ckpt_dcp.h"
 #include "../../src/fsdp/ckpt_format.h"
 #include "../support/errors.h"
+#include "../support/index_files.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
@@ -392,14 +393,6 @@ std::string load_error(const std::string& path) {
   return msg;
 }
 
-std::string read_all(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void write_all(const std::string& p, const std::string& s) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << s;
-}
 std::string first_data_file(const std::string& dir) {
   for (const auto& f : fs::directory_iterator(dir)) {
     const auto name = f.path().filename().string();
@@ -419,6 +412,21 @@ void replace_in(const std::string& file, const std::string& from, const std::str
   ASSERT_NE(at, std::string::npos) << from;
   s.replace(at, from.size(), to);
   write_all(file, s);
+}
+// `file` with bit (i % 8) of byte i flipped.
+std::string flipped(const std::string& bytes, size_t i) {
+  std::string s = bytes;
+  s[i] = static_cast<char>(s[i] ^ (1 << (i % 8)));
+  return s;
+}
+// The checkpoint at `path` opens (inspect) and verifies.
+bool opens_and_verifies(const std::string& path) {
+  try {
+    inspect_checkpoint(path);
+  } catch (const ConfigError&) {
+    return false;
+  }
+  return verify_checkpoint(path).empty();
 }
 
 TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
@@ -483,6 +491,8 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
     size_t at;
     while ((at = s.find("\"" + name + "\"")) != std::string::npos) s.replace(at, name.size() + 2, "\"../../etc/passwd\"");
     write_all(p + "/fsdp_index.json", s);
+    EXPECT_NE(load_error(p).find("checksum mismatch"), std::string::npos) << load_error(p);
+    reseal(p + "/fsdp_index.json");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("is not a plain file name inside the checkpoint"), std::string::npos) << msg;
     EXPECT_NE(msg.find(p + "/fsdp_index.json"), std::string::npos) << msg;
@@ -490,6 +500,7 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
   {  // a version from the future
     auto p = fresh("future");
     replace_in(p + "/fsdp_index.json", "\"version\": 1", "\"version\": 7");
+    reseal(p + "/fsdp_index.json");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("written by a newer fsdp-cpp (format version 7"), std::string::npos) << msg;
   }
@@ -500,6 +511,7 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
     const auto end = s.find(',', at);
     s.replace(at, end - at, "\"nbytes\": 3");
     write_all(p + "/fsdp_index.json", s);
+    reseal(p + "/fsdp_index.json");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("does not match its sizes x dtype"), std::string::npos) << msg;
     EXPECT_NE(msg.find("tensor '"), std::string::npos) << msg;
@@ -540,6 +552,99 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
     EXPECT_TRUE(verify_checkpoint(p).empty());
     EXPECT_EQ(inspect_checkpoint(p).format, CheckpointFormat::kSharded);
   }
+}
+
+// Issue 19 item 1: one flipped bit anywhere in fsdp_index.json or .metadata
+// is caught before anything in them is trusted (inspect and verify fail),
+// unless the flipped JSON means the same (an exponent's 'e' as 'E').
+TEST(CheckpointDamage, EveryBitFlipOfAShardedIndexIsCaught) {
+  TempDir dir;
+  const std::string good = dir.path() + "/good";
+  save_small(good, CheckpointFormat::kSharded);
+  const std::string p = dir.path() + "/flip";
+  fs::copy(good, p, fs::copy_options::recursive);
+  for (const char* name : {"fsdp_index.json", ".metadata"}) {
+    const std::string file = p + "/" + name, original = read_all(good + "/" + name);
+    ASSERT_FALSE(original.empty());
+    const size_t stride = std::max<size_t>(1, original.size() / 3000);
+    int passed = 0, tried = 0;
+    for (size_t i = 0; i < original.size(); i += stride, ++tried) {
+      const std::string bad = flipped(original, i);
+      write_all(file, bad);
+      if (!opens_and_verifies(p)) continue;
+      if (std::string(name) == "fsdp_index.json") {
+        bool same = false;
+        try {
+          same = nlohmann::ordered_json::parse(bad) == nlohmann::ordered_json::parse(original);
+        } catch (const std::exception&) {
+        }
+        if (same) continue;
+      }
+      ++passed;
+      ADD_FAILURE() << name << ": the flip of bit " << i % 8 << " of byte " << i << " passed inspect and verify";
+      if (passed > 5) break;
+    }
+    write_all(file, original);
+    EXPECT_GT(tried, 1000) << name;
+  }
+  EXPECT_TRUE(opens_and_verifies(p));
+}
+
+TEST(CheckpointDamage, AnIndexWhoseEntriesAndTensorsDisagreeIsRefusedByName) {
+  TempDir dir;
+  const std::string p = dir.path() + "/ckpt";
+  save_small(p, CheckpointFormat::kSharded);
+  auto j = nlohmann::ordered_json::parse(read_all(p + "/fsdp_index.json"));
+  const std::string key = j["tensors"].begin().key();
+  j["tensors"].erase(key);
+  write_all(p + "/fsdp_index.json", j.dump(1));
+  reseal(p + "/fsdp_index.json");
+  auto msg = load_error(p);
+  EXPECT_NE(msg.find("entry key '" + key + "' has no tensor"), std::string::npos) << msg;
+  EXPECT_FALSE(verify_checkpoint(p).empty());
+  EXPECT_THROW(consolidate_checkpoint(p, dir.path() + "/out.pt"), ConfigError);  // not map::at
+  // An unknown field (a field name with a flipped bit) is refused even with a matching checksum.
+  j = nlohmann::ordered_json::parse(read_all(p + "/fsdp_index.json"));
+  fs::remove_all(p);
+  save_small(p, CheckpointFormat::kSharded);
+  replace_in(p + "/fsdp_index.json", "\"world_size\"", "\"world_sizE\"");
+  reseal(p + "/fsdp_index.json");
+  msg = load_error(p);
+  EXPECT_NE(msg.find("unknown field 'world_sizE'"), std::string::npos) << msg;
+}
+
+// Issue 19 item 1: in the full format every zip record is checked against the
+// zip's CRC-32 (LibTorch's reader does not): a flipped bit in the index record
+// or in data.pkl fails inspect or verify, and the load.
+TEST(CheckpointDamage, EveryBitFlipInAFullCheckpointsRecordsIsCaught) {
+  TempDir dir;
+  const std::string good = dir.path() + "/good.pt", p = dir.path() + "/flip.pt";
+  save_small(good, CheckpointFormat::kFull);
+  const std::string original = read_all(good);
+  namespace ck = fsdp::detail::ckpt;
+  std::vector<std::string> records;  // every record but the tensors' (LibTorch 1.13 writes no byteorder)
+  for (const auto& r : ck::FullReader(good).records()) {
+    if (r.rfind("data/", 0) != 0) records.push_back(r);
+  }
+  ASSERT_NE(std::find(records.begin(), records.end(), "fsdp/index.json"), records.end());
+  ASSERT_NE(std::find(records.begin(), records.end(), "data.pkl"), records.end());
+  for (const auto& record : records) {
+    ck::FullReader zip(good);
+    const int64_t at = zip.record_offset(record), n = static_cast<int64_t>(zip.read(record).size());
+    ASSERT_GT(n, 0) << record;
+    const int64_t stride = std::max<int64_t>(1, n / 400);
+    int passed = 0;
+    for (int64_t i = 0; i < n; i += stride) {
+      write_all(p, flipped(original, static_cast<size_t>(at + i)));
+      if (!opens_and_verifies(p)) continue;
+      ++passed;
+      ADD_FAILURE() << record << ": the flip of byte " << i << " passed inspect and verify";
+      if (passed > 5) break;
+    }
+  }
+  write_all(p, flipped(original, static_cast<size_t>(ck::FullReader(good).record_offset("fsdp/index.json") + 3)));
+  auto msg = load_error(p);
+  EXPECT_NE(msg.find("checksum mismatch in " + p + " (record fsdp/index.json)"), std::string::npos) << msg;
 }
 
 TEST(CheckpointDamage, FullFilesAreCheckedAndNamed) {
@@ -658,6 +763,38 @@ TEST(FsdpCkptTool, ConvertBetweenFormatsAndLayouts) {
   EXPECT_NE(r.output.find("is inside the checkpoint"), std::string::npos) << r.output;
 }
 
+// Issue 19 item 4: no tool writes its output into its own input (the
+// checkpoint is left as it was, and still verifies).
+TEST(FsdpCkptTool, NoToolWritesInsideItsInput) {
+  TempDir dir;
+  const std::string sharded = dir.path() + "/sharded", full = dir.path() + "/full.pt";
+  save_small(sharded, CheckpointFormat::kSharded);
+  save_small(full, CheckpointFormat::kFull);
+  fs::create_symlink(sharded, dir.path() + "/link");
+  const std::vector<std::vector<std::string>> commands = {
+      {"consolidate", sharded, sharded + "/fsdp_index.json"},
+      {"consolidate", sharded, sharded + "/sub/out.pt"},
+      {"consolidate", sharded, dir.path() + "/link/out.pt"},
+      {"convert", full, full, "--format", "full"},
+      {"convert", sharded, sharded, "--format", "sharded"},
+      {"export", full, full},
+      {"export", sharded, sharded + "/model.safetensors"},
+  };
+  const std::string before = read_all(sharded + "/fsdp_index.json"), before_full = read_all(full);
+  for (const auto& c : commands) {
+    std::vector<std::string> argv{FSDP_CKPT_PATH};
+    argv.insert(argv.end(), c.begin(), c.end());
+    const auto r = run_program(argv, std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code(), 2) << c[0] << " " << c[2] << "\n" << r.output;
+    EXPECT_NE(r.output.find("write it elsewhere"), std::string::npos) << c[0] << " " << c[2] << "\n" << r.output;
+  }
+  EXPECT_EQ(read_all(sharded + "/fsdp_index.json"), before);
+  EXPECT_EQ(read_all(full), before_full);
+  EXPECT_FALSE(fs::exists(sharded + "/sub"));
+  EXPECT_TRUE(verify_checkpoint(sharded).empty());
+  EXPECT_TRUE(verify_checkpoint(full).empty());
+}
+
 // An index as fsdp-cpp has always written it (docs/checkpoint-format.md)
 // decodes into typed records and encodes back byte for byte: checkpoints
 // saved before the records were typed load, and consolidate as they did.
@@ -761,12 +898,41 @@ TEST(CheckpointIndex, DecodesIntoTypedRecordsAndEncodesBackByteForByte) {
      "crc32": 7
     }
    ]
+  },
+  "rng": {
+   "dtype": "int64",
+   "shape": [
+    2
+   ],
+   "chunks": [
+    {
+     "file": "data/2",
+     "offset": 0,
+     "nbytes": 16,
+     "offsets": [
+      0
+     ],
+     "sizes": [
+      2
+     ],
+     "crc32": 9
+    }
+   ]
   }
  }
 })";
   namespace ck = fsdp::detail::ckpt;
   const ck::Index ix = ck::parse_index(text, "index.json");
-  EXPECT_EQ(ck::to_json(ix), text);
+  EXPECT_FALSE(ix.checksummed);  // written before issue 19: no checksum of its own
+  // Encoded back: the same bytes, then the checksum of the other fields (issue 19).
+  const std::string sealed = ck::to_json(ix);
+  const std::string body = text.substr(0, text.size() - 2);  // up to the closing "\n}"
+  ASSERT_EQ(sealed.substr(0, body.size()), body);
+  const std::string tail = sealed.substr(body.size());
+  EXPECT_EQ(tail.substr(0, 22), ",\n \"checksum\": \"crc32:") << tail;
+  EXPECT_EQ(tail.size(), 22u + 8u + 3u) << tail;  // 8 hex digits, "\"\n}"
+  EXPECT_TRUE(ck::parse_index(sealed, "index.json").checksummed);
+  EXPECT_EQ(ck::to_json(ck::parse_index(sealed, "index.json")), sealed);
   ASSERT_EQ(ix.entries.size(), 8u);
   EXPECT_EQ(ix.entries[1].type, ck::EntryType::kOptimizer);
   ASSERT_EQ(ix.entries[1].param_groups.size(), 1u);

@@ -1,8 +1,13 @@
 // libFuzzer targets for every parser of checkpoint files (issue 9):
-//   FSDP_FUZZ_INDEX    the index (index.json / the full file's fsdp/index.json)
+//   FSDP_FUZZ_INDEX    the index (index.json / the full file's fsdp/index.json):
+//                      the input as it is (its checksum), then resealed (a
+//                      matching checksum) to reach the checks behind it; an
+//                      index it accepts must encode back into one it accepts
 //   FSDP_FUZZ_FULL     a whole full checkpoint file (PyTorch zip: LibTorch's
 //                      reader and miniz, then our index, records, checksums)
-//   FSDP_FUZZ_SHARDED  a whole sharded checkpoint directory (index + data files)
+//   FSDP_FUZZ_SHARDED  a whole sharded checkpoint directory (index + data files;
+//                      for inputs whose last byte is odd, the index resealed
+//                      and its .metadata checksum made to match)
 //   FSDP_FUZZ_PICKLE   the pickle of a torch.save file (the restricted unpickler
 //                      that reads module state dicts written by Python)
 //   FSDP_FUZZ_SAFETENSORS  a safetensors file (its header's parser, every
@@ -18,9 +23,11 @@
 //
 // With FSDP_FUZZ_SEEDS=<dir> in the environment, the target first writes real
 // checkpoints of its model (the seed corpus) into <dir>.
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -145,6 +152,28 @@ std::string pack_dir(const fs::path& dir) {
   return out;
 }
 
+// `text` with a "checksum" matching its other fields (as to_json writes it),
+// when it is a JSON object; "" otherwise.
+std::string resealed(const std::string& text, const fs::path& metadata = {}) {
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(text);
+  } catch (const std::exception&) {
+    return "";
+  }
+  if (!j.is_object()) return "";
+  j.erase("checksum");
+  if (!metadata.empty() && j.contains("metadata_crc32") && fs::exists(metadata)) {
+    const std::string md = read_file(metadata);
+    j["metadata_crc32"] = fsdp::detail::ckpt::crc32(md.data(), md.size());
+  }
+  const std::string body = j.dump();
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", fsdp::detail::ckpt::crc32(body.data(), body.size()));
+  j["checksum"] = std::string("crc32:") + hex;
+  return j.dump(1);
+}
+
 // Writes the records of `data` into `dir`; names that are not plain file
 // names are skipped (the fuzzer must not write outside its scratch folder).
 void unpack_dir(const uint8_t* data, size_t size, const fs::path& dir) {
@@ -227,9 +256,23 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   World& w = world();
 #if defined(FSDP_FUZZ_INDEX)
+  (void)w;
+  const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    fsdp::detail::ckpt::parse_index(std::string(reinterpret_cast<const char*>(data), size), "fuzz/index.json");
+    fsdp::detail::ckpt::parse_index(text, "fuzz/index.json");
   } catch (const fsdp::Error&) {
+  }
+  const std::string sealed = resealed(text);
+  if (!sealed.empty()) {
+    bool accepted = false;
+    fsdp::detail::ckpt::Index ix;
+    try {
+      ix = fsdp::detail::ckpt::parse_index(sealed, "fuzz/index.json (resealed)");
+      accepted = true;
+    } catch (const fsdp::Error&) {
+    }
+    // Outside the try: a refusal of its own encoding is a finding.
+    if (accepted) fsdp::detail::ckpt::parse_index(fsdp::detail::ckpt::to_json(ix), "fuzz: the index encoded back");
   }
 #elif defined(FSDP_FUZZ_FULL)
   const fs::path path = w.scratch / "input.pt";
@@ -252,6 +295,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   unpack_dir(data, size, dir);
+  if (size > 0 && (data[size - 1] & 1)) {
+    for (const char* name : {"fsdp_index.json", "index.json"}) {
+      if (!fs::exists(dir / name)) continue;
+      const std::string sealed = resealed(read_file(dir / name), dir / ".metadata");
+      if (!sealed.empty()) write_file(dir / name, sealed);
+    }
+  }
   exercise(dir.string());
 #elif defined(FSDP_FUZZ_SAFETENSORS)
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

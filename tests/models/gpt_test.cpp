@@ -46,6 +46,20 @@ TEST(GPT, ShapesAndCausality) {
   EXPECT_THROW(GPTImpl{bad}, fsdp::ConfigError);
 }
 
+// gpt_state_shapes (what a checkpoint's configuration is checked against)
+// lists exactly the model's state dict: the same keys, order and shapes.
+TEST(GPT, StateShapesAreTheModelsStateDict) {
+  for (int64_t layers : {0, 1, 3}) {
+    GPTConfig c = tiny();
+    c.layers = layers;
+    GPTImpl model(c);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> got;
+    for (const auto& p : model.named_parameters()) got.emplace_back(p.key(), p.value().sizes().vec());
+    for (const auto& b : model.named_buffers()) got.emplace_back(b.key(), b.value().sizes().vec());
+    EXPECT_EQ(fsdp::models::gpt_state_shapes(c), got) << "layers " << layers;
+  }
+}
+
 TEST(GPT, FullShardTrainingMatchesUnwrapped) {
   torch::Tensor data;
   {

@@ -93,7 +93,29 @@ def main(d):
     assert int(opt["state"]["emb.weight"]["step"]) == 2
     assert abs(opt["param_groups"][0]["lr"] - 0.01) < 1e-12
     assert sorted(opt["param_groups"][0]["params"]) == sorted(sums)
+    check_damaged_index(os.path.join(d, "sharded"))
     print("ok:", len(model), "model tensors,", len(opt["state"]), "optimizer states")
+
+
+def check_damaged_index(sharded):
+    """An index edited after the save (a value changed) fails its own checksum in the Python reader too."""
+    import shutil
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "ckpt")
+        shutil.copytree(sharded, copy)
+        name = os.path.join(copy, "fsdp_index.json")
+        with open(name) as f:
+            text = f.read()
+        assert '"checksum": "crc32:' in text, "fsdp-cpp's index carries its checksum"
+        with open(name, "w") as f:
+            f.write(text.replace('"value": 7', '"value": 8', 1))
+        try:
+            fsdp_checkpoint.load(copy)
+        except fsdp_checkpoint.CheckpointError as e:
+            assert "checksum mismatch" in str(e), e
+        else:
+            raise AssertionError("a changed index loaded")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -422,6 +423,59 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
 // checkpoint whose data.pkl is replaced by a pickle that would run a shell
 // command still loads, and the command never runs; a zip without the index is
 // refused by name.
+// Issue 19 item 2: a checkpoint's file replaced by a FIFO (whose open would
+// wait for a writer forever) or a device is refused by name by every tool
+// that reads checkpoints, never waited on.
+TEST(HostileFiles, AFifoOrDeviceInPlaceOfACheckpointFileIsRefusedNotWaitedOn) {
+  TempDir dir;
+  const std::string run = dir.path() + "/run";
+  auto with_steps = [&](const std::string& steps) {
+    std::vector<std::string> flags = train_flags(run);
+    *(std::find(flags.begin(), flags.end(), "--steps") + 1) = steps;  // a checkpoint every 3 steps
+    return flags;
+  };
+  auto r = run_program(with_steps("3"), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const std::string ckpt = run + "/checkpoints/step-00000003";
+  std::string data_file;
+  for (const auto& f : fs::directory_iterator(ckpt)) {
+    if (f.path().extension() == ".distcp") data_file = f.path().string();
+  }
+  ASSERT_FALSE(data_file.empty());
+  const std::string full = dir.path() + "/full.pt";
+  r = run_program({FSDP_CKPT_PATH, "convert", ckpt, full, "--format", "full"}, std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  auto refused = [&](const std::vector<std::string>& cmd, const std::string& what, const std::string& kind) {
+    const auto res = run_program(cmd, std::chrono::seconds(60));
+    EXPECT_FALSE(res.timed_out) << what << ": waited on the " << kind;
+    EXPECT_NE(res.exit_code(), 0) << what << "\n" << res.output;
+    EXPECT_NE(res.output.find(kind), std::string::npos) << what << "\n" << res.output;
+  };
+  fs::remove(data_file);
+  ASSERT_EQ(::mkfifo(data_file.c_str(), 0644), 0);
+  const std::string fifo_says = data_file + " is a FIFO (named pipe), not a regular file";
+  refused({FSDP_CKPT_PATH, "verify", ckpt}, "verify", fifo_says);
+  refused({FSDP_CKPT_PATH, "consolidate", ckpt, dir.path() + "/out.pt"}, "consolidate", fifo_says);
+  refused({FSDP_TRAIN_PATH, "generate", "--checkpoint", ckpt, "--prompt", "the", "--tokens", "4"}, "generate", fifo_says);
+  {  // resume: the checkpoint counts as damaged (set aside, named), and nothing waits
+    std::vector<std::string> resume = with_steps("4");
+    resume.push_back("--resume");
+    const auto res = run_program(resume, std::chrono::seconds(120));
+    EXPECT_FALSE(res.timed_out) << "resume waited on the FIFO";
+    EXPECT_NE(res.output.find(fifo_says), std::string::npos) << res.output;
+  }
+  // A device in place of a full checkpoint's file or of a DCP .metadata.
+  fs::remove(full);
+  fs::create_symlink("/dev/zero", full);
+  refused({FSDP_CKPT_PATH, "verify", full}, "verify of a device", "does not point to a valid checkpoint");
+  refused({FSDP_TRAIN_PATH, "generate", "--checkpoint", full, "--prompt", "the"}, "generate of a device",
+          "does not point to a valid checkpoint");
+  const std::string other = dir.path() + "/other";
+  fs::create_directories(other);
+  ASSERT_EQ(::mkfifo((other + "/.metadata").c_str(), 0644), 0);
+  refused({FSDP_CKPT_PATH, "verify", other}, "verify of a FIFO .metadata", other + "/.metadata is not a regular file");
+}
+
 TEST(HostileFiles, APickleInAFullCheckpointIsNeverRun) {
   TempDir dir;
   const std::string good = dir.path() + "/good.pt", evil = dir.path() + "/evil.pt", marker = dir.path() + "/pwned";

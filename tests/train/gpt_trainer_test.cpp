@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "../support/errors.h"
+#include "../support/index_files.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
@@ -207,6 +208,60 @@ TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
     EXPECT_EQ(mb[i].first, static_cast<int64_t>(i) + 1);
     EXPECT_DOUBLE_EQ(mb[i].second, ma[i].second) << "step " << i + 1;
   }
+}
+
+// Issue 19 item 3: a damaged or hostile model configuration in a
+// checkpoint's index (as config.model.*) is named before anything is built
+// from it: no allocation without bound, no LibTorch trace, no "stoll".
+TEST(GptTrainer, AHostileModelConfigurationIsNamedBeforeAnythingIsBuilt) {
+  TempDir dir;
+  ASSERT_TRUE(train_processes(1, tiny(dir.path(), 2)));
+  const std::string good = dir.path() + "/checkpoints/step-00000002";
+  const models::GPTConfig tiny_model = train::preset("tiny");
+  struct Case {
+    std::string key, type;
+    nlohmann::ordered_json value;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"layers", "int", 100000000, "'config.model.layers' = 100000000, but the model holds"},
+      {"layers", "int", tiny_model.layers + 1, "it needs 'model/blocks." + std::to_string(tiny_model.layers) + "."},
+      {"dim", "int", 1000000000, "'model/tok.weight' is [" + std::to_string(tiny_model.vocab_size) + ", " +
+                                     std::to_string(tiny_model.dim) + "]"},
+      {"dim", "int", 4000000000LL, "'config.model.dim' = 4000000000 is out of range"},
+      {"vocab", "int", 0, "'config.model.vocab' = 0 is out of range"},
+      {"dim", "str", std::to_string(tiny_model.dim), "'config.model.dim' is a str (" + std::to_string(tiny_model.dim) + "); expected an int"},
+      {"context", "float", 16.5, "'config.model.context' is a float (16.5); expected an int"},
+      {"heads", "int", tiny_model.dim + 1, "do not divide dim"},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    const std::string p = dir.path() + "/case" + std::to_string(n++);
+    fs::copy(good, p, fs::copy_options::recursive);
+    auto j = nlohmann::ordered_json::parse(read_all(p + "/fsdp_index.json"));
+    bool found = false;
+    for (auto& e : j["entries"]) {
+      if (e["name"] != "config.model." + c.key) continue;
+      e["type"] = c.type;
+      e["value"] = c.value;
+      found = true;
+    }
+    ASSERT_TRUE(found) << c.key;
+    write_all(p + "/fsdp_index.json", j.dump(1));
+    reseal(p + "/fsdp_index.json");
+    const std::string what = c.key + " = " + c.value.dump();
+    expect_config_error([&] { train::checkpoint_model_config(inspect_checkpoint(p), p); }, c.says);
+    const auto r = run_program({FSDP_TRAIN_PATH, "generate", "--checkpoint", p, "--prompt", "the", "--tokens", "4"},
+                               std::chrono::seconds(60));
+    EXPECT_FALSE(r.timed_out) << what;
+    EXPECT_NE(r.exit_code(), 0) << what << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << what << "\n" << r.output;
+    EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << what << ": a LibTorch trace\n" << r.output;
+  }
+  // The untouched checkpoint passes the same check.
+  const models::GPTConfig back = train::checkpoint_model_config(inspect_checkpoint(good), good);
+  EXPECT_EQ(back.dim, tiny_model.dim);
+  EXPECT_EQ(back.layers, tiny_model.layers);
 }
 
 TEST(GptTrainer, GeneratesFromBothFormats) {

@@ -5,6 +5,10 @@
 // embedding. Pure LibTorch; no collectives.
 #pragma once
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
@@ -54,5 +58,11 @@ TORCH_MODULE(GPT);
 
 // Mean next-token cross-entropy of logits [B, T, V] against targets [B, T].
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+// The state-dict keys of a GPT of `config` with their shapes, in the
+// model's order (parameters; the GPT has no buffers), computed without
+// building it: O(layers) small entries, no tensor memory. What a checkpoint's
+// recorded configuration is checked against before a model is built from it.
+std::vector<std::pair<std::string, std::vector<int64_t>>> gpt_state_shapes(const GPTConfig& config);
 
 }  // namespace fsdp::models

@@ -116,4 +116,14 @@ struct GenerateOptions {
 std::string generate(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& options,
                      const dist::ProcessGroupPtr& world);
 
+// [local] The model configuration a checkpoint written by train() records
+// (config.model.*: vocab, context, dim, layers, heads; `info` from
+// inspect_checkpoint(path)), checked before anything is built from it: each
+// an int from 1 to 2^31, heads dividing dim, and the model entry's tensors
+// exactly those the configuration implies (models::gpt_state_shapes), same
+// keys and shapes. ConfigError naming `path` and the first disagreement, or
+// saying the checkpoint was not written by fsdp-train. generate, resume and
+// `fsdp-ckpt verify` (for fsdp-train's checkpoints) check through it.
+models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std::string& path);
+
 }  // namespace fsdp::train
