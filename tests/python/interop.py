@@ -346,9 +346,16 @@ def main():
     if rank() == 0:
         print(f"interop: {args.command} at world {world()}: ok", flush=True)
     if dist.is_initialized():
+        dist.barrier()  # every rank done with its collectives before any tears the group down
         dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Exit without the interpreter's teardown: with Gloo on CPU, torch 2.15 now and then aborts a rank there
+    # ("terminate called without an active exception", after the check passed and the group was destroyed),
+    # which would fail a test whose result is already known. The result is printed and flushed above.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
