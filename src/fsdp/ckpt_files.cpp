@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <chrono>
@@ -103,6 +102,8 @@ int64_t file_size(const std::string& path) {
   return static_cast<int64_t>(st.st_size);
 }
 
+namespace {
+
 const char* file_kind(mode_t mode) {
   if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
   if (S_ISSOCK(mode)) return "a socket";
@@ -112,22 +113,31 @@ const char* file_kind(mode_t mode) {
   return "not a regular file";
 }
 
-void read_into(const std::string& path, int64_t offset, int64_t nbytes, void* dst) {
-  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer (it
-  // is refused below); it changes nothing for a regular file.
+// Opens `path` for reading, refusing by name what is not a regular file.
+// O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused
+// here); it changes nothing for a regular file. `st`: its fstat.
+int open_regular(const std::string& path, struct stat& st) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     throw ConfigError("checkpoint: cannot open " + path + ": " + std::strerror(err) +
                       (err == ENOENT ? " (a data file of the checkpoint is missing)" : ""));
   }
-  struct stat st {};
+  st = {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const mode_t mode = st.st_mode;
     ::close(fd);
     throw ConfigError("checkpoint: " + path + " is " + file_kind(mode) +
                       ", not a regular file: a checkpoint's files are regular files; refusing to read it");
   }
+  return fd;
+}
+
+}  // namespace
+
+void read_into(const std::string& path, int64_t offset, int64_t nbytes, void* dst) {
+  struct stat st {};
+  const int fd = open_regular(path, st);
   if (offset < 0 || nbytes < 0 || nbytes > static_cast<int64_t>(st.st_size) ||
       offset > static_cast<int64_t>(st.st_size) - nbytes) {
     ::close(fd);
@@ -185,11 +195,11 @@ uint64_t le_at(const std::string& b, size_t at, size_t n) {
 }  // namespace
 
 FullReader::FullReader(const std::string& path) : path_(path), where_(path) {
-  // Read through read_into, which refuses what is not a regular file (a
-  // FIFO would block LibTorch's own open forever).
-  std::array<char, 1> probe{};
-  read_into(path, 0, 0, probe.data());
-  const int64_t size = file_size(path);
+  // Read through read_into (RangeAdapter), which refuses what is not a
+  // regular file: a FIFO would block LibTorch's own open forever.
+  struct stat st {};
+  ::close(open_regular(path, st));
+  const auto size = static_cast<int64_t>(st.st_size);
   try {
     reader_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(std::make_shared<RangeAdapter>(path, 0, size));
   } catch (const std::exception& e) {
@@ -327,7 +337,10 @@ std::string read_chunk(const Chunk& chunk, const std::string& key, const FullRea
     file = dir + "/" + chunk.file;
     bytes = read_range(file, chunk.offset, chunk.nbytes);
   }
-  if (crc32(bytes.data(), bytes.size()) != chunk.crc) {
+  // A record's bytes were checked against the zip's CRC-32 by read(): the
+  // index's must be that one (the same CRC-32 of the same bytes).
+  const uint32_t crc = full ? full->record_crc(chunk.file) : crc32(bytes.data(), bytes.size());
+  if (crc != chunk.crc) {
     throw ConfigError("checkpoint: checksum mismatch in " + file + " for tensor '" + key + "' (bytes [" +
                       std::to_string(chunk.offset) + ", " + std::to_string(chunk.offset + chunk.nbytes) +
                       ")): the file is damaged");

@@ -360,8 +360,8 @@ std::string index_checksum(const Json& j_without_checksum) {
 
 // The index's fields, every one known (a bit flip in a name must not make a
 // field, the checksum above all, silently absent), and its checksum, which
-// an index written before issue 19 lacks (Index::checksummed false).
-void check_fields_and_checksum(const Json& j, Index& ix, const std::string& where) {
+// an index written before issue 19 lacks. Returns whether it had one.
+bool check_fields_and_checksum(const Json& j, const std::string& where) {
   static const std::vector<std::string> known = {"format", "kind",    "version", "world_size",     "save_id",
                                                  "files",  "entries", "tensors", "metadata_crc32", kChecksumField};
   for (const auto& [key, v] : j.items()) {
@@ -369,7 +369,7 @@ void check_fields_and_checksum(const Json& j, Index& ix, const std::string& wher
       bad(where, "has an unknown field '" + key + "' (the index is damaged, or from another program)");
     }
   }
-  if (!j.contains(kChecksumField)) return;
+  if (!j.contains(kChecksumField)) return false;
   const std::string recorded = str_field(j, kChecksumField, where);
   Json rest = j;
   rest.erase(kChecksumField);
@@ -378,7 +378,7 @@ void check_fields_and_checksum(const Json& j, Index& ix, const std::string& wher
     bad(where, "checksum mismatch: the index records " + recorded + ", its contents have " + computed +
                    " (the index is damaged; nothing in it is trusted)");
   }
-  ix.checksummed = true;
+  return true;
 }
 
 // Every state-dict key and tensor value of the entries has its tensor, and
@@ -441,10 +441,9 @@ Index parse_index(const std::string& text, const std::string& where) {
     if (!j.is_object() || !j.contains("format") || j["format"] != "fsdp-cpp") {
       bad(where, "not an fsdp-cpp checkpoint index (no \"format\": \"fsdp-cpp\")");
     }
-    Index checked;
-    check_fields_and_checksum(j, checked, where);  // before anything in it is trusted
+    const bool checksummed = check_fields_and_checksum(j, where);  // before anything in it is trusted
     Index ix = decode_header(j, where);
-    ix.checksummed = checked.checksummed;
+    ix.checksummed = checksummed;
     for (const auto& x : list_field(j, "entries", where)) ix.entries.push_back(decode_entry(x, where));
     if (!j.contains("tensors") || !j["tensors"].is_object()) bad(where, "field 'tensors' must be an object");
     for (const auto& [key, x] : j["tensors"].items()) {

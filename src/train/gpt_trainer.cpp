@@ -352,7 +352,7 @@ std::string generate(const std::string& checkpoint, const std::string& prompt, c
     throw ConfigError("generate: --temperature must be 0 (greedy) or positive, got " + std::to_string(o.temperature));
   }
   const auto info = inspect_checkpoint(checkpoint);
-  const models::GPTConfig cfg = config_of(info, checkpoint);
+  const models::GPTConfig cfg = checkpoint_model_config(info, checkpoint);
   if (o.top_k < 0 || o.top_k > cfg.vocab_size) {
     throw ConfigError("generate: --top-k must be between 0 (all) and the vocabulary size " +
                       std::to_string(cfg.vocab_size) + ", got " + std::to_string(o.top_k));

@@ -288,7 +288,7 @@ bool belongs_to(const std::string& id, const RunIdentity& run) { return id == ru
 // config.model's shape (ConfigError listing each difference otherwise) and
 // prints the flags of `c` that differ from its run's.
 void check_resumable(const std::string& path, const CheckpointInfo& info, const TrainConfig& c) {
-  const models::GPTConfig saved = config_of(info, path);
+  const models::GPTConfig saved = checkpoint_model_config(info, path);
   if (const std::string mismatch = shape_mismatch(saved, c.model, path); !mismatch.empty()) {
     throw ConfigError(mismatch);
   }
@@ -317,7 +317,7 @@ std::string RunDirectory::resume_checkpoint(const TrainConfig& c, const RunIdent
     CheckpointInfo info;
     try {
       info = inspect_checkpoint(path);
-      config_of(info, path);
+      checkpoint_model_config(info, path);
     } catch (const ConfigError& e) {
       throw ConfigError("--resume-from " + path + " is not a checkpoint fsdp-train can resume: " + e.what());
     }
@@ -363,7 +363,7 @@ std::string RunDirectory::resume_checkpoint(const TrainConfig& c, const RunIdent
       continue;
     }
     try {
-      config_of(info, path);
+      checkpoint_model_config(info, path);
     } catch (const ConfigError& e) {
       std::cerr << "fsdp-train: skipping " << path << ": " << e.what() << std::endl;
       continue;
@@ -464,12 +464,18 @@ namespace {
 
 // A configuration value: "config.<key>" (nested under "config" in Python),
 // or "<key>" as checkpoints before issue 18 named it; null if absent.
-const std::string* config_value(const CheckpointInfo& info, const std::string& key) {
+// The name a checkpoint keeps a run setting under: "config.<key>", or
+// "<key>" in checkpoints before the config nesting; "" when it has none.
+std::string config_name(const CheckpointInfo& info, const std::string& key) {
   for (const std::string& name : {"config." + key, key}) {
-    auto it = info.values.find(name);
-    if (it != info.values.end()) return &it->second;
+    if (info.values.count(name)) return name;
   }
-  return nullptr;
+  return "";
+}
+
+const std::string* config_value(const CheckpointInfo& info, const std::string& key) {
+  const std::string name = config_name(info, key);
+  return name.empty() ? nullptr : &info.values.at(name);
 }
 
 }  // namespace
@@ -479,19 +485,16 @@ std::string run_id_of(const CheckpointInfo& info) {
   return v ? *v : "";
 }
 
-models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path) {
+models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std::string& path) {
   // The recorded numbers are checked (each an int, in range) and then held
   // against the tensors the checkpoint lists, before anything is built from
   // them: a damaged or hostile configuration is an error naming it, never an
   // allocation without bound.
   constexpr int64_t kMax = int64_t{1} << 31;
   auto get = [&](const char* key) -> int64_t {
-    std::string name = std::string("config.") + key;
-    if (!info.values.count(name)) name = key;  // checkpoints before the config nesting
+    const std::string name = config_name(info, key);
+    if (name.empty()) throw ConfigError(path + " was not written by fsdp-train: it has no 'config." + key + "'");
     const auto v = info.values.find(name);
-    if (v == info.values.end()) {
-      throw ConfigError(path + " was not written by fsdp-train: it has no 'config." + key + "'");
-    }
     const auto t = info.value_types.find(name);
     const std::string type = t == info.value_types.end() ? "?" : t->second;
     if (type != "int") {
@@ -552,10 +555,6 @@ models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path)
                       std::to_string(want.size()));
   }
   return c;
-}
-
-models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std::string& path) {
-  return config_of(info, path);
 }
 
 std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& c) {

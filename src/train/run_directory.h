@@ -159,10 +159,6 @@ void put_config(CheckpointState& state, const TrainConfig& run, const RunIdentit
 // written before fsdp-train recorded one.
 std::string run_id_of(const CheckpointInfo& info);
 
-// The model shape a checkpoint written by train() records; ConfigError
-// naming `path` when it lacks one (not written by fsdp-train).
-models::GPTConfig config_of(const CheckpointInfo& info, const std::string& path);
-
 // The flags of `config` that differ from the run settings saved in a
 // checkpoint ("--lr 0.003 -> 0.03"); checkpoints without them give none.
 std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& config);
