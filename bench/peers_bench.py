@@ -136,7 +136,7 @@ def main():
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
-    os._exit(0)  # see tests/python/peers_smoke.py: torch's teardown may abort a rank under load
+    os._exit(0)  # see tests/python/clean_exit.py: torch's teardown may abort a rank under load
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from clean_exit import leave
+
 
 def build(spec, seed):
     torch.manual_seed(seed)
@@ -191,5 +193,4 @@ if __name__ == "__main__":
     with open(spec_path) as f:
         spec = json.load(f)
     {"save": save, "lightning-save": lightning_save, "check-full": check_full, "load": load}[mode](spec, d)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave(0)

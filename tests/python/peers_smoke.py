@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from clean_exit import leave
+
 STEPS = 6
 
 
@@ -107,7 +109,7 @@ def run_torchrun(name):
     else:
         raise SystemExit(f"unknown peer {name!r}")
     check_and_report(name, losses, digest)
-    finish()
+    leave(0)
 
 
 def run_fabric(name):
@@ -123,21 +125,7 @@ def run_fabric(name):
     losses = train(model, opt, fabric.global_rank, backward=fabric.backward)
     state = model.state_dict()  # full state dict, gathered
     check_and_report(name, losses, params_digest(state.values()))
-    finish()
-
-
-def finish():
-    """Tears the group down and leaves without the interpreter's own
-    finalisation. Under load, torch 2.15 sometimes aborts a rank there
-    ("terminate called without an active exception", seen in CI after the
-    peer had reported ok): Gloo's worker threads still own work objects
-    while the interpreter dies (pytorch/pytorch#190489, #179291). The
-    result was checked before this point, and every rank got here."""
-    dist.barrier()  # no rank tears its group down while another still talks to it
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)
 
 
 def main():
