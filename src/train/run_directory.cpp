@@ -122,29 +122,16 @@ namespace {
 
 using Json = nlohmann::json;
 
-// run.json's "legacy_checkpoints": set when a --resume adopted a directory
-// written before fsdp-train recorded run identities, so that its
-// checkpoints without a run id count as the run's.
-bool legacy_run(const std::string& identity_path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(identity_path, ec)) return false;
-  std::ifstream in(identity_path);
-  try {
-    const Json j = Json::parse(in);
-    return j.value("legacy_checkpoints", false);
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-void write_identity(const std::string& path, const RunIdentity& id, bool legacy) {
+// run.json; "legacy_checkpoints" when a --resume adopted a directory written
+// before fsdp-train recorded run identities (RunIdentity::legacy).
+void write_identity(const std::string& path, const RunIdentity& id) {
   Json j;
   j["run_id"] = id.id;
   j["config_digest"] = id.digest;
   j["started"] = utc_now();
   j["host"] = host_name();
   j["pid"] = static_cast<int64_t>(::getpid());
-  if (legacy) j["legacy_checkpoints"] = true;
+  if (id.legacy) j["legacy_checkpoints"] = true;
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -186,6 +173,7 @@ std::optional<RunIdentity> RunDirectory::identity() const {
     RunIdentity id;
     id.id = j.at("run_id").get<std::string>();
     id.digest = j.at("config_digest").get<std::string>();
+    id.legacy = j.value("legacy_checkpoints", false);
     if (id.id.empty()) throw std::invalid_argument("empty run_id");
     return id;
   } catch (const std::exception& e) {
@@ -206,7 +194,6 @@ bool RunDirectory::holds_run() const {
 
 RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig& c) const {
   RunIdentity id;
-  bool legacy = false;
   const auto failure = detail::capture([&] {
     if (strategy.global_rank() != 0) return;
     id = RunIdentity{new_run_id(), config_digest(c)};
@@ -214,10 +201,10 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
     if (c.resume || !c.resume_from.empty()) {
       if (had) {
         id.id = had->id;  // the same run; its checkpoints record the configuration that wrote them
-        legacy = legacy_run(identity_path());
+        id.legacy = had->legacy;
       } else {
-        legacy = !checkpoints().empty();  // a directory from before run identities: its checkpoints are the run's
-        write_identity(identity_path(), id, legacy);
+        id.legacy = !checkpoints().empty();  // a directory from before run identities: its checkpoints are the run's
+        write_identity(identity_path(), id);
       }
       return;
     }
@@ -235,9 +222,9 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
                         "--overwrite to start over (it removes run.json, checkpoints/, metrics.jsonl, train.log "
                         "and loss.svg there), or another --out");
     }
-    write_identity(identity_path(), id, false);
+    write_identity(identity_path(), id);
   });
-  const std::string payload = id.id + "\n" + id.digest + "\n" + (legacy ? "1" : "0");
+  const std::string payload = id.id + "\n" + id.digest + "\n" + (id.legacy ? "1" : "0");
   const std::string agreed = strategy.broadcast(detail::outcome(payload, failure), 0);
   if (detail::outcome_failed(agreed)) detail::rethrow(detail::outcome_failure(agreed));
   std::istringstream in(detail::outcome_payload(agreed));
@@ -284,11 +271,12 @@ std::string shape_mismatch(const models::GPTConfig& saved, const models::GPTConf
 // Whether a checkpoint whose run id is `id` belongs to `run`.
 bool belongs_to(const std::string& id, const RunIdentity& run) { return id == run.id || (id.empty() && run.legacy); }
 
-// Checks that the checkpoint `path` (described by `info`) holds a model of
-// config.model's shape (ConfigError listing each difference otherwise) and
-// prints the flags of `c` that differ from its run's.
-void check_resumable(const std::string& path, const CheckpointInfo& info, const TrainConfig& c) {
-  const models::GPTConfig saved = checkpoint_model_config(info, path);
+// Checks that the checkpoint `path` (described by `info`, whose model
+// configuration is `saved`) holds a model of config.model's shape
+// (ConfigError listing each difference otherwise) and prints the flags of `c`
+// that differ from its run's.
+void check_resumable(const std::string& path, const CheckpointInfo& info, const models::GPTConfig& saved,
+                     const TrainConfig& c) {
   if (const std::string mismatch = shape_mismatch(saved, c.model, path); !mismatch.empty()) {
     throw ConfigError(mismatch);
   }
@@ -315,9 +303,10 @@ std::string RunDirectory::resume_checkpoint(const TrainConfig& c, const RunIdent
   auto explicit_checkpoint = [&]() -> std::string {
     const std::string& path = c.resume_from;
     CheckpointInfo info;
+    models::GPTConfig saved;
     try {
       info = inspect_checkpoint(path);
-      checkpoint_model_config(info, path);
+      saved = checkpoint_model_config(info, path);
     } catch (const ConfigError& e) {
       throw ConfigError("--resume-from " + path + " is not a checkpoint fsdp-train can resume: " + e.what());
     }
@@ -325,7 +314,7 @@ std::string RunDirectory::resume_checkpoint(const TrainConfig& c, const RunIdent
       throw ConfigError("--resume-from " + path + " is damaged: " + problems_text(problems) +
                         ": expected a checkpoint whose every checksum matches");
     }
-    check_resumable(path, info, c);
+    check_resumable(path, info, saved, c);
     return path;
   };
   if (!c.resume && !c.resume_from.empty()) return explicit_checkpoint();
@@ -362,13 +351,14 @@ std::string RunDirectory::resume_checkpoint(const TrainConfig& c, const RunIdent
       if (set_aside) set_aside->push_back(aside);
       continue;
     }
+    models::GPTConfig saved;
     try {
-      checkpoint_model_config(info, path);
+      saved = checkpoint_model_config(info, path);
     } catch (const ConfigError& e) {
       std::cerr << "fsdp-train: skipping " << path << ": " << e.what() << std::endl;
       continue;
     }
-    check_resumable(path, info, c);
+    check_resumable(path, info, saved, c);
     return path;
   }
   if (!c.resume_from.empty()) return explicit_checkpoint();
@@ -462,8 +452,6 @@ void put_config(CheckpointState& s, const TrainConfig& run, const RunIdentity& i
 
 namespace {
 
-// A configuration value: "config.<key>" (nested under "config" in Python),
-// or "<key>" as checkpoints before issue 18 named it; null if absent.
 // The name a checkpoint keeps a run setting under: "config.<key>", or
 // "<key>" in checkpoints before the config nesting; "" when it has none.
 std::string config_name(const CheckpointInfo& info, const std::string& key) {
@@ -473,6 +461,7 @@ std::string config_name(const CheckpointInfo& info, const std::string& key) {
   return "";
 }
 
+// The value of a run setting (see config_name); null if absent.
 const std::string* config_value(const CheckpointInfo& info, const std::string& key) {
   const std::string name = config_name(info, key);
   return name.empty() ? nullptr : &info.values.at(name);
