@@ -402,16 +402,16 @@ std::string first_data_file(const std::string& dir) {
 }
 // The data file and offset of the first tensor chunk's raw bytes (fsdp_index.json).
 std::pair<std::string, int64_t> first_chunk(const std::string& dir) {
-  const auto ix = nlohmann::json::parse(read_all(dir + "/fsdp_index.json"));
+  const auto ix = nlohmann::json::parse(read_file(dir + "/fsdp_index.json"));
   const auto& c = ix["tensors"].begin().value()["chunks"][0];
   return {dir + "/" + c["file"].get<std::string>(), c["offset"].get<int64_t>()};
 }
 void replace_in(const std::string& file, const std::string& from, const std::string& to) {
-  std::string s = read_all(file);
+  std::string s = read_file(file);
   const auto at = s.find(from);
   ASSERT_NE(at, std::string::npos) << from;
   s.replace(at, from.size(), to);
-  write_all(file, s);
+  write_file(file, s);
 }
 // `file` with bit (i % 8) of byte i flipped.
 std::string flipped(const std::string& bytes, size_t i) {
@@ -442,9 +442,9 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
   {  // a flipped byte in a tensor's bytes
     auto p = fresh("flip");
     auto [f, at] = first_chunk(p);
-    std::string s = read_all(f);
+    std::string s = read_file(f);
     s[static_cast<size_t>(at)] = static_cast<char>(s[static_cast<size_t>(at)] ^ 0x40);
-    write_all(f, s);
+    write_file(f, s);
     auto msg = load_error(p);
     EXPECT_NE(msg.find("checksum mismatch in " + f), std::string::npos) << msg;
     EXPECT_NE(msg.find("for tensor '"), std::string::npos) << msg;
@@ -476,9 +476,9 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
     ASSERT_TRUE(item);
     const std::string f = p + "/" + item->file;
     const int64_t at = item->offset + ck::FullReader(f, item->offset, item->length).record_offset("data.pkl") + 2;
-    std::string s = read_all(f);
+    std::string s = read_file(f);
     s[static_cast<size_t>(at)] = static_cast<char>(s[static_cast<size_t>(at)] ^ 0x01);
-    write_all(f, s);
+    write_file(f, s);
     auto problems = verify_checkpoint(p);
     ASSERT_FALSE(problems.empty());
     EXPECT_NE(problems.front().find("checksum mismatch in " + f), std::string::npos) << problems.front();
@@ -487,10 +487,10 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
   {  // an index pointing outside the directory
     auto p = fresh("escape");
     auto name = fs::path(first_data_file(p)).filename().string();
-    std::string s = read_all(p + "/fsdp_index.json");
+    std::string s = read_file(p + "/fsdp_index.json");
     size_t at;
     while ((at = s.find("\"" + name + "\"")) != std::string::npos) s.replace(at, name.size() + 2, "\"../../etc/passwd\"");
-    write_all(p + "/fsdp_index.json", s);
+    write_file(p + "/fsdp_index.json", s);
     EXPECT_NE(load_error(p).find("checksum mismatch"), std::string::npos) << load_error(p);
     reseal(p + "/fsdp_index.json");
     auto msg = load_error(p);
@@ -506,11 +506,11 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
   }
   {  // bytes that do not match dtype x shape
     auto p = fresh("bytes");
-    std::string s = read_all(p + "/fsdp_index.json");
+    std::string s = read_file(p + "/fsdp_index.json");
     const auto at = s.find("\"nbytes\": ");
     const auto end = s.find(',', at);
     s.replace(at, end - at, "\"nbytes\": 3");
-    write_all(p + "/fsdp_index.json", s);
+    write_file(p + "/fsdp_index.json", s);
     reseal(p + "/fsdp_index.json");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("does not match its sizes x dtype"), std::string::npos) << msg;
@@ -518,7 +518,7 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
   }
   {  // garbage index
     auto p = fresh("garbage");
-    write_all(p + "/fsdp_index.json", "{\"format\": \"fsdp-cpp\", \"version\": [");
+    write_file(p + "/fsdp_index.json", "{\"format\": \"fsdp-cpp\", \"version\": [");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
   }
@@ -536,9 +536,9 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
     EXPECT_TRUE(verify_checkpoint(p).empty()) << verify_checkpoint(p).front();
     auto [f, at] = first_chunk(good);
     f = p + "/" + fs::path(f).filename().string();
-    std::string s = read_all(f);
+    std::string s = read_file(f);
     s[static_cast<size_t>(at)] = static_cast<char>(s[static_cast<size_t>(at)] ^ 0x40);
-    write_all(f, s);
+    write_file(f, s);
     auto msg = load_error(p);
     EXPECT_NE(msg.find("checksum mismatch in " + f), std::string::npos) << msg;
     EXPECT_FALSE(verify_checkpoint(p).empty());
@@ -564,13 +564,13 @@ TEST(CheckpointDamage, EveryBitFlipOfAShardedIndexIsCaught) {
   const std::string p = dir.path() + "/flip";
   fs::copy(good, p, fs::copy_options::recursive);
   for (const char* name : {"fsdp_index.json", ".metadata"}) {
-    const std::string file = p + "/" + name, original = read_all(good + "/" + name);
+    const std::string file = p + "/" + name, original = read_file(good + "/" + name);
     ASSERT_FALSE(original.empty());
     const size_t stride = std::max<size_t>(1, original.size() / 3000);
     int passed = 0, tried = 0;
     for (size_t i = 0; i < original.size(); i += stride, ++tried) {
       const std::string bad = flipped(original, i);
-      write_all(file, bad);
+      write_file(file, bad);
       if (!opens_and_verifies(p)) continue;
       if (std::string(name) == "fsdp_index.json") {
         bool same = false;
@@ -584,7 +584,7 @@ TEST(CheckpointDamage, EveryBitFlipOfAShardedIndexIsCaught) {
       ADD_FAILURE() << name << ": the flip of bit " << i % 8 << " of byte " << i << " passed inspect and verify";
       if (passed > 5) break;
     }
-    write_all(file, original);
+    write_file(file, original);
     EXPECT_GT(tried, 1000) << name;
   }
   EXPECT_TRUE(opens_and_verifies(p));
@@ -594,17 +594,17 @@ TEST(CheckpointDamage, AnIndexWhoseEntriesAndTensorsDisagreeIsRefusedByName) {
   TempDir dir;
   const std::string p = dir.path() + "/ckpt";
   save_small(p, CheckpointFormat::kSharded);
-  auto j = nlohmann::ordered_json::parse(read_all(p + "/fsdp_index.json"));
+  auto j = nlohmann::ordered_json::parse(read_file(p + "/fsdp_index.json"));
   const std::string key = j["tensors"].begin().key();
   j["tensors"].erase(key);
-  write_all(p + "/fsdp_index.json", j.dump(1));
+  write_file(p + "/fsdp_index.json", j.dump(1));
   reseal(p + "/fsdp_index.json");
   auto msg = load_error(p);
   EXPECT_NE(msg.find("entry key '" + key + "' has no tensor"), std::string::npos) << msg;
   EXPECT_FALSE(verify_checkpoint(p).empty());
   EXPECT_THROW(consolidate_checkpoint(p, dir.path() + "/out.pt"), ConfigError);  // not map::at
   // An unknown field (a field name with a flipped bit) is refused even with a matching checksum.
-  j = nlohmann::ordered_json::parse(read_all(p + "/fsdp_index.json"));
+  j = nlohmann::ordered_json::parse(read_file(p + "/fsdp_index.json"));
   fs::remove_all(p);
   save_small(p, CheckpointFormat::kSharded);
   replace_in(p + "/fsdp_index.json", "\"world_size\"", "\"world_sizE\"");
@@ -620,7 +620,7 @@ TEST(CheckpointDamage, EveryBitFlipInAFullCheckpointsRecordsIsCaught) {
   TempDir dir;
   const std::string good = dir.path() + "/good.pt", p = dir.path() + "/flip.pt";
   save_small(good, CheckpointFormat::kFull);
-  const std::string original = read_all(good);
+  const std::string original = read_file(good);
   namespace ck = fsdp::detail::ckpt;
   std::vector<std::string> records;  // every record but the tensors' (LibTorch 1.13 writes no byteorder)
   for (const auto& r : ck::FullReader(good).records()) {
@@ -635,14 +635,14 @@ TEST(CheckpointDamage, EveryBitFlipInAFullCheckpointsRecordsIsCaught) {
     const int64_t stride = std::max<int64_t>(1, n / 400);
     int passed = 0;
     for (int64_t i = 0; i < n; i += stride) {
-      write_all(p, flipped(original, static_cast<size_t>(at + i)));
+      write_file(p, flipped(original, static_cast<size_t>(at + i)));
       if (!opens_and_verifies(p)) continue;
       ++passed;
       ADD_FAILURE() << record << ": the flip of byte " << i << " passed inspect and verify";
       if (passed > 5) break;
     }
   }
-  write_all(p, flipped(original, static_cast<size_t>(ck::FullReader(good).record_offset("fsdp/index.json") + 3)));
+  write_file(p, flipped(original, static_cast<size_t>(ck::FullReader(good).record_offset("fsdp/index.json") + 3)));
   auto msg = load_error(p);
   EXPECT_NE(msg.find("checksum mismatch in " + p + " (record fsdp/index.json)"), std::string::npos) << msg;
 }
@@ -659,7 +659,7 @@ TEST(CheckpointDamage, FullFilesAreCheckedAndNamed) {
   };
   {  // a flipped byte inside tensor data (records are stored uncompressed)
     auto p = fresh("flip.pt");
-    std::string s = read_all(p);
+    std::string s = read_file(p);
     // Record data/0 (the first tensor): its bytes follow its zip local header.
     const auto name = s.find("archive/data/0");
     ASSERT_NE(name, std::string::npos);
@@ -669,7 +669,7 @@ TEST(CheckpointDamage, FullFilesAreCheckedAndNamed) {
                                        static_cast<size_t>(static_cast<unsigned char>(s[at + 1])) << 8; };
     const size_t data = header + 30 + u16(header + 26) + u16(header + 28);
     s[data + 5] = static_cast<char>(s[data + 5] ^ 0x01);
-    write_all(p, s);
+    write_file(p, s);
     EXPECT_FALSE(verify_checkpoint(p).empty());
     auto msg = load_error(p);
     EXPECT_NE(msg.find(p), std::string::npos) << msg;
@@ -683,7 +683,7 @@ TEST(CheckpointDamage, FullFilesAreCheckedAndNamed) {
   }
   {  // not a zip at all
     auto p = dir.path() + "/text.pt";
-    write_all(p, "hello");
+    write_file(p, "hello");
     auto msg = load_error(p);
     EXPECT_NE(msg.find("does not point to a valid checkpoint"), std::string::npos) << msg;
   }
@@ -713,9 +713,9 @@ TEST(FsdpCkptTool, InspectVerifyConsolidate) {
   expect_equal(named_params(*b), named_params(*a), "consolidated");
   // Damage is reported with exit status 1 and the entry named.
   auto [f, at] = first_chunk(sharded);
-  std::string bytes = read_all(f);
+  std::string bytes = read_file(f);
   bytes[static_cast<size_t>(at)] = static_cast<char>(bytes[static_cast<size_t>(at)] ^ 0x10);
-  write_all(f, bytes);
+  write_file(f, bytes);
   r = run_program({FSDP_CKPT_PATH, "verify", sharded}, std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code(), 1) << r.output;
   EXPECT_NE(r.output.find("DAMAGED"), std::string::npos) << r.output;
@@ -780,7 +780,7 @@ TEST(FsdpCkptTool, NoToolWritesInsideItsInput) {
       {"export", full, full},
       {"export", sharded, sharded + "/model.safetensors"},
   };
-  const std::string before = read_all(sharded + "/fsdp_index.json"), before_full = read_all(full);
+  const std::string before = read_file(sharded + "/fsdp_index.json"), before_full = read_file(full);
   for (const auto& c : commands) {
     std::vector<std::string> argv{FSDP_CKPT_PATH};
     argv.insert(argv.end(), c.begin(), c.end());
@@ -788,8 +788,8 @@ TEST(FsdpCkptTool, NoToolWritesInsideItsInput) {
     EXPECT_EQ(r.exit_code(), 2) << c[0] << " " << c[2] << "\n" << r.output;
     EXPECT_NE(r.output.find("write it elsewhere"), std::string::npos) << c[0] << " " << c[2] << "\n" << r.output;
   }
-  EXPECT_EQ(read_all(sharded + "/fsdp_index.json"), before);
-  EXPECT_EQ(read_all(full), before_full);
+  EXPECT_EQ(read_file(sharded + "/fsdp_index.json"), before);
+  EXPECT_EQ(read_file(full), before_full);
   EXPECT_FALSE(fs::exists(sharded + "/sub"));
   EXPECT_TRUE(verify_checkpoint(sharded).empty());
   EXPECT_TRUE(verify_checkpoint(full).empty());

@@ -34,11 +34,6 @@ std::string st_bytes(const std::string& header, const std::string& data, int64_t
   return out + header + data;
 }
 
-void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
 // A trained model at world 2, saved in `format` at `path`; returns its full state.
 NamedTensors save_trained(const std::string& path, CheckpointFormat format) {
   const auto batches = make_batches(2, 8, 3);
@@ -215,9 +210,9 @@ TEST(Safetensors, BadFilesFailTheLoadNamingTheFileOnEveryRank) {
   const std::string mismatch = dir.path() + "/mismatch.safetensors", cut = dir.path() + "/cut.safetensors",
                     cut_bare = dir.path() + "/cut.bin", fifo = dir.path() + "/fifo.safetensors",
                     folder = dir.path() + "/folder.safetensors";
-  write_all(mismatch, st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", z8));
-  write_all(cut, st_bytes(kA, z8).substr(0, 30));
-  write_all(cut_bare, st_bytes(kA, z8).substr(0, 30));
+  write_file(mismatch, st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", z8));
+  write_file(cut, st_bytes(kA, z8).substr(0, 30));
+  write_file(cut_bare, st_bytes(kA, z8).substr(0, 30));
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   fs::create_directory(folder);
   run_ranks(2, [&](dist::ProcessGroup& pg) {

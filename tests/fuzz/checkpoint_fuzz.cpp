@@ -27,7 +27,6 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +37,7 @@
 #include "../../src/fsdp/ckpt_format.h"
 #include "../../src/fsdp/ckpt_safetensors.h"
 #include "../../src/fsdp/torch_pickle.h"
+#include "../support/index_files.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/error.h"
@@ -45,6 +45,8 @@
 #include "fsdp/state_dict.h"
 
 namespace fs = std::filesystem;
+using fsdp::testing::read_file;
+using fsdp::testing::write_file;
 
 namespace {
 
@@ -128,15 +130,6 @@ std::string raw_state_dict(World& w) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // A sharded directory as one input: records of [u8 name length][name][u32 LE size][bytes].
 std::string pack_dir(const fs::path& dir) {
   std::string out;
@@ -167,10 +160,7 @@ std::string resealed(const std::string& text, const fs::path& metadata = {}) {
     const std::string md = read_file(metadata);
     j["metadata_crc32"] = fsdp::detail::ckpt::crc32(md.data(), md.size());
   }
-  const std::string body = j.dump();
-  char hex[16];
-  std::snprintf(hex, sizeof hex, "%08x", fsdp::detail::ckpt::crc32(body.data(), body.size()));
-  j["checksum"] = std::string("crc32:") + hex;
+  j["checksum"] = fsdp::testing::index_checksum(j);
   return j.dump(1);
 }
 

@@ -418,11 +418,6 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
   }
 }
 
-// Loading never runs code from a checkpoint: fsdp-cpp reads its own JSON
-// index and the raw tensor records of a full file, never its pickle. A full
-// checkpoint whose data.pkl is replaced by a pickle that would run a shell
-// command still loads, and the command never runs; a zip without the index is
-// refused by name.
 // Issue 19 item 2: a checkpoint's file replaced by a FIFO (whose open would
 // wait for a writer forever) or a device is refused by name by every tool
 // that reads checkpoints, never waited on.
@@ -476,6 +471,11 @@ TEST(HostileFiles, AFifoOrDeviceInPlaceOfACheckpointFileIsRefusedNotWaitedOn) {
   refused({FSDP_CKPT_PATH, "verify", other}, "verify of a FIFO .metadata", other + "/.metadata is not a regular file");
 }
 
+// Loading never runs code from a checkpoint: fsdp-cpp reads its own JSON
+// index and the raw tensor records of a full file, never its pickle. A full
+// checkpoint whose data.pkl is replaced by a pickle that would run a shell
+// command still loads, and the command never runs; a zip without the index is
+// refused by name.
 TEST(HostileFiles, APickleInAFullCheckpointIsNeverRun) {
   TempDir dir;
   const std::string good = dir.path() + "/good.pt", evil = dir.path() + "/evil.pt", marker = dir.path() + "/pwned";

@@ -1,40 +1,34 @@
-// tests/support/index_files.h — reading, writing and re-sealing checkpoint
-// files in tests that damage or edit them on purpose.
+// tests/support/index_files.h — re-sealing checkpoint indexes in tests that
+// damage or edit them on purpose.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "../../src/fsdp/ckpt_format.h"
+#include "subprocess.h"
 
 namespace fsdp::testing {
 
-inline std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-inline void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
+// The checksum an index with the fields of `without_checksum` carries, as
+// docs/checkpoint-format.md defines it: "crc32:<8 hex digits>" of their
+// compact JSON, in the file's order.
+inline std::string index_checksum(const nlohmann::ordered_json& without_checksum) {
+  const std::string text = without_checksum.dump();
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", fsdp::detail::ckpt::crc32(text.data(), text.size()));
+  return std::string("crc32:") + hex;
 }
 
 // An index (fsdp_index.json, index.json) edited on purpose gets a matching
-// checksum again, computed as docs/checkpoint-format.md says ("crc32:<8 hex
-// digits>" of the compact JSON of the other fields, in the file's order), so
-// that an edit meets the checks behind the checksum.
+// checksum again, so that an edit meets the checks behind the checksum.
 inline void reseal(const std::string& index_file) {
-  auto j = nlohmann::ordered_json::parse(read_all(index_file));
+  auto j = nlohmann::ordered_json::parse(read_file(index_file));
   j.erase("checksum");
-  const std::string text = j.dump();
-  char hex[16];
-  std::snprintf(hex, sizeof hex, "%08x", fsdp::detail::ckpt::crc32(text.data(), text.size()));
-  j["checksum"] = std::string("crc32:") + hex;
-  write_all(index_file, j.dump(1));
+  j["checksum"] = index_checksum(j);
+  write_file(index_file, j.dump(1));
 }
 
 }  // namespace fsdp::testing

@@ -102,11 +102,17 @@ class TempDir {
   std::string path_;
 };
 
+// The bytes of the file at `path` ("" when it cannot be read).
 inline std::string read_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Replaces the file at `path` with `bytes`.
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // True while a process with this pid exists and is not a zombie.

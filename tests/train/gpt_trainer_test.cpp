@@ -238,7 +238,7 @@ TEST(GptTrainer, AHostileModelConfigurationIsNamedBeforeAnythingIsBuilt) {
   for (const auto& c : cases) {
     const std::string p = dir.path() + "/case" + std::to_string(n++);
     fs::copy(good, p, fs::copy_options::recursive);
-    auto j = nlohmann::ordered_json::parse(read_all(p + "/fsdp_index.json"));
+    auto j = nlohmann::ordered_json::parse(read_file(p + "/fsdp_index.json"));
     bool found = false;
     for (auto& e : j["entries"]) {
       if (e["name"] != "config.model." + c.key) continue;
@@ -247,7 +247,7 @@ TEST(GptTrainer, AHostileModelConfigurationIsNamedBeforeAnythingIsBuilt) {
       found = true;
     }
     ASSERT_TRUE(found) << c.key;
-    write_all(p + "/fsdp_index.json", j.dump(1));
+    write_file(p + "/fsdp_index.json", j.dump(1));
     reseal(p + "/fsdp_index.json");
     const std::string what = c.key + " = " + c.value.dump();
     expect_config_error([&] { train::checkpoint_model_config(inspect_checkpoint(p), p); }, c.says);
