@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
+#include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <iostream>
 
 #include "fsdp/error.h"
@@ -24,8 +26,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", c.batch, "sequences per rank per step")->capture_default_str();
   app.add_option("--lr", c.lr, "AdamW's peak learning rate (on --resume: applies from the resumed step)")
       ->capture_default_str();
-  app.add_option("--warmup-steps", c.warmup_steps, "steps of linear warm-up to --lr; default: a fifth of --steps");
-  app.add_option("--min-lr", c.min_lr, "learning rate at the last step (cosine decay from --lr); default: a tenth of --lr");
+  app.add_option("--warmup-steps", c.warmup_steps, "steps of linear warm-up to --lr; default (-1): a fifth of --steps");
+  app.add_option("--min-lr", c.min_lr, "learning rate at the last step (cosine decay from --lr); default (-1): a tenth of --lr");
   app.add_option("--out", c.out, "run directory (metrics.jsonl, checkpoints/)")->capture_default_str();
   app.add_option("--data", c.data, "text file to train on (default: a generated corpus)");
   app.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end only)")->capture_default_str();
@@ -37,8 +39,9 @@ int main(int argc, char** argv) {
                  "continue from this checkpoint (any run's); after a restart, the run's own newest checkpoint once "
                  "it has one");
   app.add_flag("--overwrite", c.overwrite,
-               "start a new run in an --out that holds one: removes its run.json, checkpoints/, metrics.jsonl, "
-               "train.log and loss.svg (a new run into a used --out is refused otherwise)")
+               "start a new run in an --out that holds one: removes its run.json, metrics.jsonl, train.log, "
+               "loss.svg and the checkpoints of its run; anything else there stays, named (a new run into a used "
+               "--out is refused otherwise)")
       ->excludes(resume);
   // Enums by name, parsed (and named in errors) below.
   std::string state_dict_type = fsdp::to_string(c.state_dict_type), sharding = fsdp::to_string(c.sharding_strategy),
@@ -46,7 +49,15 @@ int main(int argc, char** argv) {
   app.add_option("--state-dict-type", state_dict_type, "checkpoint format: full or sharded")->capture_default_str();
   app.add_option("--sharding-strategy", sharding, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
       ->capture_default_str();
-  app.add_option("--precision", c.precision, "32-true, bf16-mixed, bf16-true (16-* need CUDA)")->capture_default_str();
+  app.add_option("--precision", c.precision,
+                 "32-true, bf16-mixed, bf16-true, 16-mixed, 16-true (16-*: made for CUDA; on CPU only with "
+                 "LibTorch 2.x, with a warning)")
+      ->capture_default_str();
+  std::string on_nonfinite = fsdp::train::to_string(c.on_nonfinite_loss);
+  app.add_option("--on-nonfinite-loss", on_nonfinite,
+                 "a step whose loss is NaN or inf: stop (before updating the weights; --resume continues from the "
+                 "last checkpoint) or skip its optimizer step and go on")
+      ->capture_default_str();
   app.add_flag("--activation-checkpointing", c.activation_checkpointing, "recompute each block's activations in backward");
   app.add_flag("--cpu-offload", c.cpu_offload, "keep shards on CPU (no-op on CPU builds)");
   app.add_option("--seed", c.seed, "data and initialisation seed")->capture_default_str();
@@ -68,7 +79,9 @@ int main(int argc, char** argv) {
   fsdp::train::GenerateOptions go;
   gen->add_option("--checkpoint", checkpoint, "checkpoint file or directory")->required();
   gen->add_option("--prompt", prompt, "text to continue")->capture_default_str();
-  gen->add_option("--tokens", go.tokens, "bytes to generate")->capture_default_str();
+  // As text, parsed below: CLI11 saturates an integer beyond 64 bits instead of refusing it.
+  std::string tokens = std::to_string(go.tokens);
+  gen->add_option("--tokens", tokens, "bytes to generate (printed as they are drawn)")->capture_default_str();
   gen->add_option("--temperature", go.temperature, "sampling temperature; 0: greedy")->capture_default_str();
   gen->add_option("--top-k", go.top_k, "sample among the k most likely bytes; 0: all")->capture_default_str();
   gen->add_option("--seed", go.seed, "sampling seed")->capture_default_str();
@@ -76,8 +89,29 @@ int main(int argc, char** argv) {
   try {
     auto world = fsdp::dist::init_process_group_from_env();
     if (gen->parsed()) {
-      const std::string text = fsdp::train::generate(checkpoint, prompt, go, world);
-      if (world->rank() == 0) std::cout << text << std::endl;
+      {
+        const char* end = tokens.data() + tokens.size();
+        const auto [ptr, ec] = std::from_chars(tokens.data(), end, go.tokens);
+        if (ec != std::errc() || ptr != end || go.tokens < 0) {
+          throw fsdp::ConfigError("generate: --tokens " + tokens + " is not a count of bytes: expected an integer from 0 to " +
+                                  std::to_string(std::numeric_limits<int64_t>::max()));
+        }
+      }
+      // Rank 0 prints the prompt with the first byte drawn (after the
+      // checkpoint loaded), then each byte as it is drawn.
+      const bool printer = world->rank() == 0;
+      const std::string shown = prompt.empty() ? std::string("\n") : prompt;
+      bool started = false;
+      auto start = [&] {
+        if (printer && !started) std::cout << shown;
+        started = true;
+      };
+      fsdp::train::generate_stream(checkpoint, prompt, go, world, [&](char ch) {
+        start();
+        if (printer) std::cout << ch << std::flush;
+      });
+      start();
+      if (printer) std::cout << std::endl;
       return 0;
     }
     // A restart by `fsdp-run --max-restarts` continues the run it restarts
@@ -97,6 +131,7 @@ int main(int argc, char** argv) {
     c.state_dict_type = named("--state-dict-type", [&] { return fsdp::parse_checkpoint_format(state_dict_type); });
     c.sharding_strategy = named("--sharding-strategy", [&] { return fsdp::parse_sharding_strategy(sharding); });
     c.backward_prefetch = named("--backward-prefetch", [&] { return fsdp::parse_backward_prefetch(backward_prefetch); });
+    c.on_nonfinite_loss = named("--on-nonfinite-loss", [&] { return fsdp::train::parse_nonfinite_loss(on_nonfinite); });
     c.limit_all_gathers = !no_limit;
     c.empty_init = !eager_init;
     c.model = fsdp::train::preset(c.preset);

@@ -10,11 +10,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
+#include <iostream>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -36,16 +40,36 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// "R,S" -> (R, S), both positive.
+// "R,S" -> (R, S), both positive: exactly two integers and one comma.
 std::pair<int, int> parse_mesh(const std::string& mesh) {
   const auto comma = mesh.find(',');
-  try {
-    if (comma == std::string::npos) throw std::invalid_argument("no comma");
-    const int r = std::stoi(mesh.substr(0, comma)), sh = std::stoi(mesh.substr(comma + 1));
-    if (r <= 0 || sh <= 0) throw std::invalid_argument("not positive");
-    return {r, sh};
-  } catch (const std::exception&) {
-    throw ConfigError("--mesh '" + mesh + "' is invalid: expected R,S (replicate and shard sizes, e.g. 2,4)");
+  auto whole_int = [](const std::string& text, int& v) {
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+    return ec == std::errc() && ptr == end && v > 0;
+  };
+  int r = 0, sh = 0;
+  if (comma == std::string::npos || !whole_int(mesh.substr(0, comma), r) || !whole_int(mesh.substr(comma + 1), sh)) {
+    throw ConfigError("--mesh '" + mesh + "' is invalid: expected R,S (two positive integers: the replicate and shard "
+                      "sizes, e.g. 2,4)");
+  }
+  return {r, sh};
+}
+
+// ConfigError when `out` is the filesystem root or the home directory:
+// --overwrite removes files there, and a run scatters its files into it.
+void refuse_system_directory(const std::string& out) {
+  std::error_code ec;
+  const fs::path at = fs::weakly_canonical(fs::absolute(out, ec), ec);
+  auto same = [&](const fs::path& other) {
+    std::error_code e;
+    return !other.empty() && fs::equivalent(at, other, e);
+  };
+  const char* home = std::getenv("HOME");
+  if (same("/") || (home && *home && same(home))) {
+    throw ConfigError("--out " + out + " is " + (same("/") ? "the filesystem root" : "the home directory") +
+                      ": a run writes metrics.jsonl, train.log, run.json and checkpoints/ there (and --overwrite "
+                      "removes them): expected a directory of the run's own, e.g. runs/latest");
   }
 }
 
@@ -74,6 +98,14 @@ models::GPTConfig preset(const std::string& name) {
   return c;
 }
 
+std::string to_string(NonfiniteLoss policy) { return policy == NonfiniteLoss::kStop ? "stop" : "skip"; }
+
+NonfiniteLoss parse_nonfinite_loss(const std::string& name) {
+  if (name == "stop") return NonfiniteLoss::kStop;
+  if (name == "skip") return NonfiniteLoss::kSkip;
+  throw ConfigError("'" + name + "' is not a policy for a non-finite loss: expected stop or skip");
+}
+
 void validate(const TrainConfig& c) {
   auto positive = [](int64_t v, const char* flag) {
     if (v <= 0) throw ConfigError(std::string(flag) + " must be positive, got " + std::to_string(v));
@@ -89,8 +121,15 @@ void validate(const TrainConfig& c) {
   if (!(c.lr > 0) || !std::isfinite(c.lr)) {
     throw ConfigError("--lr must be a positive number, got " + std::to_string(c.lr));
   }
+  if (c.warmup_steps < -1) {
+    throw ConfigError("--warmup-steps must be 0 or positive (or -1: a fifth of --steps), got " +
+                      std::to_string(c.warmup_steps));
+  }
+  if (c.min_lr < 0 && c.min_lr != -1) {
+    throw ConfigError("--min-lr must be 0 or positive (or -1: a tenth of --lr), got " + std::to_string(c.min_lr));
+  }
   if (std::isnan(c.min_lr) || c.min_lr > c.lr) {
-    throw ConfigError("--min-lr must be at most --lr (" + std::to_string(c.lr) + "; negative: a tenth of it), got " +
+    throw ConfigError("--min-lr must be at most --lr (" + std::to_string(c.lr) + "; -1: a tenth of it), got " +
                       std::to_string(c.min_lr));
   }
   if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
@@ -115,6 +154,7 @@ void validate(const TrainConfig& c) {
     }
   }
   if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
+  refuse_system_directory(c.out);
   if (c.overwrite && c.resume) {
     throw ConfigError("--overwrite and --resume contradict each other: --overwrite starts a new run in --out " + c.out +
                       ", --resume continues the run there; expected one of them");
@@ -235,17 +275,31 @@ CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int6
   return s;
 }
 
-// [collective] One optimizer step on `batch` at learning rate `lr`: the mean
-// loss over the ranks, and the gradient norm before clipping it to 1.
-std::pair<double, double> train_step(const FSDPStrategy& strategy, Model& model, torch::optim::Optimizer& opt,
-                                     const Batch& batch, double lr) {
+// What train_step did: the mean loss over the ranks, the gradient norm
+// before clipping, and whether they were finite (not: the optimizer step
+// was not taken).
+struct StepResult {
+  double loss = 0, grad_norm = 0;
+  bool finite = true;
+};
+
+// [collective] One optimizer step on `batch` at learning rate `lr`, with the
+// gradients clipped to norm 1; taken only when the mean loss (and, without a
+// gradient scaler, the gradient norm) is finite: the same decision on every
+// rank.
+StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::Optimizer& opt, const Batch& batch,
+                      double lr, bool scaled) {
   for (auto& group : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   opt.zero_grad();
   auto loss = models::gpt_loss(model(batch.inputs), batch.targets);
   strategy.backward(loss);  // scaled under "16-mixed"
-  const double grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
-  strategy.optimizer_step(opt);
-  return {strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>(), grad_norm};
+  StepResult r;
+  r.loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
+  r.grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
+  // Under "16-mixed" the scaler skips steps with inf gradients itself.
+  r.finite = std::isfinite(r.loss) && (scaled || std::isfinite(r.grad_norm));
+  if (r.finite) strategy.optimizer_step(opt);
+  return r;
 }
 
 // [collective] The mean loss over 4 fixed held-out batches (the same on every rank).
@@ -278,6 +332,13 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   FSDPStrategy strategy(strategy_options(c, world));
   strategy.setup_environment();
   const int rank = strategy.global_rank(), nranks = strategy.world_size();
+  if (rank == 0 && c.precision.rfind("16-", 0) == 0 && strategy.root_device().is_cpu()) {
+    std::cerr << "fsdp-train: WARNING: --precision " << c.precision
+              << " on CPU: float16 is made for CUDA (16-mixed scales the loss against float16's narrow range); "
+                 "LibTorch 2.x computes it on CPU, usually more slowly than float32. bf16-mixed is the CPU's mixed "
+                 "precision"
+              << std::endl;
+  }
   // One job per run directory: rank 0 holds its lock until train() returns.
   const RunDirectory run(c.out);
   std::optional<RunLock> lock;
@@ -312,6 +373,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   });
   detail::agree_from(strategy.group(), 0, failure, start > 0 ? "--resume: " : "");
   double mean_loss = 0;
+  int64_t skipped = 0;  // steps skipped for a non-finite loss (rank 0's count)
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t step = start; step < c.steps; ++step) {
     const Batch batch = batches.training(step);
@@ -319,9 +381,28 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     StepMetrics m;
     m.step = step + 1;
     m.lr = learning_rate(c, step);
-    std::tie(m.loss, m.grad_norm) = train_step(strategy, model, opt, batch, m.lr);
+    const StepResult r = train_step(strategy, model, opt, batch, m.lr, c.precision == "16-mixed");
+    m.loss = r.loss;
+    m.grad_norm = r.grad_norm;
+    m.nonfinite = !r.finite;
+    m.skipped = !r.finite && c.on_nonfinite_loss == NonfiniteLoss::kSkip;
     m.tokens_per_s = static_cast<double>(c.batch * c.model.context * nranks) / seconds_since(ts);
     const bool last = m.step == c.steps;
+    if (m.nonfinite && !m.skipped) {
+      // The same on every rank (global values): rank 0 logs the step, all stop.
+      if (rank == 0) metrics->write(m);
+      std::ostringstream what;
+      what << "step " << m.step << ": the loss is " << m.loss << " (the mean over the ranks; gradient norm "
+           << m.grad_norm << "): the run diverged. Stopped before the optimizer step (--on-nonfinite-loss stop); "
+           << "the newest checkpoint in " << c.out << " is intact: continue with --resume and a lower --lr (now "
+           << c.lr << "), or pass --on-nonfinite-loss skip to skip such steps";
+      throw Error(what.str());
+    }
+    if (m.skipped && rank == 0 && (++skipped == 1 || skipped % 100 == 0)) {
+      std::cerr << "fsdp-train: WARNING: step " << m.step << ": the loss is " << m.loss << " (gradient norm "
+                << m.grad_norm << "): the optimizer step was skipped (--on-nonfinite-loss skip; " << skipped
+                << " skipped so far)" << std::endl;
+    }
     if (c.eval_every > 0 && (m.step % c.eval_every == 0 || last)) m.eval_loss = evaluate(strategy, model, batches);
     const auto mems = memory_of_ranks(strategy);
     m.elapsed_s = seconds_since(t0);
@@ -341,12 +422,18 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     }
     mean_loss = m.loss;
   }
-  if (rank == 0) write_loss_curve(c.out);
+  if (rank == 0) {
+    try {
+      write_loss_curve(c.out);
+    } catch (const std::exception& e) {  // a drawing is not worth the run
+      std::cerr << "fsdp-train: WARNING: no loss curve: " << e.what() << std::endl;
+    }
+  }
   return mean_loss;
 }
 
-std::string generate(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& o,
-                     const dist::ProcessGroupPtr& world) {
+void generate_stream(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& o,
+                     const dist::ProcessGroupPtr& world, const std::function<void(char)>& emit) {
   if (o.tokens < 0) throw ConfigError("generate: --tokens must be 0 or positive, got " + std::to_string(o.tokens));
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
     throw ConfigError("generate: --temperature must be 0 (greedy) or positive, got " + std::to_string(o.temperature));
@@ -361,22 +448,35 @@ std::string generate(const std::string& checkpoint, const std::string& prompt, c
   load_checkpoint(checkpoint, model, *world);
   model->eval();
   torch::NoGradGuard no_grad;
-  std::string text = prompt.empty() ? std::string("\n") : prompt;
+  // The model sees the last `context` bytes: only those are kept.
+  std::string window = prompt.empty() ? std::string("\n") : prompt;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   for (int64_t i = 0; i < o.tokens; ++i) {
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(text.size()), cfg.context);
-    at::Tensor ctx = bytes_to_tokens(text.substr(text.size() - static_cast<size_t>(n))).unsqueeze(0);
+    if (static_cast<int64_t>(window.size()) > cfg.context) window.erase(0, window.size() - static_cast<size_t>(cfg.context));
+    const auto n = static_cast<int64_t>(window.size());
+    at::Tensor ctx = bytes_to_tokens(window).unsqueeze(0);
     at::Tensor logits = model->forward(ctx).select(1, n - 1).squeeze(0).to(at::kFloat);
     int64_t next = 0;
     if (o.temperature == 0) {
       next = logits.argmax().item<int64_t>();
     } else {
       auto [top, idx] = logits.topk(o.top_k > 0 ? o.top_k : logits.size(0));
-      at::Tensor probs = at::softmax(top / o.temperature, 0);
+      // In float64, less the largest logit: any positive temperature, down
+      // to the smallest double, gives finite probabilities (the most likely
+      // byte's exponent is 0).
+      at::Tensor scaled = (top.to(at::kDouble) - top.max().to(at::kDouble)) / o.temperature;
+      at::Tensor probs = at::softmax(scaled, 0);
       next = idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
     }
-    text += static_cast<char>(next);
+    window += static_cast<char>(next);
+    if (emit) emit(static_cast<char>(next));
   }
+}
+
+std::string generate(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& o,
+                     const dist::ProcessGroupPtr& world) {
+  std::string text = prompt.empty() ? std::string("\n") : prompt;
+  generate_stream(checkpoint, prompt, o, world, [&](char ch) { text += ch; });
   return text;
 }
 

@@ -1,10 +1,12 @@
 // write_loss_curve: out/loss.svg from out/metrics.jsonl.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <utility>
 #include <vector>
 
+#include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
 #include "metrics.h"
 #include "run_directory.h"
@@ -15,10 +17,12 @@ namespace fs = std::filesystem;
 
 std::string write_loss_curve(const std::string& out) {
   std::vector<std::pair<double, double>> train, eval;
-  for (const auto& m : read_metrics(RunDirectory(out).metrics_path())) {
-    if (!m.loss) continue;
+  // Lines that are not metrics, and losses that are not finite (a diverged
+  // step), are left out of the drawing.
+  for (const auto& m : read_metrics(RunDirectory(out).metrics_path()).lines) {
+    if (!m.loss || !std::isfinite(*m.loss)) continue;
     train.emplace_back(static_cast<double>(m.step), *m.loss);
-    if (m.eval_loss) eval.emplace_back(static_cast<double>(m.step), *m.eval_loss);
+    if (m.eval_loss && std::isfinite(*m.eval_loss)) eval.emplace_back(static_cast<double>(m.step), *m.eval_loss);
   }
   const std::string path = (fs::path(out) / "loss.svg").string();
   const double w = 640, h = 360, pad = 50;
@@ -47,6 +51,8 @@ std::string write_loss_curve(const std::string& out) {
   polyline(train, "steelblue", "training loss", pad);
   polyline(eval, "darkorange", "held-out loss", pad + 16);
   svg << "</svg>\n";
+  svg.flush();
+  if (!svg) throw Error("cannot write " + path + " (is the disk full?)");
   return path;
 }
 

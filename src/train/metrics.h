@@ -1,13 +1,28 @@
-// src/train/metrics.h — a run's metrics.jsonl: one JSON object per step
-// ({"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"[,
-// "eval_loss"][, "resumed_from"[, "set_aside"]]}), written by rank 0 and read back on resume and for the loss
-// curve. Local: no collectives.
+// src/train/metrics.h — a run's metrics.jsonl: one JSON object per line,
+// written by rank 0 and read back on resume and for the loss curve. Local:
+// no collectives.
+//
+// A line is a step:
+//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"
+//    [, "eval_loss"][, "nonfinite": true][, "skipped": true]
+//    [, "resumed_from"[, "set_aside"]]}
+// or a gap, the steps a run did whose lines are missing (a full disk, or a
+// crash that lost them):
+//   {"gap": [first, last]}
+// A number that is not finite (a diverged loss) is written as the string
+// "nan", "inf" or "-inf": JSON has no such numbers, and nlohmann's `null`
+// would be unreadable (Python's json.loads reads the strings; float("nan")
+// turns them back).
+//
+// The checkpoint is the truth, metrics are a log: nothing here may stop a
+// run. A write that fails (a full disk) is reported on stderr and training
+// goes on; a damaged file is repaired on resume, not refused.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::train {
@@ -17,6 +32,10 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based: the steps done
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
   std::optional<double> eval_loss;
+  // The loss (or, without a gradient scaler, the gradient norm) was not
+  // finite; skipped: the optimizer step was skipped for it
+  // (--on-nonfinite-loss skip).
+  bool nonfinite = false, skipped = false;
   // The first step of a job that resumed: the step it resumed from (0: no
   // checkpoint to resume), and the damaged checkpoints it set aside.
   std::optional<int64_t> resumed_from;
@@ -24,33 +43,74 @@ struct StepMetrics {
 };
 
 // A line of metrics.jsonl as read back: its number in the file (blank lines
-// counted), its text, its "step", and its "loss" and "eval_loss" if present.
+// counted), the byte offset where it starts, its text, its "step" (a gap's
+// last step), and its "loss" and "eval_loss" if present (possibly not
+// finite).
 struct MetricsLine {
-  int64_t lineno = 0;
+  int64_t lineno = 0, offset = 0;
   std::string text;
   int64_t step = 0;
   std::optional<double> loss, eval_loss;
+  std::optional<std::pair<int64_t, int64_t>> gap;  // a gap line: its first and last step
 };
 
-// Reads every non-blank line of `path` (none when it does not exist).
-// ConfigError naming the file and the line when a line is not one JSON
-// object, has no "step", or has a "step", "loss" or "eval_loss" that is not
-// a finite number.
-std::vector<MetricsLine> read_metrics(const std::string& path);
+// A line of metrics.jsonl that is not a metrics line: where it starts, and
+// what is wrong ("line 7 (byte 412): not JSON (...): '<its start>'").
+struct SkippedLine {
+  int64_t offset = 0;
+  std::string what;
+};
 
-// Appends one line per step to a metrics.jsonl, flushed after each.
+// What read_metrics found: the lines that are metrics, and those that are
+// not (skipped, never an error). `end` is the byte offset just after the
+// last newline (what follows it, up to `size`, is a torn line).
+struct MetricsFile {
+  std::vector<MetricsLine> lines;
+  std::vector<SkippedLine> skipped;
+  int64_t end = 0, size = 0;
+};
+
+// Reads `path` (empty when it does not exist). Costs one read of the file.
+// ConfigError only when the path is not a regular file (a FIFO, a device).
+MetricsFile read_metrics(const std::string& path);
+
+// Appends one line per step to a metrics.jsonl, each in one write(2). Not
+// thread-safe; rank 0 only.
 class MetricsWriter {
  public:
   // Starts `path` for a run that begins after step `start`: empties it
-  // (start 0), or keeps the lines of steps up to `start` and drops the rest
-  // (a resume). Reads and rewrites the file; ConfigError as read_metrics for
-  // a malformed line.
+  // (start 0), or repairs it for a resume (start > 0), in place, by
+  // truncation only (no rewrite, so a full disk cannot lose it):
+  // - a torn or damaged tail (what follows the last line of a step up to
+  //   `start`: lines past the resumed step, a line a crash cut, NUL bytes)
+  //   is cut off; a tail that was not whole lines of later steps is named on
+  //   stderr with its byte offset;
+  // - damaged lines before it stay (readers skip them), named on stderr;
+  // - when the last step kept is below `start`, the missing steps are
+  //   recorded as a gap line.
+  // Error only when the file cannot be opened at all (then the run has no
+  // metrics file to write); a failed repair write is reported as in write().
   MetricsWriter(const std::string& path, int64_t start);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
 
+  // Appends `m`. A failed or short write (ENOSPC) is undone (the file is
+  // truncated back to its last whole line) and reported on stderr, once per
+  // run of failures, with the step and the error; training goes on. When a
+  // write succeeds again, the lost steps are first recorded as a gap.
   void write(const StepMetrics& m);
 
  private:
-  std::ofstream out_;
+  // Appends `line` + "\n"; false (file unchanged) when that fails.
+  bool append(const std::string& line, int& error);
+  void record_gap(int64_t first, int64_t last);
+
+  std::string path_;
+  int fd_ = -1;
+  int64_t size_ = 0;        // bytes of whole lines in the file
+  int64_t last_step_ = 0;   // the last step written (or kept on resume)
+  int64_t first_lost_ = 0;  // > 0: steps from here on could not be written
 };
 
 }  // namespace fsdp::train

@@ -17,13 +17,21 @@ std::string progress_line(const StepMetrics& m, int64_t steps, double eta_s, con
 }
 
 Progress::Progress(const std::string& log_path, bool resumed, int64_t steps, int64_t log_every, bool terminal)
-    : log_(log_path, resumed ? std::ios::app : std::ios::trunc), steps_(steps), log_every_(log_every),
-      terminal_(terminal) {}
+    : log_path_(log_path), log_(log_path, resumed ? std::ios::app : std::ios::trunc), steps_(steps),
+      log_every_(log_every), terminal_(terminal) {}
 
 void Progress::report(const StepMetrics& m, double eta_s, const std::vector<std::string>& mem_mib) {
   const std::string line = progress_line(m, steps_, eta_s, mem_mib);
   const bool last = m.step == steps_;
   log_ << line << std::endl;
+  if (!log_) {  // a full disk: said once, and the run goes on
+    if (!log_failed_) {
+      std::cerr << "fsdp-train: WARNING: cannot write " << log_path_ << " at step " << m.step
+                << " (is the disk full?); training goes on, its lines go to the console only" << std::endl;
+    }
+    log_failed_ = true;
+    log_.clear();
+  }
   if (terminal_) {
     std::cout << "\r" << line << "\x1b[K" << std::flush;  // in place
     if (last) std::cout << std::endl;

@@ -23,12 +23,14 @@ class Progress {
   // stdout is a terminal.
   Progress(const std::string& log_path, bool resumed, int64_t steps, int64_t log_every, bool terminal);
 
+  // Writes the line to train.log and (as above) stdout.
   void report(const StepMetrics& m, double eta_s, const std::vector<std::string>& mem_mib);
 
  private:
-  std::ofstream log_;
+  std::string log_path_;
+  std::ofstream log_;  // a failed write is said once on stderr (log_failed_), never an error
   int64_t steps_, log_every_;
-  bool terminal_;
+  bool terminal_, log_failed_ = false;
 };
 
 }  // namespace fsdp::train

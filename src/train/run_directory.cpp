@@ -197,7 +197,12 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
   const auto failure = detail::capture([&] {
     if (strategy.global_rank() != 0) return;
     id = RunIdentity{new_run_id(), config_digest(c)};
-    const std::optional<RunIdentity> had = identity();
+    std::optional<RunIdentity> had;
+    try {
+      had = identity();
+    } catch (const ConfigError&) {
+      if (!c.overwrite) throw;  // --overwrite replaces a damaged run.json (its checkpoints stay, named)
+    }
     if (c.resume || !c.resume_from.empty()) {
       if (had) {
         id.id = had->id;  // the same run; its checkpoints record the configuration that wrote them
@@ -209,9 +214,12 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
       return;
     }
     if (c.overwrite) {
-      // run.json first: a restart after a kill in between never takes the old run for its own.
-      for (const char* name : {"run.json", "metrics.jsonl", "train.log", "loss.svg", "checkpoints"}) {
-        fs::remove_all(fs::path(root_) / name);
+      const auto kept = remove_own_files(had);
+      if (!kept.empty()) {
+        std::string list;
+        for (size_t i = 0; i < kept.size(); ++i) list += (i ? ", " : "") + kept[i];
+        std::cout << "fsdp-train: --overwrite kept what fsdp-train did not write (or cannot tell as its run's) in "
+                  << root_ << ": " << list << std::endl;
       }
     } else if (holds_run()) {
       const auto all = checkpoints();
@@ -219,8 +227,8 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
       what += all.empty() ? ", no checkpoint" : ", newest checkpoint " + all.front().second;
       throw ConfigError("--out " + root_ + " already holds " + what +
                         ": expected an empty run directory for a new run; pass --resume to continue that run, "
-                        "--overwrite to start over (it removes run.json, checkpoints/, metrics.jsonl, train.log "
-                        "and loss.svg there), or another --out");
+                        "--overwrite to start over (it removes that run's run.json, metrics.jsonl, train.log, "
+                        "loss.svg and checkpoints there, nothing else), or another --out");
     }
     write_identity(identity_path(), id);
   });
@@ -405,6 +413,59 @@ std::vector<std::string> RunDirectory::remove_dead_temporaries() const {
   return removed;
 }
 
+std::vector<std::string> RunDirectory::remove_own_files(const std::optional<RunIdentity>& had) const {
+  std::vector<std::string> kept;
+  std::error_code ec;
+  // run.json first: a restart after a kill in between never takes the old run for its own.
+  for (const char* name : {"run.json", "metrics.jsonl", "train.log", "loss.svg"}) {
+    const fs::path p = fs::path(root_) / name;
+    const auto st = fs::symlink_status(p, ec);
+    if (!fs::exists(st)) continue;
+    if (fs::is_regular_file(st)) {
+      fs::remove(p);
+    } else {
+      kept.push_back(p.string() + " (not a regular file)");
+    }
+  }
+  const fs::path dir = fs::path(root_) / "checkpoints";
+  if (fs::is_directory(dir, ec) && !fs::is_symlink(dir, ec)) {
+    remove_dead_temporaries();  // the writer's own temporaries (step-*.tmp-*)
+    // Which run is the directory's: run.json's; without one, the checkpoints
+    // that record no run id (written before run identities) are its.
+    const RunIdentity run = had ? *had : RunIdentity{"", "", true};
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      bool own = false;
+      if (name.rfind("step-", 0) == 0 && !fs::is_symlink(e.path(), ec)) {
+        try {
+          const CheckpointInfo info = inspect_checkpoint(e.path().string());
+          const std::string id = run_id_of(info);
+          // A checkpoint without a run id is fsdp-train's only if it records a GPT configuration.
+          own = belongs_to(id, run) && (!id.empty() || info.values.count("config.model.dim") || info.values.count("model.dim"));
+        } catch (const std::exception&) {
+          // Unreadable: an incomplete save, damage, or not a checkpoint at all; kept.
+        }
+      }
+      if (own) {
+        fs::remove_all(e.path());
+      } else {
+        kept.push_back(e.path().string());
+      }
+    }
+    if (fs::is_empty(dir, ec)) fs::remove(dir, ec);
+  } else if (fs::exists(fs::symlink_status(dir, ec))) {
+    kept.push_back(dir.string() + " (not a directory of its own)");
+  }
+  // The rest of the directory was never fsdp-train's.
+  for (const auto& e : fs::directory_iterator(root_)) {
+    const std::string name = e.path().filename().string();
+    if (name != "checkpoints" && name != ".lock" && name != ".write-test") kept.push_back(e.path().string());
+  }
+  std::sort(kept.begin(), kept.end());
+  kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+  return kept;
+}
+
 void RunDirectory::save(const FSDPStrategy& strategy, const CheckpointState& state, int64_t step, int keep,
                         const RunIdentity& run) const {
   const std::string path = checkpoint_path(step);
@@ -446,6 +507,11 @@ void put_config(CheckpointState& s, const TrainConfig& run, const RunIdentity& i
   put("run.steps", run.steps);
   put("run.batch", run.batch);
   put("run.seed", static_cast<int64_t>(run.seed));
+  put("run.data", run.data);
+  put("run.precision", run.precision);
+  put("run.sharding_strategy", to_string(run.sharding_strategy));
+  put("run.state_dict_type", to_string(run.state_dict_type));
+  put("run.mesh", run.mesh);
   put("run.id", identity.id);
   put("run.digest", identity.digest);
 }
@@ -564,6 +630,18 @@ std::vector<std::string> overridden_flags(const CheckpointInfo& info, const Trai
   check("run.steps", "--steps", static_cast<double>(c.steps));
   check("run.batch", "--batch", static_cast<double>(c.batch));
   check("run.seed", "--seed", static_cast<double>(c.seed));
+  // Settings by name; an empty one is its default, said in words.
+  auto check_text = [&](const char* key, const char* flag, const std::string& now, const char* empty) {
+    const std::string* v = config_value(info, key);
+    if (!v || *v == now) return;
+    auto shown = [&](const std::string& x) { return x.empty() ? std::string(empty) : x; };
+    out.push_back(std::string(flag) + " " + shown(*v) + " -> " + shown(now));
+  };
+  check_text("run.data", "--data", c.data, "(the generated corpus)");
+  check_text("run.precision", "--precision", c.precision, "");
+  check_text("run.sharding_strategy", "--sharding-strategy", to_string(c.sharding_strategy), "");
+  check_text("run.state_dict_type", "--state-dict-type", to_string(c.state_dict_type), "");
+  check_text("run.mesh", "--mesh", c.mesh, "(none)");
   return out;
 }
 

@@ -94,9 +94,9 @@ class RunDirectory {
   // run about to train, the same on every rank. Rank 0 decides:
   // - config.resume or config.resume_from: the directory's run continues
   //   (a directory without run.json gets a new id, written there);
-  // - config.overwrite: removes what fsdp-train wrote there (run.json,
-  //   checkpoints/, metrics.jsonl, train.log, loss.svg; nothing else) and
-  //   starts a new run;
+  // - config.overwrite: removes what fsdp-train wrote there
+  //   (remove_own_files), names on stdout what it kept, and starts a new
+  //   run;
   // - otherwise a new run, and ConfigError if the directory already holds
   //   one (holds_run), saying what --resume and --overwrite would do.
   RunIdentity begin(const FSDPStrategy& strategy, const TrainConfig& config) const;
@@ -139,6 +139,16 @@ class RunDirectory {
   void save(const FSDPStrategy& strategy, const CheckpointState& state, int64_t step, int keep,
             const RunIdentity& run) const;
 
+  // [local; only while holding RunLock] What --overwrite removes: run.json,
+  // metrics.jsonl, train.log and loss.svg (regular files only), the
+  // temporaries of killed saves, and the checkpoints in checkpoints/ that
+  // inspect as the run's own (the run id of `had`, the directory's run.json;
+  // without one, those written by fsdp-train before run identities, which
+  // record none). Anything else stays: other runs' checkpoints, incomplete
+  // or unreadable ones, files fsdp-train never writes (a user's
+  // checkpoints/my_model/weights.bin). Returns the paths it kept, sorted.
+  std::vector<std::string> remove_own_files(const std::optional<RunIdentity>& had) const;
+
   // [local; only while holding RunLock] Removes what killed saves left:
   // checkpoints/step-*.tmp-* (a full save's file) and *.tmp-* files inside
   // checkpoints/step-*/ (a sharded save's). No save of this job may be in
@@ -150,7 +160,8 @@ class RunDirectory {
 };
 
 // The model shape, the run settings (lr, min_lr, warmup_steps, steps,
-// batch, seed) of `run` and its identity (run.id, run.digest) as values of
+// batch, seed, data, precision, sharding_strategy, state_dict_type, mesh)
+// of `run` and its identity (run.id, run.digest) as values of
 // `state` under "config.", so that a checkpoint says what it holds and
 // whose it is, and a resume can say which flags it overrides.
 void put_config(CheckpointState& state, const TrainConfig& run, const RunIdentity& identity);
@@ -160,7 +171,10 @@ void put_config(CheckpointState& state, const TrainConfig& run, const RunIdentit
 std::string run_id_of(const CheckpointInfo& info);
 
 // The flags of `config` that differ from the run settings saved in a
-// checkpoint ("--lr 0.003 -> 0.03"); checkpoints without them give none.
+// checkpoint ("--lr 0.003 -> 0.03", "--precision 32-true -> bf16-mixed");
+// settings a checkpoint does not record give none. A resume honours each:
+// the weights and optimizer state load into any sharding, format, mesh or
+// precision, and the data only feeds the steps to come.
 std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& config);
 
 }  // namespace fsdp::train

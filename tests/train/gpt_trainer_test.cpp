@@ -417,6 +417,24 @@ TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
   c = tiny(dir.path(), 5);
   c.min_lr = 1;
   expect_error(c, "--min-lr must be at most --lr");
+  // Issue 28 item 7: negative numbers other than the -1 that means "the
+  // default", a mesh with more than two sizes, and system directories.
+  c = tiny(dir.path(), 5);
+  c.warmup_steps = -3;
+  expect_error(c, "--warmup-steps must be 0 or positive (or -1: a fifth of --steps), got -3");
+  c = tiny(dir.path(), 5);
+  c.min_lr = -3;
+  expect_error(c, "--min-lr must be 0 or positive (or -1: a tenth of --lr), got -3");
+  for (const char* mesh : {"1,1,1", "2,2x", "2, 2", ",2", "0,2"}) {
+    c = tiny(dir.path(), 5);
+    c.mesh = mesh;
+    expect_error(c, "--mesh '" + std::string(mesh) + "' is invalid: expected R,S (two positive integers");
+  }
+  expect_error(tiny("/", 5), "--out / is the filesystem root");
+  expect_error(tiny("/tmp/..", 5), "--out /tmp/.. is the filesystem root");
+  if (const char* home = std::getenv("HOME"); home && *home && fs::is_directory(home)) {
+    expect_error(tiny(home, 5), "is the home directory");
+  }
   // An empty --out is refused and leaves nothing in the working directory.
   c = tiny("", 5);
   expect_error(c, "--out is empty");
@@ -432,24 +450,6 @@ TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
     expect_config_error([&] { train::train(r, borrow(pg)); },
                         "holds a model of another shape: dim 64 (checkpoint) vs 32");
   });
-  // A damaged metrics.jsonl is named (its file and line, blank lines
-  // counted) before training resumes, on every rank.
-  const std::string good = [&] {
-    std::ifstream in(dir.path() + "/metrics.jsonl");
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }();
-  auto damaged = [&](const std::string& line, const std::string& error) {
-    std::ofstream(dir.path() + "/metrics.jsonl", std::ios::trunc) << good << "\n" << line << "\n";
-    run_ranks(2, [&](dist::ProcessGroup& pg) {
-      auto r = tiny(dir.path(), 4);
-      r.resume = true;
-      expect_config_error([&] { train::train(r, borrow(pg)); }, "--resume: " + dir.path() + "/metrics.jsonl line 4" + error);
-    });
-  };
-  damaged("{\"step\":oops}", " is not JSON");
-  damaged("{\"loss\":1.5}", " has no \"step\"");
-  damaged("{\"step\":\"3\"}", ": \"step\" is not a number");
-  damaged("[3]", " is not a JSON object");
 }
 
 TEST(GptTrainer, CommandLineRunsUnderFsdpRun) {
@@ -702,6 +702,260 @@ TEST(GptTrainer, ADamagedNewestCheckpointIsSetAsideAndTheRunResumesFromTheOneBef
   EXPECT_EQ(lines[2].value("resumed_from", -1), 2) << lines[2];
   EXPECT_EQ(lines[2].value("set_aside", nlohmann::json::array()), nlohmann::json::array({aside})) << lines[2];
   EXPECT_FALSE(lines[3].contains("resumed_from")) << lines[3];
+}
+
+// Issue 28 item 1: metrics.jsonl is a log, and the checkpoint the truth. A
+// crash's torn last line, NUL padding and a damaged line never stop a resume:
+// the tail is cut off, named with its byte offset, a damaged line before it
+// is kept and named, and the steps whose lines are missing become a gap.
+TEST(GptTrainer, TornNulPaddedAndDamagedMetricsAreRepairedOnResume) {
+  TempDir dir;
+  const std::string out = dir.path() + "/run", path = out + "/metrics.jsonl";
+  auto c = tiny(out, 4);
+  c.save_every = 2;
+  c.keep = 5;
+  c.eval_every = 0;
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(c, borrow(pg)); });
+  // Resumes to `steps` in-process; returns what it said on stderr.
+  auto resume_to = [&](int64_t steps) {
+    auto r = c;
+    r.steps = steps;
+    r.resume = true;
+    ::testing::internal::CaptureStderr();
+    run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(r, borrow(pg)); });
+    return ::testing::internal::GetCapturedStderr();
+  };
+  // The lines: (step or -1 for a gap, the gap's [first, last]).
+  auto lines = [&] {
+    std::vector<nlohmann::json> out_lines;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) out_lines.push_back(nlohmann::json::parse(line));  // throws on a damaged line
+    }
+    return out_lines;
+  };
+  // (a) 64 NUL bytes after the last line, as a crash leaves them.
+  const auto size = static_cast<int64_t>(fs::file_size(path));
+  {
+    std::ofstream f(path, std::ios::app | std::ios::binary);
+    f << std::string(64, '\0');
+  }
+  std::string said = resume_to(6);
+  EXPECT_NE(said.find(path + ": cut off a torn or damaged tail at byte offset " + std::to_string(size) + " (64 bytes"),
+            std::string::npos)
+      << said;
+  auto l = lines();
+  ASSERT_EQ(l.size(), 6u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(l[i].at("step").get<int>(), i + 1) << l[i];
+  EXPECT_EQ(l[4].value("resumed_from", -1), 4);
+  // (b) The last line torn mid-way (step 6 is lost with it): the torn part is
+  // cut, and step 6, which the checkpoint holds, is recorded as a gap.
+  fs::resize_file(path, fs::file_size(path) - 20);
+  said = resume_to(8);
+  EXPECT_NE(said.find("cut off a torn or damaged tail at byte offset"), std::string::npos) << said;
+  l = lines();
+  ASSERT_EQ(l.size(), 8u);
+  EXPECT_EQ(l[4].at("step").get<int>(), 5);
+  EXPECT_EQ(l[5].at("gap"), nlohmann::json::array({6, 6})) << l[5];
+  EXPECT_EQ(l[6].at("step").get<int>(), 7);
+  EXPECT_EQ(l[6].value("resumed_from", -1), 6);
+  // (c) A damaged line in the middle stays, named; readers skip it.
+  std::string text = read_file(path);
+  const size_t second = text.find('\n', text.find('\n') + 1) + 1;
+  text.insert(second, std::string("{\"step\":oops}\n"));
+  write_file(path, text);
+  said = resume_to(10);
+  EXPECT_NE(said.find(path + ": line 3 (byte " + std::to_string(second) + "): not JSON"), std::string::npos) << said;
+  EXPECT_NE(said.find("kept, readers skip it"), std::string::npos) << said;
+  EXPECT_TRUE(fs::exists(out + "/loss.svg"));
+  text = read_file(path);
+  EXPECT_NE(text.find("{\"step\":oops}\n"), std::string::npos);
+  EXPECT_NE(text.find("\"step\":10,"), std::string::npos) << text;
+}
+
+// Issue 28 item 1: a diverged run (--lr 1e30) writes its non-finite loss as
+// JSON that readers accept ("nan", never null), stops naming the step before
+// updating the weights, and resumes from its last checkpoint; with
+// --on-nonfinite-loss skip it skips such steps and runs to the end, and
+// resumes too.
+TEST(GptTrainer, ADivergedRunStopsNamingTheStepAndResumes) {
+  TempDir dir;
+  const std::string out = dir.path() + "/run";
+  auto c = tiny(out, 4);  // one checkpoint, at step 4; the resumed runs save at their end only
+  c.eval_every = 0;
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(c, borrow(pg)); });
+  auto wild = c;
+  wild.steps = 8;
+  wild.resume = true;
+  wild.lr = 1e30;
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    try {
+      train::train(wild, borrow(pg));
+      ADD_FAILURE() << "a run at --lr 1e30 did not stop";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(std::regex_search(
+          what, std::regex("step [0-9]+: the loss is [^ ]+ \\(the mean over the ranks; gradient norm [^)]+\\)")))
+          << what;
+      EXPECT_NE(what.find("the run diverged. Stopped before the optimizer step (--on-nonfinite-loss stop)"),
+                std::string::npos)
+          << what;
+    }
+  });
+  const std::string text = read_file(out + "/metrics.jsonl");
+  EXPECT_EQ(text.find("null"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"nonfinite\":true"), std::string::npos) << text;
+  // The resume with a sane --lr: from step 4, to the end.
+  auto calm = c;
+  calm.steps = 8;
+  calm.resume = true;
+  ::testing::internal::CaptureStdout();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(calm, borrow(pg)); });
+  const std::string said = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(said.find("resumed from " + out + "/checkpoints/step-00000004 at step 4"), std::string::npos) << said;
+  const auto m = metrics(out);
+  ASSERT_EQ(m.size(), 8u);
+  for (const auto& [step, loss] : m) EXPECT_TRUE(std::isfinite(loss)) << "step " << step;
+  // skip: the run goes to its end, its skipped steps say so, and it resumes.
+  const std::string out2 = dir.path() + "/skip";
+  auto skip = tiny(out2, 4);
+  skip.lr = 1e30;
+  skip.eval_every = 0;
+  skip.on_nonfinite_loss = train::NonfiniteLoss::kSkip;
+  ::testing::internal::CaptureStderr();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(skip, borrow(pg)); });
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warned.find("the optimizer step was skipped (--on-nonfinite-loss skip; 1 skipped so far)"),
+            std::string::npos)
+      << warned;
+  const std::string skipped = read_file(out2 + "/metrics.jsonl");
+  EXPECT_TRUE(std::regex_search(skipped, std::regex("\"nonfinite\":true,\"skipped\":true"))) << skipped;
+  EXPECT_TRUE(fs::exists(out2 + "/loss.svg"));
+  skip.steps = 6;
+  skip.resume = true;
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(skip, borrow(pg)); });
+  EXPECT_NE(read_file(out2 + "/metrics.jsonl").find("\"step\":6,"), std::string::npos);
+  EXPECT_EQ(train::parse_nonfinite_loss("skip"), train::NonfiniteLoss::kSkip);
+  expect_config_error([] { train::parse_nonfinite_loss("ignore"); }, "expected stop or skip");
+}
+
+// Issue 28 item 2: --overwrite removes what fsdp-train wrote (its files and
+// its run's checkpoints) and keeps, naming them, everything else: a user's
+// files in checkpoints/ and beside it, and another run's checkpoint.
+TEST(GptTrainer, OverwriteRemovesOnlyWhatFsdpTrainWrote) {
+  TempDir dir;
+  const std::string out = dir.path() + "/run", other = dir.path() + "/other";
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(out, 2), borrow(pg)); });
+  auto o = tiny(other, 3);
+  o.seed = 5;
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(o, borrow(pg)); });
+  fs::create_directories(out + "/checkpoints/my_model");
+  write_file(out + "/checkpoints/my_model/weights.bin", "precious");
+  write_file(out + "/notes.txt", "mine");
+  fs::copy(other + "/checkpoints/step-00000003", out + "/checkpoints/step-00000003", fs::copy_options::recursive);
+  const std::string old_id = nlohmann::json::parse(read_file(out + "/run.json")).at("run_id");
+  auto again = tiny(out, 2);
+  again.overwrite = true;
+  again.seed = 1;
+  ::testing::internal::CaptureStdout();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(again, borrow(pg)); });
+  const std::string said = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(read_file(out + "/checkpoints/my_model/weights.bin"), "precious");
+  EXPECT_EQ(read_file(out + "/notes.txt"), "mine");
+  EXPECT_EQ(inspect_checkpoint(out + "/checkpoints/step-00000003").values.at("config.run.id"),
+            nlohmann::json::parse(read_file(other + "/run.json")).at("run_id").get<std::string>());
+  for (const std::string kept : {out + "/checkpoints/my_model", out + "/checkpoints/step-00000003", out + "/notes.txt"}) {
+    EXPECT_NE(said.find(kept), std::string::npos) << "not named: " << kept << "\n" << said;
+  }
+  EXPECT_NE(said.find("--overwrite kept what fsdp-train did not write"), std::string::npos) << said;
+  const std::string new_id = nlohmann::json::parse(read_file(out + "/run.json")).at("run_id");
+  EXPECT_NE(new_id, old_id);
+  EXPECT_EQ(inspect_checkpoint(out + "/checkpoints/step-00000002").values.at("config.run.id"), new_id);
+  EXPECT_EQ(metrics(out).size(), 2u);
+}
+
+// Issue 28 item 7: a resume names every setting it changes (data,
+// precision, sharding, format, mesh besides the schedule) and honours it.
+TEST(GptTrainer, ResumeNamesChangedDataPrecisionAndSharding) {
+  TempDir dir;
+  const std::string out = dir.path() + "/run", data = dir.path() + "/text.txt";
+  write_file(data, train::generated_corpus(4096));
+  auto c = tiny(out, 2);
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(c, borrow(pg)); });
+  auto r = tiny(out, 4);
+  r.resume = true;
+  r.data = data;
+  r.precision = "bf16-mixed";
+  r.sharding_strategy = ShardingStrategy::kShardGradOp;
+  r.state_dict_type = CheckpointFormat::kFull;
+  ::testing::internal::CaptureStdout();
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(r, borrow(pg)); });
+  const std::string said = ::testing::internal::GetCapturedStdout();
+  for (const std::string flag : {"--data (the generated corpus) -> " + data, std::string("--precision 32-true -> bf16-mixed"),
+                                 std::string("--sharding-strategy FULL_SHARD -> SHARD_GRAD_OP"),
+                                 std::string("--state-dict-type sharded -> full")}) {
+    EXPECT_NE(said.find(flag), std::string::npos) << flag << "\n" << said;
+  }
+  EXPECT_EQ(metrics(out).size(), 4u);
+}
+
+// Issue 28 item 7: generation streams each byte as it is drawn (a long
+// --tokens shows output at once, not at its end), and a temperature down to
+// the smallest double samples instead of failing in LibTorch.
+TEST(GptTrainer, GenerateStreamsAndTakesAnyPositiveTemperature) {
+  TempDir dir;
+  run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(dir.path(), 2), borrow(pg)); });
+  const std::string ckpt = dir.path() + "/checkpoints/step-00000002";
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    for (double t : {1e-40, 1e-300, 4.9e-324}) {
+      train::GenerateOptions o;
+      o.tokens = 8;
+      o.temperature = t;
+      train::GenerateOptions greedy = o;
+      greedy.temperature = 0;
+      // So cold a temperature samples the most likely byte: greedy's text.
+      EXPECT_EQ(train::generate(ckpt, "the ", o, borrow(pg)), train::generate(ckpt, "the ", greedy, borrow(pg)))
+          << "temperature " << t;
+    }
+  });
+  bool streamed = false;
+  const auto r = run_program({FSDP_TRAIN_PATH, "generate", "--checkpoint", ckpt, "--prompt", "the ", "--tokens",
+                              "1000000000000"},
+                             std::chrono::seconds(120), {}, [&](pid_t pid, const std::string& output) {
+                               if (!streamed && output.size() >= 4 + 16) {
+                                 streamed = true;
+                                 ::kill(pid, SIGKILL);
+                               }
+                             });
+  EXPECT_TRUE(streamed) << "no output before it was stopped:\n" << r.output;
+  EXPECT_FALSE(r.timed_out);
+  const auto too_many = run_program({FSDP_TRAIN_PATH, "generate", "--checkpoint", ckpt, "--tokens",
+                                     "99999999999999999999"},
+                                    std::chrono::seconds(60));
+  EXPECT_NE(too_many.exit_code(), 0) << too_many.output;
+  EXPECT_NE(too_many.output.find("--tokens"), std::string::npos) << too_many.output;
+}
+
+// Issue 28 item 7: float16 on CPU is not silent: it trains where LibTorch
+// computes float16 on CPU (2.x), with a warning; elsewhere it is refused.
+TEST(GptTrainer, SixteenBitPrecisionOnCpuWarnsOrIsRefused) {
+  TempDir dir;
+  auto c = tiny(dir.path(), 1);
+  c.precision = "16-mixed";
+  c.eval_every = 0;
+  ::testing::internal::CaptureStderr();
+  bool trained = false;
+  try {
+    run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(c, borrow(pg)); });
+    trained = true;
+  } catch (const ConfigError& e) {
+    EXPECT_FALSE(float16_compute_available(at::kCPU)) << e.what();
+  }
+  const std::string warned = ::testing::internal::GetCapturedStderr();
+  if (trained) {
+    EXPECT_NE(warned.find("WARNING: --precision 16-mixed on CPU: float16 is made for CUDA"), std::string::npos)
+        << warned;
+  }
 }
 
 }  // namespace
