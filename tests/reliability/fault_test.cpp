@@ -26,6 +26,7 @@
 #include "../support/sockets.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
+#include "../support/tmpfs.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/models/gpt.h"
@@ -363,15 +364,9 @@ TEST_F(TwoHosts, CuttingTheLinkEndsBothSidesWithATimeoutError) {
 // root for the small tmpfs (CI runs as root); skipped otherwise.
 TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
   TempDir dir;
-  const std::string mnt = dir.path() + "/disk";
-  fs::create_directories(mnt);
-  if (std::system(("mount -t tmpfs -o size=2m tmpfs '" + mnt + "' 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { std::system(("umount '" + path + "'").c_str()); }
-  } unmount{mnt};
+  const SmallTmpfs disk(dir.path() + "/disk", "size=2m");
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  const std::string mnt = disk.path();
   for (auto format : {CheckpointFormat::kSharded, CheckpointFormat::kFull}) {
     const std::string tag = to_string(format);
     SCOPED_TRACE(tag);
@@ -390,12 +385,7 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
       if (pg.rank() == 0) saved = to_map(full_parameters(model.ptr()));
       else full_parameters(model.ptr());
       // Fill the disk but for a few KiB, then save again.
-      if (pg.rank() == 0) {
-        std::ofstream filler(mnt + "/filler", std::ios::binary);
-        std::string block(4096, 'x');
-        while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
-        }
-      }
+      if (pg.rank() == 0) disk.fill();
       pg.barrier();
       try {
         save_checkpoint(bad, s, pg, co);
