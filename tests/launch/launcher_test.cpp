@@ -151,10 +151,10 @@ TEST(Launcher, ALogDirOnAFullDiskIsReportedOncePerFileAndTheJobGoesOn) {
   size_t reports = 0;
   for (size_t at = 0; (at = r.output.find("cannot write the log file", at)) != std::string::npos; ++at) ++reports;
   EXPECT_EQ(reports, 2u) << "expected one report per log file:\n" << r.output;
-  EXPECT_NE(r.output.find("fsdp-run: cannot create log directory '" + disk.path() +
-                          "/attempt_1': No space left on device; restart 1 goes on with its output on the console only"),
-            std::string::npos)
-      << r.output;
+  const std::string restart = "fsdp-run: cannot create log directory '" + disk.path() +
+                              "/attempt_1': No space left on device; restart 1 goes on with its output on the "
+                              "console only";
+  EXPECT_NE(r.output.find(restart), std::string::npos) << restart << " not in:\n" << r.output;
 }
 
 TEST(Launcher, WorkerExitCodeStopsTheOthersAndIsReturned) {
