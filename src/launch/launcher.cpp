@@ -34,16 +34,19 @@ using Clock = std::chrono::steady_clock;
   throw Error("fsdp-run: " + what + ": " + std::strerror(errno));
 }
 
-void write_all(int fd, const char* data, size_t n) {
+// Writes all of data to fd. Returns 0, or the errno of the write that failed
+// (callers writing to the console ignore it: nowhere to report a broken stdout).
+int write_all(int fd, const char* data, size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, data, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return;  // nowhere to report a broken stdout
+      return errno;
     }
     data += w;
     n -= static_cast<size_t>(w);
   }
+  return 0;
 }
 
 void say(const std::string& msg) {
@@ -93,16 +96,17 @@ int pick_free_port() {
   return ntohs(addr.sin_port);
 }
 
-void make_dirs(const std::string& path) {
+// Creates path and its parents. Returns "" or the directory that could not
+// be made (errno says why).
+std::string make_dirs(const std::string& path) {
   std::string cur;
   for (size_t i = 0; i <= path.size(); ++i) {
     if (i == path.size() || path[i] == '/') {
-      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        sys_fail("cannot create log directory '" + cur + "'");
-      }
+      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return cur;
     }
     if (i < path.size()) cur += path[i];
   }
+  return "";
 }
 
 // One output stream of a worker: a pipe, split into lines.
@@ -119,7 +123,8 @@ struct Worker {
   bool running = false;
   int status = 0;
   Stream streams[2];
-  int log_fd = -1;
+  int log_fd = -1;       // --log-dir's file; -1: none, or closed after a write error
+  std::string log_path;
 };
 
 class Group {
@@ -193,10 +198,21 @@ std::vector<std::string> Group::worker_env(const Worker& w) const {
 }
 
 void Group::start() {
+  // A log directory or file that cannot be made fails the first attempt
+  // (nothing has run yet: the user fixes --log-dir); on a restart it only
+  // costs that attempt its log files, not the job.
+  auto log_failure = [&](const std::string& what) {
+    if (attempt_ == 0) sys_fail(what);
+    say(what + ": " + std::strerror(errno) + "; restart " + std::to_string(attempt_) +
+        " goes on with its output on the console only");
+  };
   std::string log_dir;
   if (!o_.log_dir.empty()) {
     log_dir = o_.log_dir + "/attempt_" + std::to_string(attempt_);
-    make_dirs(log_dir);
+    if (const std::string bad = make_dirs(log_dir); !bad.empty()) {
+      log_failure("cannot create log directory '" + bad + "'");
+      log_dir.clear();
+    }
   }
   const pid_t launcher = ::getpid();
   workers_.resize(static_cast<size_t>(o_.nproc_per_node));
@@ -205,9 +221,9 @@ void Group::start() {
     w.local_rank = lr;
     w.rank = o_.node_rank * o_.nproc_per_node + lr;
     if (!log_dir.empty()) {
-      std::string path = log_dir + "/rank_" + std::to_string(w.rank) + ".log";
-      w.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (w.log_fd < 0) sys_fail("cannot open log file '" + path + "'");
+      w.log_path = log_dir + "/rank_" + std::to_string(w.rank) + ".log";
+      w.log_fd = ::open(w.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (w.log_fd < 0) log_failure("cannot open log file '" + w.log_path + "'");
     }
     int pipes[2][2];
     for (auto& p : pipes) {
@@ -252,7 +268,16 @@ void Group::start() {
 }
 
 void Group::emit(Worker& w, Stream& s, const char* data, size_t n, bool flush) {
-  if (w.log_fd >= 0) write_all(w.log_fd, data, n);
+  if (w.log_fd >= 0) {
+    // A log that cannot be written (a full disk) must not cost the job or
+    // the console its output: said once, then the file is left as it is.
+    if (const int err = write_all(w.log_fd, data, n); err != 0) {
+      say("cannot write the log file '" + w.log_path + "': " + std::strerror(err) + "; rank " +
+          std::to_string(w.rank) + "'s output still goes to the console, and no more of it to that file");
+      ::close(w.log_fd);
+      w.log_fd = -1;
+    }
+  }
   if (!o_.rank_prefix) {
     write_all(s.dest, data, n);
     return;

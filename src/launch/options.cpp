@@ -27,7 +27,9 @@ options:
   --max-restarts K     restart the whole worker group up to K times after a
                        failure (default 0; nnodes == 1 only)
   --log-dir DIR        also write each worker's output to
-                       DIR/attempt_<k>/rank_<N>.log
+                       DIR/attempt_<k>/rank_<N>.log (a file that cannot be
+                       written, e.g. on a full disk, is named once on stderr;
+                       the output still reaches the console)
   --no-rank-prefix     print worker output as is, without "[rankN]: "
   --allocator NAME     the workers' malloc: auto (default: tcmalloc where
                        libtcmalloc-minimal4 is installed, else glibc's),

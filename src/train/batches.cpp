@@ -3,9 +3,17 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <vector>
+#include <utility>
+
+#include "fsdp/error.h"
 
 namespace fsdp::train {
 
@@ -14,34 +22,118 @@ int64_t held_out_bytes(int64_t total, int64_t context) {
   return total - want >= context + 2 ? want : 0;
 }
 
+int64_t min_bytes_to_hold_out(int64_t context) { return (context + 2) * 9; }
+
 at::Tensor bytes_to_tokens(const std::string& text) {
   at::Tensor t = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
   std::memcpy(t.data_ptr(), text.data(), text.size());
   return t.to(at::kLong);
 }
 
-BatchSampler::BatchSampler(const std::string& text, int64_t context, int64_t batch, uint64_t seed, int rank, int world,
-                           at::Device device)
-    : context_(context), batch_(batch), seed_(seed), rank_(rank), world_(world), device_(device) {
-  const at::Tensor all = bytes_to_tokens(text);
-  const int64_t split = all.numel() - held_out_bytes(all.numel(), context);
-  const bool holds_out = split < all.numel();
-  training_ = holds_out ? all.narrow(0, 0, split) : all;
-  held_out_ = holds_out ? all.narrow(0, split, all.numel() - split) : all;
+Corpus Corpus::map_file(const std::string& path, const std::string& flag) {
+  const std::string name = flag + " " + path;
+  // O_NONBLOCK: a FIFO is refused below instead of waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw ConfigError(name + ": cannot open it: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw ConfigError(name + ": not a regular file (a FIFO, device or directory); expected a text file");
+  }
+  if (st.st_size == 0) {
+    ::close(fd);
+    throw ConfigError(name + ": the file is empty");
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (p == MAP_FAILED) {
+    throw ConfigError(name + ": cannot memory-map its " + std::to_string(st.st_size) + " bytes: " +
+                      std::strerror(err) +
+                      "; expected a file that fits this process's address space (see ulimit -v)");
+  }
+  ::madvise(p, static_cast<size_t>(st.st_size), MADV_RANDOM);  // samples are random windows: no read-ahead
+  Corpus c;
+  c.mapping_ = p;
+  c.data_ = static_cast<const uint8_t*>(p);
+  c.size_ = st.st_size;
+  c.name_ = name;
+  return c;
 }
 
-Batch BatchSampler::training(int64_t step) const { return draw(training_, seed_, step); }
+Corpus Corpus::hold(std::string text, std::string name) {
+  Corpus c;
+  c.text_ = std::move(text);
+  c.data_ = reinterpret_cast<const uint8_t*>(c.text_.data());
+  c.size_ = static_cast<int64_t>(c.text_.size());
+  c.name_ = std::move(name);
+  return c;
+}
 
-Batch BatchSampler::held_out(int64_t i) const { return draw(held_out_, seed_ + 7777, i); }
+Corpus::Corpus(Corpus&& other) noexcept { *this = std::move(other); }
 
-Batch BatchSampler::draw(const at::Tensor& tokens, uint64_t seed, int64_t index) const {
+Corpus& Corpus::operator=(Corpus&& other) noexcept {
+  if (this == &other) return *this;
+  release();
+  text_ = std::move(other.text_);
+  mapping_ = std::exchange(other.mapping_, nullptr);
+  // A held text's bytes may move with it (a short string lives inside it).
+  data_ = mapping_ != nullptr ? static_cast<const uint8_t*>(mapping_) : reinterpret_cast<const uint8_t*>(text_.data());
+  size_ = std::exchange(other.size_, 0);
+  other.data_ = nullptr;
+  name_ = std::move(other.name_);
+  return *this;
+}
+
+Corpus::~Corpus() { release(); }
+
+void Corpus::release() {
+  if (mapping_ != nullptr) ::munmap(mapping_, static_cast<size_t>(size_));
+  mapping_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+  text_.clear();
+}
+
+BatchSampler::BatchSampler(Corpus corpus, int64_t context, int64_t batch, uint64_t seed, int rank, int world,
+                           at::Device device)
+    : corpus_(std::move(corpus)),
+      training_size_(corpus_.size() - held_out_bytes(corpus_.size(), context)),
+      held_out_size_(corpus_.size() - training_size_),
+      context_(context),
+      batch_(batch),
+      seed_(seed),
+      rank_(rank),
+      world_(world),
+      device_(device) {}
+
+Batch BatchSampler::training(int64_t step) const { return draw(0, training_size_, seed_, step); }
+
+Batch BatchSampler::held_out(int64_t i) const {
+  if (!has_held_out()) {
+    throw Error("BatchSampler::held_out: " + corpus_.name() + " (" + std::to_string(corpus_.size()) +
+                " bytes) is too short to hold any text out at context " + std::to_string(context_) +
+                " (at least " + std::to_string(min_bytes_to_hold_out(context_)) +
+                " bytes needed); check has_held_out() first");
+  }
+  return draw(training_size_, held_out_size_, seed_ + 7777, i);
+}
+
+// The windows of [offset, offset + length) of the corpus that (seed, index)
+// draws; the draws are those of the int64 token tensors held before
+// (randint over the part's length), so the batches are unchanged.
+Batch BatchSampler::draw(int64_t offset, int64_t length, uint64_t seed, int64_t index) const {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(index));
   const int64_t span = context_ + 1;
-  at::Tensor starts = at::randint(0, tokens.numel() - span, {batch_ * world_}, gen, at::kLong);
-  at::Tensor mine = starts.narrow(0, rank_ * batch_, batch_);
-  std::vector<at::Tensor> rows;
-  for (int64_t i = 0; i < batch_; ++i) rows.push_back(tokens.narrow(0, mine[i].item<int64_t>(), span));
-  at::Tensor b = at::stack(rows).to(device_);
+  at::Tensor starts = at::randint(0, length - span, {batch_ * world_}, gen, at::kLong);
+  const at::Tensor mine = starts.narrow(0, rank_ * batch_, batch_).contiguous();
+  const int64_t* first = mine.data_ptr<int64_t>();
+  at::Tensor windows = at::empty({batch_, span}, at::kByte);
+  uint8_t* out = windows.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < batch_; ++i) {
+    std::memcpy(out + i * span, corpus_.data() + offset + first[i], static_cast<size_t>(span));
+  }
+  at::Tensor b = windows.to(at::kLong).to(device_);
   return {b.narrow(1, 0, context_), b.narrow(1, 1, context_)};
 }
 

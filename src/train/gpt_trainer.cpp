@@ -147,10 +147,10 @@ void validate(const TrainConfig& c) {
     }
     const auto size = fs::file_size(c.data, ec);
     if (ec || size == 0) throw ConfigError("--data " + c.data + ": the file is empty");
-    if (static_cast<int64_t>(size) < c.model.context + 2) {
-      throw ConfigError("--data " + c.data + ": " + std::to_string(size) + " bytes is shorter than one sample (" +
-                        std::to_string(c.model.context + 1) + " bytes at --context " + std::to_string(c.model.context) +
-                        ")");
+    if (static_cast<int64_t>(size) < c.model.context + 2) {  // one sample, and a choice of where it starts
+      throw ConfigError("--data " + c.data + ": " + std::to_string(size) + " bytes is too short: --context " +
+                        std::to_string(c.model.context) + " needs at least " + std::to_string(c.model.context + 2) +
+                        " bytes (a sample of " + std::to_string(c.model.context + 1) + " and room to place it)");
     }
   }
   if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
@@ -227,10 +227,10 @@ namespace {
 
 using Model = Unit<models::GPTImpl>;
 
-std::string read_text(const TrainConfig& c) {
-  if (c.data.empty()) return generated_corpus();
-  std::ifstream in(c.data, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+// The run's text: --data memory-mapped (never copied whole), or the generated corpus.
+Corpus read_corpus(const TrainConfig& c) {
+  if (c.data.empty()) return Corpus::hold(generated_corpus(), "the generated corpus");
+  return Corpus::map_file(c.data, "--data");
 }
 
 // The strategy of a run: the one place where TrainConfig's settings become
@@ -347,7 +347,18 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
                      }),
                      "");
   const RunIdentity identity = run.begin(strategy, c);
-  const BatchSampler batches(read_text(c), c.model.context, c.batch, c.seed, rank, nranks, strategy.root_device());
+  // A file one rank cannot map stops every rank with its error, not a hang.
+  std::optional<Corpus> corpus;
+  detail::agree(strategy.group(), detail::capture([&] { corpus.emplace(read_corpus(c)); }), "reading --data");
+  const BatchSampler batches(std::move(*corpus), c.model.context, c.batch, c.seed, rank, nranks,
+                             strategy.root_device());
+  const bool evaluates = c.eval_every > 0 && batches.has_held_out();
+  if (c.eval_every > 0 && !evaluates) {
+    strategy.print("fsdp-train: " + batches.corpus().name() + " is too short to hold any text out (" +
+                   std::to_string(batches.corpus().size()) + " bytes; at least " +
+                   std::to_string(min_bytes_to_hold_out(c.model.context)) +
+                   " needed): no held-out loss is computed");
+  }
   Model model = build_model(strategy, c);
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
@@ -403,7 +414,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
                 << m.grad_norm << "): the optimizer step was skipped (--on-nonfinite-loss skip; " << skipped
                 << " skipped so far)" << std::endl;
     }
-    if (c.eval_every > 0 && (m.step % c.eval_every == 0 || last)) m.eval_loss = evaluate(strategy, model, batches);
+    if (evaluates && (m.step % c.eval_every == 0 || last)) m.eval_loss = evaluate(strategy, model, batches);
     const auto mems = memory_of_ranks(strategy);
     m.elapsed_s = seconds_since(t0);
     if (step == start && (c.resume || !c.resume_from.empty())) {

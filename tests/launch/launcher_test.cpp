@@ -5,11 +5,13 @@
 #include <thread>
 
 #include "../support/subprocess.h"
+#include "../support/tmpfs.h"
 #include "fsdp/launch/launcher.h"
 
 using fsdp::testing::process_alive;
 using fsdp::testing::read_file;
 using fsdp::testing::run_program;
+using fsdp::testing::SmallTmpfs;
 using fsdp::testing::TempDir;
 using namespace std::chrono_literals;
 
@@ -117,6 +119,42 @@ TEST(Launcher, NoRankPrefixAndLogDir) {
   std::string log1 = read_file(dir.path() + "/attempt_0/rank_1.log");
   EXPECT_NE(log1.find("out1\n"), std::string::npos) << log1;
   EXPECT_NE(log1.find("err1\n"), std::string::npos) << log1;
+}
+
+// --log-dir on a full disk (issue 28): each log file that cannot be written
+// is named once on the launcher's stderr with the reason, the output still
+// reaches the console, and the job goes on as it would (here: attempt 0
+// fails on rank 0 after rank 1 is done; the restart, which cannot even
+// create its log directory because the disk's inodes are used up, succeeds,
+// so the job exits 0).
+TEST(Launcher, ALogDirOnAFullDiskIsReportedOncePerFileAndTheJobGoesOn) {
+  TempDir dir;
+  // Five inodes: the root, the filler, attempt_0 and its two rank logs.
+  const SmallTmpfs disk(dir.path() + "/disk", "size=64k,nr_inodes=5");
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  disk.fill();
+  auto r = run_program(fsdp_run({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", disk.path()},
+                                "for i in 1 2 3; do echo out$RANK.$i; echo err$RANK.$i >&2; sleep 0.05; done; "
+                                "echo attempt$TORCHELASTIC_RESTART_COUNT.$RANK; "
+                                "[ $TORCHELASTIC_RESTART_COUNT = 1 ] || [ $RANK = 1 ] || { sleep 0.3; exit 3; }"),
+                       30s);
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string n = std::to_string(rank);
+    for (const std::string& line : {"out" + n + ".3\n", "err" + n + ".3\n", "attempt0." + n, "attempt1." + n}) {
+      EXPECT_NE(r.output.find("[rank" + n + "]: " + line), std::string::npos) << line << " not in:\n" << r.output;
+    }
+    const std::string said = "fsdp-run: cannot write the log file '" + disk.path() + "/attempt_0/rank_" + n +
+                             ".log': No space left on device";
+    EXPECT_NE(r.output.find(said), std::string::npos) << said << " not in:\n" << r.output;
+  }
+  size_t reports = 0;
+  for (size_t at = 0; (at = r.output.find("cannot write the log file", at)) != std::string::npos; ++at) ++reports;
+  EXPECT_EQ(reports, 2u) << "expected one report per log file:\n" << r.output;
+  const std::string restart = "fsdp-run: cannot create log directory '" + disk.path() +
+                              "/attempt_1': No space left on device; restart 1 goes on with its output on the "
+                              "console only";
+  EXPECT_NE(r.output.find(restart), std::string::npos) << restart << " not in:\n" << r.output;
 }
 
 TEST(Launcher, WorkerExitCodeStopsTheOthersAndIsReturned) {

@@ -27,6 +27,7 @@
 #include "../support/sockets.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
+#include "../support/tmpfs.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/models/gpt.h"
@@ -364,15 +365,9 @@ TEST_F(TwoHosts, CuttingTheLinkEndsBothSidesWithATimeoutError) {
 // root for the small tmpfs (CI runs as root); skipped otherwise.
 TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
   TempDir dir;
-  const std::string mnt = dir.path() + "/disk";
-  fs::create_directories(mnt);
-  if (std::system(("mount -t tmpfs -o size=2m tmpfs '" + mnt + "' 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { std::system(("umount '" + path + "'").c_str()); }
-  } unmount{mnt};
+  const SmallTmpfs disk(dir.path() + "/disk", "size=2m");
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  const std::string mnt = disk.path();
   for (auto format : {CheckpointFormat::kSharded, CheckpointFormat::kFull}) {
     const std::string tag = to_string(format);
     SCOPED_TRACE(tag);
@@ -391,12 +386,7 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
       if (pg.rank() == 0) saved = to_map(full_parameters(model.ptr()));
       else full_parameters(model.ptr());
       // Fill the disk but for a few KiB, then save again.
-      if (pg.rank() == 0) {
-        std::ofstream filler(mnt + "/filler", std::ios::binary);
-        std::string block(4096, 'x');
-        while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
-        }
-      }
+      if (pg.rank() == 0) disk.fill();
       pg.barrier();
       try {
         save_checkpoint(bad, s, pg, co);
@@ -429,14 +419,8 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
 TEST(FullDisk, MetricsOnAFullDiskAreReportedTheRunGoesOnAndResumes) {
   TempDir dir;
   const std::string mnt = dir.path() + "/disk", out = mnt + "/run", ckpts = dir.path() + "/checkpoints";
-  fs::create_directories(mnt);
-  if (std::system(("mount -t tmpfs -o size=256k tmpfs '" + mnt + "' 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { std::system(("umount -l '" + path + "'").c_str()); }
-  } unmount{mnt};
+  const SmallTmpfs disk(mnt, "size=256k");
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
   fs::create_directories(out);
   fs::create_directories(ckpts);
   fs::create_symlink(ckpts, out + "/checkpoints");
@@ -453,16 +437,7 @@ TEST(FullDisk, MetricsOnAFullDiskAreReportedTheRunGoesOnAndResumes) {
     const std::string text = read_file(out + name);
     write_file(out + name, std::string((4096 - text.size() % 4096) % 4096, '\n') + text);
   }
-  {  // Unbuffered, down to the last byte: no page of the tmpfs is left.
-    const int fd = ::open((mnt + "/filler").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    ASSERT_GE(fd, 0);
-    const std::string block(4096, 'x');
-    while (::write(fd, block.data(), block.size()) > 0) {
-    }
-    while (::write(fd, "x", 1) > 0) {
-    }
-    ::close(fd);
-  }
+  const std::string filler = disk.fill();
   auto resumed = flags(8);
   resumed.emplace_back("--resume");
   r = run_program(resumed, std::chrono::seconds(240));
@@ -472,7 +447,7 @@ TEST(FullDisk, MetricsOnAFullDiskAreReportedTheRunGoesOnAndResumes) {
       << r.output;
   EXPECT_NE(r.output.find("cannot write " + out + "/train.log"), std::string::npos) << r.output;
   EXPECT_TRUE(verify_checkpoint(ckpts + "/step-00000008").empty());
-  fs::remove(mnt + "/filler");
+  fs::remove(filler);
   auto again = flags(10);
   again.emplace_back("--resume");
   r = run_program(again, std::chrono::seconds(240));

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@ struct RunResult {
   std::string output;      // stdout and stderr, interleaved
   double seconds = 0;      // wall time until exit
   bool timed_out = false;  // killed by the deadline
+  long max_rss_kb = 0;     // its peak resident memory (ru_maxrss, KiB)
   int exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 };
 
@@ -51,7 +53,7 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::
 }
 
 // Collects the output of a process started by spawn() until it exits (or
-// `deadline`, then SIGKILL), and reaps it. `while_running` is called about
+// `deadline`, then SIGKILL), and reaps it (wait4: its peak RSS too). `while_running` is called about
 // every 50 ms with the pid and the output so far.
 inline RunResult wait_program(pid_t pid, int fd, std::chrono::milliseconds deadline,
                               const std::function<void(pid_t, const std::string&)>& while_running = nullptr) {
@@ -74,7 +76,9 @@ inline RunResult wait_program(pid_t pid, int fd, std::chrono::milliseconds deadl
     }
   }
   close(fd);
-  waitpid(pid, &r.status, 0);
+  rusage usage{};
+  wait4(pid, &r.status, 0, &usage);
+  r.max_rss_kb = usage.ru_maxrss;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -113,6 +117,13 @@ inline std::string read_file(const std::string& path) {
 // Replaces the file at `path` with `bytes`.
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The resident memory of process `pid` now (VmRSS, KiB; 0 when unknown).
+inline long resident_kb(pid_t pid) {
+  const std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
+  const auto at = status.find("VmRSS:");
+  return at == std::string::npos ? 0 : std::atol(status.c_str() + at + 6);
 }
 
 // True while a process with this pid exists and is not a zombie.

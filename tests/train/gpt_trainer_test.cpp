@@ -7,15 +7,20 @@
 // generator to build the model, so ranks that are threads of one process
 // would build different initial weights. Thread ranks (run_ranks) remain
 // for one rank, and for errors, where the weights do not matter.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <regex>
 #include <thread>
@@ -24,6 +29,7 @@
 #include "../support/index_files.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
+#include "../support/tmpfs.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
@@ -324,6 +330,156 @@ TEST(GptTrainer, HeldOutIsATenth) {
   EXPECT_EQ(train::held_out_bytes(34 * 8 + 33, 32), 0);  // the rest would be shorter than a sample
 }
 
+namespace {
+
+// The batches as BatchSampler drew them before issue 28, from the whole
+// text held as int64 tokens: the reference the mapped corpus must match.
+train::Batch batch_from_tokens(const at::Tensor& tokens, int64_t context, int64_t batch, uint64_t seed, int rank,
+                               int world, int64_t index) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(index));
+  at::Tensor starts = at::randint(0, tokens.numel() - (context + 1), {batch * world}, gen, at::kLong);
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < batch; ++i) {
+    rows.push_back(tokens.narrow(0, starts[rank * batch + i].item<int64_t>(), context + 1));
+  }
+  at::Tensor b = at::stack(rows);
+  return {b.narrow(1, 0, context), b.narrow(1, 1, context)};
+}
+
+}  // namespace
+
+// Issue 28 item 4: the corpus is read where it is sampled (a mapped file, or
+// a text held once), and every batch is the one the int64 tokens gave before,
+// for every step, rank and held-out batch: runs compare as before.
+TEST(GptTrainer, BatchesOfAMappedFileAreThoseOfTheWholeTextAsTokens) {
+  TempDir dir;
+  const std::string text = train::generated_corpus(100000);
+  write_file(dir.path() + "/data.txt", text);
+  const at::Tensor all = train::bytes_to_tokens(text);
+  const int64_t context = 32, batch = 3, split = all.numel() - train::held_out_bytes(all.numel(), context);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (bool mapped : {true, false}) {
+      SCOPED_TRACE(std::string(mapped ? "mapped" : "held") + " rank " + std::to_string(rank));
+      train::BatchSampler s(mapped ? train::Corpus::map_file(dir.path() + "/data.txt")
+                                   : train::Corpus::hold(text, "the text"),
+                            context, batch, 5, rank, 2, at::kCPU);
+      EXPECT_EQ(s.corpus().size(), 100000);
+      ASSERT_TRUE(s.has_held_out());
+      for (int64_t step = 0; step < 6; ++step) {
+        const train::Batch got = s.training(step), want = batch_from_tokens(all.narrow(0, 0, split), context, batch, 5,
+                                                                             rank, 2, step);
+        EXPECT_EQ(got.inputs.scalar_type(), at::kLong);
+        EXPECT_TRUE(at::equal(got.inputs, want.inputs)) << "step " << step;
+        EXPECT_TRUE(at::equal(got.targets, want.targets)) << "step " << step;
+      }
+      for (int64_t i = 0; i < 4; ++i) {
+        const train::Batch got = s.held_out(i),
+                           want = batch_from_tokens(all.narrow(0, split, all.numel() - split), context, batch,
+                                                    5 + 7777, rank, 2, i);
+        EXPECT_TRUE(at::equal(got.inputs, want.inputs)) << "held-out batch " << i;
+        EXPECT_TRUE(at::equal(got.targets, want.targets)) << "held-out batch " << i;
+      }
+    }
+  }
+}
+
+// Issue 28 item 4: the held-out tail never overlaps the training text. At
+// (context + 2) * 9 bytes the tail is held out and its batches come from it
+// alone; a byte less holds nothing out: held_out() refuses, and a run says
+// so once and computes no eval loss (before, it evaluated on training text).
+TEST(GptTrainer, TooShortToHoldAnyOutSaysSoAndNeverEvaluatesOnTrainingText) {
+  TempDir dir;
+  const int64_t context = train::preset("tiny").context, least = train::min_bytes_to_hold_out(context);
+  EXPECT_EQ(train::held_out_bytes(least, context), least - (context + 2));
+  EXPECT_EQ(train::held_out_bytes(least - 1, context), 0);
+  const std::string text = std::string(static_cast<size_t>(context + 2), 'a') +
+                           std::string(static_cast<size_t>(least - context - 2), 'b');
+  train::BatchSampler enough(train::Corpus::hold(text, "the text"), context, 4, 0, 0, 1, at::kCPU);
+  ASSERT_TRUE(enough.has_held_out());
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(at::equal(enough.training(i).inputs, at::full({4, context}, int64_t{'a'}, at::kLong)));
+    EXPECT_TRUE(at::equal(enough.held_out(i).targets, at::full({4, context}, int64_t{'b'}, at::kLong)));
+  }
+  train::BatchSampler too_short(train::Corpus::hold(text.substr(1), "the text"), context, 4, 0, 0, 1, at::kCPU);
+  EXPECT_FALSE(too_short.has_held_out());
+  EXPECT_THROW(too_short.held_out(0), Error);
+  // A run on it: trains, says so once, writes no eval loss.
+  const std::string data = dir.path() + "/short.txt";
+  write_file(data, text.substr(1));
+  auto c = tiny(dir.path() + "/out", 3);
+  c.data = data;
+  c.eval_every = 1;
+  auto r = run_program(command_line(c), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const std::string said = "fsdp-train: --data " + data + " is too short to hold any text out (" +
+                           std::to_string(least - 1) + " bytes; at least " + std::to_string(least) +
+                           " needed): no held-out loss is computed";
+  const auto at = r.output.find(said);
+  EXPECT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(said, at + 1), std::string::npos) << "said more than once:\n" << r.output;
+  const std::string lines = read_file(c.out + "/metrics.jsonl");
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 3) << lines;
+  EXPECT_EQ(lines.find("eval_loss"), std::string::npos) << lines;
+}
+
+namespace {
+// run_program's while_running: kills a run whose RSS passes 2 GiB before it
+// can exhaust the machine (the code before issue 28, which read --data
+// whole, got there within seconds).
+void kill_past_2_gib(pid_t pid, const std::string&) {
+  if (resident_kb(pid) > (2L << 20)) ::kill(pid, SIGKILL);
+}
+}  // namespace
+
+// Issue 28 item 4: a 20 GB --data (sparse: all zeros, no disk used) trains
+// with the peak RSS of a 1 MB one, within 50 MB: the file is mapped, and a
+// step touches a few of its pages. (Before, it was read whole and held as
+// int64: 11 times its size.) fsdp-train runs alone (rank 0 of 1).
+TEST(GptTrainer, A20GBSparseDataTrainsInTheMemoryOfA1MBOne) {
+  TempDir dir;
+  const std::string small = dir.path() + "/small.txt", big = dir.path() + "/big.bin";
+  write_file(small, train::generated_corpus(1 << 20));
+  {
+    std::ofstream(big).close();
+    ASSERT_EQ(::truncate(big.c_str(), int64_t{20} << 30), 0) << std::strerror(errno);
+  }
+  long peak_kb[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    auto c = tiny(dir.path() + "/out" + std::to_string(i), 3);
+    c.data = i == 0 ? small : big;
+    c.eval_every = 3;  // the held-out tail too: the file's last 2 GB
+    const auto r = run_program(command_line(c), std::chrono::seconds(180), {}, kill_past_2_gib);
+    ASSERT_EQ(r.exit_code(), 0) << c.data << ":\n" << r.output;
+    EXPECT_NE(read_file(c.out + "/metrics.jsonl").find("eval_loss"), std::string::npos);
+    peak_kb[i] = r.max_rss_kb;
+  }
+  std::cout << "peak RSS: 1 MB corpus " << peak_kb[0] << " KiB, 20 GB corpus " << peak_kb[1] << " KiB\n";
+  EXPECT_LT(peak_kb[1] - peak_kb[0], 50 * 1000) << "1 MB: " << peak_kb[0] << " KiB, 20 GB: " << peak_kb[1] << " KiB";
+}
+
+// Issue 28 item 4: a --data file that this machine cannot map at all (256
+// TiB, sparse, on a small tmpfs: more than the 128 TiB of a process's
+// address space) is a ConfigError naming --data, the path, the size and
+// the system's reason, before training; not an allocator failure. Needs
+// root for the tmpfs.
+TEST(GptTrainer, DataTheMachineCannotMapIsNamedWithItsSize) {
+  TempDir dir;
+  const SmallTmpfs disk(dir.path() + "/disk", "size=64k");
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  const std::string huge = disk.path() + "/huge.bin";
+  std::ofstream(huge).close();
+  ASSERT_EQ(::truncate(huge.c_str(), int64_t{256} << 40), 0) << std::strerror(errno);
+  auto c = tiny(dir.path() + "/out", 2);
+  c.data = huge;
+  const auto r = run_program(command_line(c), std::chrono::seconds(120), {}, kill_past_2_gib);
+  EXPECT_EQ(r.exit_code(), 1) << r.output;
+  EXPECT_NE(r.output.find("--data " + huge + ": cannot memory-map its " + std::to_string(int64_t{256} << 40) +
+                          " bytes: Cannot allocate memory"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("DefaultCPUAllocator"), std::string::npos) << r.output;
+}
+
 // Warm-up, then cosine decay to min_lr; the run's metrics record each
 // step's rate.
 TEST(GptTrainer, LearningRateWarmsUpThenDecays) {
@@ -404,6 +560,15 @@ TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
   std::ofstream(dir.path() + "/empty.txt").close();
   c.data = dir.path() + "/empty.txt";
   expect_error(c, "the file is empty");
+  // Issue 28: too short says what is needed, a sample and room to place it.
+  const int64_t context = train::preset("tiny").context;
+  write_file(dir.path() + "/short.txt", std::string(static_cast<size_t>(context + 1), 'x'));
+  c.data = dir.path() + "/short.txt";
+  expect_error(c, "--data " + c.data + ": " + std::to_string(context + 1) + " bytes is too short: --context " +
+                      std::to_string(context) + " needs at least " + std::to_string(context + 2) + " bytes (a sample of " +
+                      std::to_string(context + 1) + " and room to place it)");
+  write_file(dir.path() + "/short.txt", std::string(static_cast<size_t>(context + 2), 'x'));
+  EXPECT_NO_THROW(train::validate(c));
   c = tiny(dir.path(), 5);
   c.model.heads = 5;
   expect_error(c, "--heads 5 does not divide the model width --dim 64");

@@ -8,7 +8,12 @@
 // (cores / local workers, at least 1) unless the caller set them. It
 // supervises them:
 //   - each worker line is printed with a "[rankN]: " prefix (optional), and
-//     copied to <log_dir>/attempt_<k>/rank_<N>.log when log_dir is set;
+//     copied to <log_dir>/attempt_<k>/rank_<N>.log when log_dir is set; a
+//     log file that cannot be written (a full disk) is named once on the
+//     launcher's stderr with the reason, and not written further: the output
+//     still reaches the console, and the job's course and exit status do not
+//     change (nor do they when a restart cannot create its log files; the
+//     first attempt fails if it cannot);
 //   - when a worker fails (non-zero exit or signal), the others get SIGTERM,
 //     then SIGKILL after `stop_grace`; the failure is reported by rank, pid and
 //     exit code or signal name; the group restarts up to max_restarts times;

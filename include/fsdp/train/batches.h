@@ -1,8 +1,9 @@
-// fsdp/train/batches.h — the trainer's data: a text as byte tokens, split
-// into training text and a held-out tail, and the batches of each step,
-// which depend only on the seed and the step (the same on every run, and
-// after a resume). Local: no collectives; every rank draws the same global
-// batch and takes its own slice of it.
+// fsdp/train/batches.h — the trainer's data: a corpus of bytes (a
+// memory-mapped file, or a text held in memory), split into training text
+// and a held-out tail, and the batches of each step, which depend only on
+// the seed and the step (the same on every run, and after a resume). Local:
+// no collectives; every rank draws the same global batch and takes its own
+// slice of it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,8 +19,55 @@ namespace fsdp::train {
 // rest would then be shorter than one sample (nothing is held out).
 int64_t held_out_bytes(int64_t total, int64_t context);
 
+// The fewest bytes of text from which held_out_bytes holds anything out at
+// `context`: (context + 2) * 9.
+int64_t min_bytes_to_hold_out(int64_t context);
+
 // One token per byte of `text` (0..255), a CPU tensor of int64.
 at::Tensor bytes_to_tokens(const std::string& text);
+
+// The bytes a run trains on, read where they are sampled, never copied
+// whole. Move-only; const calls are thread-safe.
+class Corpus {
+ public:
+  // The file at `path`, memory-mapped read-only (MAP_SHARED, MADV_RANDOM).
+  // Costs address space of the file's size and no memory up front: the
+  // kernel reads a page when a sample first touches it and keeps it in the
+  // page cache (shared by the ranks of a machine, and given back under
+  // memory pressure), so a rank's memory does not grow with the file.
+  // `flag` names the setting in errors (e.g. "--data"). ConfigError naming
+  // the flag, the path, and (when it cannot be mapped) the size and the
+  // system's reason: a file that cannot be opened, is not a regular file, is
+  // empty, or does not fit the address space (e.g. under ulimit -v).
+  // Requires: the file is not truncated while the Corpus lives (reading a
+  // page past a shrunk file's end raises SIGBUS).
+  static Corpus map_file(const std::string& path, const std::string& flag = "--data");
+
+  // Holds `text` itself (its size in memory). `name` names it in messages.
+  static Corpus hold(std::string text, std::string name);
+
+  Corpus(Corpus&& other) noexcept;
+  Corpus& operator=(Corpus&& other) noexcept;
+  Corpus(const Corpus&) = delete;
+  Corpus& operator=(const Corpus&) = delete;
+  ~Corpus();  // unmaps
+
+  int64_t size() const { return size_; }
+  // The bytes [0, size()); valid while the Corpus lives.
+  const uint8_t* data() const { return data_; }
+  // What it is, for messages: "--data PATH" or the name given to hold().
+  const std::string& name() const { return name_; }
+
+ private:
+  Corpus() = default;
+  void release();
+
+  std::string text_;  // hold()'s bytes; empty for a mapping
+  void* mapping_ = nullptr;
+  const uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+  std::string name_;
+};
 
 // Inputs [batch, context] and their targets, the same tokens shifted by one.
 struct Batch {
@@ -28,27 +76,38 @@ struct Batch {
 
 class BatchSampler {
  public:
-  // Keeps `text` as tokens (8 bytes per byte of text), its last
-  // held_out_bytes() apart. Requires: text at least context + 2 bytes long
-  // (train::validate checks a --data file), batch > 0, 0 <= rank < world.
-  BatchSampler(const std::string& text, int64_t context, int64_t batch, uint64_t seed, int rank, int world,
-               at::Device device);
+  // Samples `corpus` (kept by the sampler), its last held_out_bytes() apart.
+  // Costs nothing per byte of the corpus. Requires: a corpus at least
+  // context + 2 bytes long (train::validate checks a --data file), batch >
+  // 0, 0 <= rank < world.
+  BatchSampler(Corpus corpus, int64_t context, int64_t batch, uint64_t seed, int rank, int world, at::Device device);
 
   // This rank's `batch` samples of the global batch of 0-based `step`: the
   // global batch is batch * world random windows of the training text,
   // drawn from a generator seeded by (seed, step), and rank r takes the r-th
-  // slice. Costs one small draw and one copy of the samples to the device.
+  // slice. Costs one small draw, a copy of this rank's windows (batch x
+  // (context + 1) bytes, a few pages of the corpus touched) and their
+  // conversion to int64 on the device.
   Batch training(int64_t step) const;
 
+  // Whether the corpus is long enough to hold a tail out
+  // (min_bytes_to_hold_out); the held-out tail never overlaps the training
+  // text.
+  bool has_held_out() const { return held_out_size_ > 0; }
+
   // The i-th of the fixed evaluation batches: as training(i) with seed +
-  // 7777, from the held-out tail (from the training text when the text is
-  // too short to hold anything out).
+  // 7777, from the held-out tail. Costs as training(). Requires
+  // has_held_out(): an fsdp::Error otherwise (it never draws from the
+  // training text).
   Batch held_out(int64_t i) const;
 
- private:
-  Batch draw(const at::Tensor& tokens, uint64_t seed, int64_t index) const;
+  const Corpus& corpus() const { return corpus_; }
 
-  at::Tensor training_, held_out_;
+ private:
+  Batch draw(int64_t offset, int64_t length, uint64_t seed, int64_t index) const;
+
+  Corpus corpus_;
+  int64_t training_size_, held_out_size_;
   int64_t context_, batch_;
   uint64_t seed_;
   int rank_, world_;

@@ -48,7 +48,7 @@ struct TrainConfig {
   double min_lr = -1;         // -1: lr / 10; other negatives are refused
   NonfiniteLoss on_nonfinite_loss = NonfiniteLoss::kStop;
   std::string out = "runs/latest";  // run directory: metrics.jsonl, train.log, checkpoints/ (not / or $HOME)
-  std::string data;                 // text file (empty: the generated corpus)
+  std::string data;                 // text file, memory-mapped (empty: the generated corpus)
   int64_t save_every = 0;           // 0: only at the end
   int keep = 2;                     // checkpoints kept
   // One run per directory (docs/reliability.md). A run that starts fresh
@@ -75,7 +75,10 @@ struct TrainConfig {
   // whole model is built on every rank first.
   bool empty_init = true;
   int64_t log_every = 10;
-  int64_t eval_every = 50;          // held-out loss every N steps (and at the end); 0: never
+  // Held-out loss every N steps (and at the end); 0: never. None either,
+  // said once, when the text is too short to hold any out
+  // (min_bytes_to_hold_out).
+  int64_t eval_every = 50;
   std::string mesh;                 // "R,S": HYBRID_SHARD's (replicate, shard) sizes
   bool forward_prefetch = true;  // as FSDPOptions (on; PyTorch: off)
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
