@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@ struct RunResult {
   std::string output;      // stdout and stderr, interleaved
   double seconds = 0;      // wall time until exit
   bool timed_out = false;  // killed by the deadline
+  long max_rss_kb = 0;     // the process's peak resident set (wait4's ru_maxrss, KiB)
   int exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 };
 
@@ -74,7 +76,9 @@ inline RunResult wait_program(pid_t pid, int fd, std::chrono::milliseconds deadl
     }
   }
   close(fd);
-  waitpid(pid, &r.status, 0);
+  rusage usage{};
+  wait4(pid, &r.status, 0, &usage);
+  r.max_rss_kb = usage.ru_maxrss;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
