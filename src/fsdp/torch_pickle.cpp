@@ -165,7 +165,10 @@ class Parser {
   size_t pos_ = 0, op_at_ = 0;
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, Value*> memo_;
+  // The memo: keys 0, 1, 2, ... as picklers write them in a vector (8
+  // bytes an entry), any other key in a map.
+  std::vector<Value*> memo_dense_;
+  std::unordered_map<uint64_t, Value*> memo_sparse_;
   size_t budget_ = 0, charged_ = 0;
   Value* none_ = nullptr;
   Value* bools_[2] = {nullptr, nullptr};
@@ -204,7 +207,15 @@ class Parser {
   }
   void put(uint64_t key) {
     Value* v = top();
-    auto [it, inserted] = memo_.emplace(key, v);
+    if (key < memo_dense_.size()) {
+      memo_dense_[key] = v;
+      return;
+    }
+    if (key == memo_dense_.size() && !memo_sparse_.count(key)) {
+      push(memo_dense_, v);
+      return;
+    }
+    auto [it, inserted] = memo_sparse_.emplace(key, v);
     if (inserted) {
       charge(kNodeBytes);
     } else {
@@ -607,14 +618,18 @@ class Parser {
       case 'q': put(le(1)); return;  // BINPUT
       case 'r': put(le(4)); return;  // LONG_BINPUT
       case 0x94: {                             // MEMOIZE
-        put(memo_.size());
+        put(memo_dense_.size() + memo_sparse_.size());
         return;
       }
       case 'h':    // BINGET
       case 'j': {  // LONG_BINGET
         const uint64_t k = le(op == 'h' ? 1 : 4);
-        auto it = memo_.find(k);
-        if (it == memo_.end()) fail("gets memo entry " + std::to_string(k) + ", which was never put");
+        if (k < memo_dense_.size()) {
+          push(stack_, memo_dense_[k]);
+          return;
+        }
+        auto it = memo_sparse_.find(k);
+        if (it == memo_sparse_.end()) fail("gets memo entry " + std::to_string(k) + ", which was never put");
         push(stack_, it->second);
         return;
       }
