@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,12 +54,20 @@ DcpMetadata parse_dcp_metadata(const std::string& bytes, const std::string& wher
 
 // The index of the DCP checkpoint in `dir` described by `md`: each chunk's
 // raw tensor bytes located inside its item (a torch.save zip) with the
-// zip's CRC-32; bytes items and `meta.pt` (Lightning) unpickled into
-// entries: model state dicts, optimizers (`<name>.state.<param>.<field>`
-// tensors, `<name>.param_groups.<i>.<option>` values), values. Reads each
-// item's zip directory and pickle (small), not the tensor data.
-// ConfigError naming the file and item otherwise.
+// zip's CRC-32; bytes items unpickled into entries: model state dicts,
+// optimizers (`<name>.state.<param>.<field>` tensors,
+// `<name>.param_groups.<i>.<option>` values), values. Reads each item's zip
+// directory and pickle (small), not the tensor data. (Lightning's meta.pt
+// beside it: lightning_meta.) ConfigError naming the file and item otherwise.
 Index dcp_index(const DcpMetadata& md, const std::string& dir);
+
+// Lightning's `meta.pt` in `dir` as an index of its values (Lightning's
+// fabric.load reads every value that is not a model or an optimizer from
+// it): a torch.save'd dict, nested dicts as dotted names; a tensor value is
+// one chunk inside meta.pt (and meta.pt is then in `files`). nullopt when
+// `dir` has no meta.pt. Reads its zip directory and pickle, not tensor data.
+// ConfigError naming meta.pt when it is not a dict of values.
+std::optional<Index> lightning_meta(const std::string& dir);
 
 // ---- Writing ----
 

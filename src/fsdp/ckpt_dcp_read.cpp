@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -231,7 +232,7 @@ Chunk locate_chunk(const DcpItem& item, const DcpItem::Piece& piece, const std::
   pickle::check_byte_order(zip);
   const pickle::Pickle p = pickle::parse(zip.read("data.pkl"), at);
   if (p.root().kind != K::kTensor) bad(at, "holds " + pickle::describe(p.root()) + ", not a tensor");
-  const pickle::TensorRef& t = p.root().tensor;
+  const pickle::TensorRef& t = p.root().tensor();
   if (t.dtype != item.dtype) {
     bad(at, std::string("holds a tensor of dtype ") + c10::toString(t.dtype) + ", the metadata says " +
                 c10::toString(item.dtype));
@@ -268,8 +269,7 @@ void set_option(ParamGroup& g, const std::string& name, const Value& v, const st
 
 // Lightning's meta.pt (`zip`, the file `storage`): a torch.save'd dict of
 // values, nested dicts as dotted names; a tensor value is indexed as one
-// chunk inside meta.pt. Names already in the index (fsdp-cpp writes each
-// value both as a DCP item and here) keep the DCP item.
+// chunk inside meta.pt.
 void add_meta_values(const Value& v, const std::string& prefix, Index& ix, const FullReader& zip,
                      const DcpStorage& storage) {
   const std::string& where = storage.file;
@@ -280,13 +280,10 @@ void add_meta_values(const Value& v, const std::string& prefix, Index& ix, const
       add_meta_values(*x, name, ix, zip, storage);
       continue;
     }
-    bool present = false;
-    for (const auto& e : ix.entries) present |= e.name == name;
-    if (present) continue;
     EntryRecord e;
     e.name = name;
     if (x->kind == K::kTensor) {
-      const pickle::TensorRef& t = x->tensor;
+      const pickle::TensorRef& t = x->tensor();
       TensorEntry te;
       te.dtype = t.dtype;
       te.shape = t.sizes;
@@ -397,17 +394,21 @@ Index dcp_index(const DcpMetadata& md, const std::string& dir) {
   }
   ix.files.assign(files.begin(), files.end());
   ix.world_size = std::max<int>(1, static_cast<int>(ix.files.size()));
+  return ix;
+}
+
+std::optional<Index> lightning_meta(const std::string& dir) {
   const std::string meta = (fs::path(dir) / kLightningMetaFile).string();
   const int64_t meta_size = file_size(meta);
-  if (meta_size >= 0) {
-    FullReader zip(meta);
-    pickle::check_byte_order(zip);
-    const pickle::Pickle p = pickle::parse(zip.read("data.pkl"), meta);
-    if (p.root().kind != K::kDict) bad(meta, "holds " + pickle::describe(p.root()) + ", not a dict of values");
-    const size_t before = ix.tensors.size();
-    add_meta_values(p.root(), "", ix, zip, DcpStorage{kLightningMetaFile, 0, meta_size});
-    if (ix.tensors.size() > before) ix.files.push_back(kLightningMetaFile);
-  }
+  if (meta_size < 0) return std::nullopt;
+  FullReader zip(meta);
+  pickle::check_byte_order(zip);
+  const pickle::Pickle p = pickle::parse(zip.read("data.pkl"), meta);
+  if (p.root().kind != K::kDict) bad(meta, "holds " + pickle::describe(p.root()) + ", not a dict of values");
+  Index ix;
+  ix.kind = Index::Kind::kSharded;
+  add_meta_values(p.root(), "", ix, zip, DcpStorage{kLightningMetaFile, 0, meta_size});
+  if (!ix.tensors.empty()) ix.files.push_back(kLightningMetaFile);
   return ix;
 }
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -127,7 +128,30 @@ std::string to_json(const Index& index);
 // file names inside the checkpoint, the version, and that the entries'
 // keys and the tensors match one to one.
 // ConfigError naming `where` (the file) and the offending field otherwise.
+// ConfigError naming `where` (the file) when the JSON text is beyond its
+// memory budget or nests deeper than kJsonMaxDepth (parse_json_bounded).
 Index parse_index(const std::string& text, const std::string& where);
+
+// ---- Bounded JSON (the index, safetensors headers) ----
+
+// The memory a JSON text of n bytes may take once parsed (nlohmann's DOM):
+// kJsonBudgetSlack + kJsonBudgetPerByte * n. A real index or safetensors
+// header takes 6 to 10 bytes of DOM per byte of text (an fsdp-train
+// fsdp_index.json: 5.8 as written, 8.7 compact); the densest JSON possible
+// (`[{},{},...]`, a container every 3 bytes) takes about 32, and is refused.
+constexpr size_t kJsonBudgetSlack = size_t{1} << 20;  // 1 MiB: any small header
+constexpr size_t kJsonBudgetPerByte = 20;
+constexpr size_t json_budget(size_t n) { return kJsonBudgetSlack + kJsonBudgetPerByte * n; }
+constexpr int kJsonMaxDepth = 64;  // an index nests 5 deep, a safetensors header 3
+
+// A counting pass over `text` (nlohmann's SAX interface: nothing is built,
+// O(depth) memory, O(text.size()) time) that charges each value, key and
+// container what the DOM will take for it (json_budget's estimate) and
+// returns the total. ConfigError naming `where`, `what` ("the index", "the
+// header"), the byte offset, the budget and that the JSON expands beyond what
+// its size allows; or naming the depth. Invalid JSON is left to the parse
+// that follows (which names the error); parse before building the DOM.
+size_t check_json_budget(std::string_view text, const std::string& where, const char* what);
 
 // A new file written under a temporary name, synced, then renamed to its
 // final name by commit(). Destroyed uncommitted: the temporary is removed.

@@ -5,6 +5,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -107,8 +109,81 @@ std::string read_small(const std::string& path) {
   return ck::read_range(path, 0, size);
 }
 
+bool same_value(const ck::EntryRecord& a, const ck::EntryRecord& b) {
+  if (a.type != b.type) return false;
+  if (a.type == ck::EntryType::kFloat) {
+    const double x = std::get<double>(a.value), y = std::get<double>(b.value);
+    return x == y || (std::isnan(x) && std::isnan(y));
+  }
+  return a.value == b.value;
+}
+
+std::string value_in(const ck::EntryRecord& e) {
+  if (e.type == ck::EntryType::kTensor) return "a tensor";
+  if (e.type == ck::EntryType::kStr) return "the string '" + ck::value_text(e).substr(0, 60) + "'";
+  return std::string("the ") + ck::entry_type_name(e.type) + " " + ck::value_text(e);
+}
+
+// A tensor value of `a` and `b` (the same name): dtype, shape and bytes.
+std::string tensor_difference(const Source& a, const Source& b, const std::string& name) {
+  const ck::TensorEntry &x = a.tensor(name), &y = b.tensor(name);
+  if (x.dtype != y.dtype || x.shape != y.shape) {
+    return std::string("a tensor of dtype ") + c10::toString(x.dtype) + " and shape " + shape_str(x.shape) +
+           " in " + a.where + ", of dtype " + c10::toString(y.dtype) + " and shape " + shape_str(y.shape) +
+           " in " + b.where;
+  }
+  const at::Tensor u = a.read_whole(name).contiguous(), v = b.read_whole(name).contiguous();
+  const size_t n = static_cast<size_t>(u.numel()) * u.element_size();
+  if (n == 0 || std::memcmp(u.data_ptr(), v.data_ptr(), n) == 0) return "";
+  return "tensors of the same dtype and shape but different elements in " + a.where + " and " + b.where;
+}
+
+// Lightning's meta.pt beside .metadata (`s` is open): fabric.load reads the
+// values from meta.pt, fsdp-cpp from its index, so every value both hold
+// must agree (a meta.pt of another save, copied in, would give Lightning
+// another step); ConfigError naming the first that differs. Values that
+// only meta.pt holds join an index built from .metadata (`built`): Lightning
+// keeps them there alone.
+void check_lightning_meta(Source& s, bool built) {
+  std::optional<ck::Index> meta = ck::lightning_meta(s.dir);
+  if (!meta) return;
+  Source m;
+  m.path = s.path;
+  m.dir = s.dir;
+  m.where = (fs::path(s.dir) / ck::kLightningMetaFile).string();
+  m.ix = std::move(*meta);
+  for (const auto& e : m.ix.entries) {
+    const ck::EntryRecord* own = s.entry(e.name);
+    if (!own) {
+      if (!built) continue;
+      s.ix.entries.push_back(e);
+      if (e.type == ck::EntryType::kTensor) {
+        s.ix.tensor_order.push_back(e.name);
+        s.ix.tensors[e.name] = m.ix.tensors.at(e.name);
+        if (std::find(s.ix.files.begin(), s.ix.files.end(), ck::kLightningMetaFile) == s.ix.files.end()) {
+          s.ix.files.push_back(ck::kLightningMetaFile);
+        }
+      }
+      continue;
+    }
+    if (own->is_state_dict()) continue;  // a model or optimizer, not a value
+    std::string difference;
+    if (own->type == ck::EntryType::kTensor && e.type == ck::EntryType::kTensor) {
+      difference = tensor_difference(s, m, e.name);
+    } else if (!same_value(*own, e)) {
+      difference = value_in(*own) + " in " + s.where + ", " + value_in(e) + " in " + m.where;
+    }
+    if (!difference.empty()) {
+      throw ConfigError("checkpoint: " + m.where + " disagrees with " + s.where + " on the value '" + e.name +
+                        "': " + difference + ". Lightning's fabric.load reads meta.pt, fsdp-cpp the index: the two "
+                        "files come from different saves, so the checkpoint is damaged");
+    }
+  }
+}
+
 // A DCP directory (its .metadata): fsdp-cpp's own index when it belongs to
-// this save (same save id), else the index built from .metadata.
+// this save (same save id), else the index built from .metadata; then
+// Lightning's meta.pt against it (check_lightning_meta).
 void open_dcp(Source& s) {
   const std::string metadata = (fs::path(s.path) / ck::kDcpMetadataFile).string();
   const std::string metadata_bytes = read_small(metadata);
@@ -126,6 +201,7 @@ void open_dcp(Source& s) {
       }
       s.where = own;
       s.ix = std::move(ix);
+      check_lightning_meta(s, /*built=*/false);
       return;
     }
     // Another save's index: legitimately, a save killed between writing it
@@ -145,6 +221,7 @@ void open_dcp(Source& s) {
   }
   s.where = metadata;
   s.ix = ck::dcp_index(md, s.path);
+  check_lightning_meta(s, /*built=*/true);
 }
 
 // A directory: a DCP checkpoint (.metadata), or fsdp-cpp's earlier layout
@@ -337,7 +414,7 @@ RawTensors raw_tensors(const ck::FullReader& zip, const pickle::Value& root) {
                                                   "save model.state_dict() alone)"
                                                 : ""));
     }
-    out.by_key[k->text] = &v->tensor;
+    out.by_key[k->text] = &v->tensor();
     out.order.push_back(k->text);
   }
   return out;

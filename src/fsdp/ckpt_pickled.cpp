@@ -14,10 +14,7 @@ using Kind = pickle::Value::Kind;
 namespace {
 
 // The value of a dict's string key `name` (null if absent).
-const Value* field(const Value& dict, const std::string& name) {
-  auto it = dict.index.find("s" + name);  // (torch_pickle's keys: "s" + a string, "i" + an int)
-  return it == dict.index.end() ? nullptr : dict.entries[it->second].second;
-}
+const Value* field(const Value& dict, const std::string& name) { return dict.get(name); }
 
 bool is_optimizer(const Value& v) { return v.kind == Kind::kDict && field(v, "state") && field(v, "param_groups"); }
 
@@ -71,7 +68,7 @@ class PickleIndexer {
     auto& e = add(name, ck::EntryType::kModel);
     for (const auto& [k, t] : dict.entries) {
       e.keys.push_back(k->text);
-      tensor(name + "/" + k->text, t->tensor);
+      tensor(name + "/" + k->text, t->tensor());
     }
   }
 
@@ -83,7 +80,7 @@ class PickleIndexer {
       case Kind::kString: add(name, ck::EntryType::kStr).value = v.text; break;
       case Kind::kTensor:
         add(name, ck::EntryType::kTensor);
-        tensor(name, v.tensor);
+        tensor(name, v.tensor());
         break;
       default: break;  // None, lists, tuples, ...: nothing fsdp-cpp can load
     }
@@ -121,7 +118,7 @@ class PickleIndexer {
         }
         const std::string key = param + "." + f->text;
         e.keys.push_back(key);
-        tensor(name + "/" + key, t->tensor);
+        tensor(name + "/" + key, t->tensor());
       }
     }
     for (const Value* g : groups.items) {

@@ -115,8 +115,9 @@ SafetensorsTensor parse_tensor(const std::string& name, const Json& x, const std
   return t;
 }
 
-// The header's JSON; ConfigError for invalid JSON and for a key given twice
-// in an object (which JSON libraries resolve differently).
+// The header's JSON; ConfigError for invalid JSON, for a key given twice in
+// an object (which JSON libraries resolve differently), and for a header
+// beyond its memory budget (check_json_budget).
 Json parse_json(std::string_view text, const std::string& where) {
   std::vector<std::set<std::string>> keys;
   std::string duplicate;
@@ -129,6 +130,7 @@ Json parse_json(std::string_view text, const std::string& where) {
     }
     return true;
   };
+  check_json_budget(text, where, "the header");
   Json j;
   try {
     j = Json::parse(text.begin(), text.end(), check);

@@ -84,6 +84,13 @@ std::optional<Global> accepted_global(const std::string& module, const std::stri
   return std::nullopt;
 }
 
+// A heap block of n bytes as glibc's malloc takes it (a header, 32 bytes at least).
+constexpr size_t heap(size_t n) { return n == 0 ? 0 : std::max<size_t>(n + 8, 32); }
+// A hash map's node (next pointer, key, value, cached hash) and its share
+// of the bucket array (about two pointers); a string key's bytes beyond
+// the node are charged apart.
+constexpr size_t kNodeBytes = heap(sizeof(void*) + sizeof(std::string) + 2 * sizeof(size_t)) + 2 * sizeof(void*);
+
 }  // namespace
 
 const char* storage_class(at::ScalarType dtype) {
@@ -120,10 +127,15 @@ std::string describe(const Value& v) {
   return "a value";
 }
 
+const TensorRef& Value::tensor() const {
+  static const TensorRef none;
+  return ref ? *ref : none;
+}
+
 const Value* Value::get(const std::string& key) const {
-  if (kind != Kind::kDict) return nullptr;
-  auto it = index.find("s" + key);
-  return it == index.end() ? nullptr : entries[it->second].second;
+  if (kind != Kind::kDict || !index) return nullptr;
+  auto it = index->find("s" + key);
+  return it == index->end() ? nullptr : entries[it->second].second;
 }
 
 class Parser {
@@ -132,6 +144,7 @@ class Parser {
       : in_(bytes), where_(where), mode_(mode), out_(out) {}
 
   void run() {
+    budget_ = parse_budget(in_.size());
     while (true) {
       if (pos_ >= in_.size()) fail("ends without STOP (the pickle is truncated)");
       op_at_ = pos_;
@@ -141,6 +154,7 @@ class Parser {
     }
     if (stack_.size() != 1 || !marks_.empty()) fail("STOP with " + std::to_string(stack_.size()) + " values on the stack");
     out_.root_ = stack_.back();
+    out_.charged_ = charged_;
   }
 
  private:
@@ -151,22 +165,96 @@ class Parser {
   size_t pos_ = 0, op_at_ = 0;
   std::vector<Value*> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, Value*> memo_;
+  // The memo: keys 0, 1, 2, ... as picklers write them in a vector (8
+  // bytes an entry), any other key in a map.
+  std::vector<Value*> memo_dense_;
+  std::unordered_map<uint64_t, Value*> memo_sparse_;
+  size_t budget_ = 0, charged_ = 0;
+  Value* none_ = nullptr;
+  Value* bools_[2] = {nullptr, nullptr};
+  Value* small_ints_[256] = {};
+
+  // The memory budget: every allocation the parse makes is charged here
+  // before it is made (an approximation of the allocator's bytes: sizes of
+  // the objects and of the vectors' and maps' storage).
+  void charge(size_t n) {
+    charged_ += n;
+    if (charged_ > budget_) {
+      fail("expands beyond what its size allows: building it takes more than " + std::to_string(budget_) +
+           " bytes of memory, the budget of a pickle of " + std::to_string(in_.size()) + " bytes (" +
+           std::to_string(kBudgetSlack) + " + " + std::to_string(kBudgetPerByte) +
+           " per byte); real checkpoints take far less, so it is damaged or hostile");
+    }
+  }
+  // Appends to a vector, charging the growth of its storage.
+  template <typename V, typename T>
+  void push(V& v, T&& x) {
+    if (v.size() == v.capacity()) {
+      const size_t elem = sizeof(typename V::value_type);
+      charge(v.capacity() ? v.capacity() * elem : heap(elem));  // doubling; the first block with its header
+    }
+    v.push_back(std::forward<T>(x));
+  }
 
   [[noreturn]] void fail(const std::string& what) const {
     throw ConfigError("checkpoint: " + where_ + ": the pickle at byte " + std::to_string(op_at_) + " " + what);
   }
 
+  TensorRef& make_ref(Value* v) {
+    charge(heap(sizeof(TensorRef)));
+    v->ref = std::make_unique<TensorRef>();
+    return *v->ref;
+  }
+  void put(uint64_t key) {
+    Value* v = top();
+    if (key < memo_dense_.size()) {
+      memo_dense_[key] = v;
+      return;
+    }
+    if (key == memo_dense_.size() && !memo_sparse_.count(key)) {
+      push(memo_dense_, v);
+      return;
+    }
+    auto [it, inserted] = memo_sparse_.emplace(key, v);
+    if (inserted) {
+      charge(kNodeBytes);
+    } else {
+      it->second = v;
+    }
+  }
+
   Value* make(Value::Kind kind) {
+    charge(sizeof(Value));
     out_.values_.emplace_back();
     Value* v = &out_.values_.back();
     v->kind = kind;
     return v;
   }
   Value* make_int(int64_t i) {
+    const bool small = i >= 0 && i < 256;
+    if (small && small_ints_[i]) return small_ints_[i];
     Value* v = make(Value::Kind::kInt);
     v->integer = i;
+    if (small) small_ints_[i] = v;
     return v;
+  }
+  Value* make_none() { return none_ ? none_ : (none_ = make(Value::Kind::kNone)); }
+  Value* make_bool(bool b) {
+    Value*& v = bools_[b ? 1 : 0];
+    if (!v) {
+      v = make(Value::Kind::kBool);
+      v->boolean = b;
+    }
+    return v;
+  }
+  Value* make_text(Value::Kind kind, std::string text) {
+    Value* v = make(kind);
+    set_text(v, std::move(text));
+    return v;
+  }
+  void set_text(Value* v, std::string text) {
+    charge(text.size() > 15 ? heap(text.size() + 1) : 0);  // beyond the string's inline buffer
+    v->text = std::move(text);
   }
 
   // Reading the operands.
@@ -209,11 +297,12 @@ class Parser {
     if (marks_.empty()) fail("has no MARK to pop to");
     const size_t m = marks_.back();
     marks_.pop_back();
+    charge(heap((stack_.size() - m) * sizeof(Value*)));
     std::vector<Value*> items(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
     stack_.resize(m);
     return items;
   }
-  Value* tuple(std::vector<Value*> items) {
+  Value* tuple(std::vector<Value*> items) {  // (items: charged by their maker)
     Value* t = make(Value::Kind::kTuple);
     t->items = std::move(items);
     return t;
@@ -235,16 +324,21 @@ class Parser {
     if (dict->kind != Value::Kind::kDict) fail("sets an item of " + describe(*dict) + ", not a dict");
     const std::string k = key_of(*key);
     if (k.empty()) fail("uses " + describe(*key) + " as a dict key (fsdp-cpp reads string and int keys)");
-    auto [it, inserted] = dict->index.emplace(k, dict->entries.size());
+    if (!dict->index) {
+      charge(heap(sizeof(std::unordered_map<std::string, size_t>)));
+      dict->index = std::make_unique<std::unordered_map<std::string, size_t>>();
+    }
+    auto [it, inserted] = dict->index->emplace(k, dict->entries.size());
     if (inserted) {
-      dict->entries.emplace_back(key, value);
+      charge(kNodeBytes + (k.size() > 15 ? heap(k.size() + 1) : 0));
+      push(dict->entries, std::make_pair(key, value));
     } else {
       dict->entries[it->second].second = value;
     }
   }
   void append(Value* list, Value* item) {
     if (list->kind != Value::Kind::kList) fail("appends to " + describe(*list) + ", not a list");
-    list->items.push_back(item);
+    push(list->items, item);
   }
 
   int64_t long_bytes(size_t n) {
@@ -262,8 +356,8 @@ class Parser {
            "torch.load(weights_only=True) does)");
     }
     Value* g = make(Value::Kind::kGlobal);
-    g->text = module + "." + name;
-    stack_.push_back(g);
+    set_text(g, module + "." + name);
+    push(stack_, g);
   }
 
   std::vector<int64_t> ints(Value* v, const char* what) {
@@ -320,13 +414,16 @@ class Parser {
         arity(6, 7);
         Value* storage = expect(a[0], Value::Kind::kStorage, "a tensor's storage");
         Value* t = make(Value::Kind::kTensor);
-        t->tensor = storage->tensor;
-        t->tensor.offset = expect(a[1], Value::Kind::kInt, "a tensor's storage offset")->integer;
-        t->tensor.sizes = ints(a[2], "a tensor's size");
-        t->tensor.strides = ints(a[3], "a tensor's stride");
-        if (t->tensor.sizes.size() != t->tensor.strides.size()) {
-          fail("describes a tensor with " + std::to_string(t->tensor.sizes.size()) + " sizes but " +
-               std::to_string(t->tensor.strides.size()) + " strides");
+        TensorRef& ref = make_ref(t);
+        ref = storage->tensor();
+        ref.offset = expect(a[1], Value::Kind::kInt, "a tensor's storage offset")->integer;
+        ref.sizes = ints(a[2], "a tensor's size");
+        ref.strides = ints(a[3], "a tensor's stride");
+        charge(heap(ref.storage.size()) + heap(ref.sizes.size() * sizeof(int64_t)) +
+               heap(ref.strides.size() * sizeof(int64_t)));
+        if (ref.sizes.size() != ref.strides.size()) {
+          fail("describes a tensor with " + std::to_string(ref.sizes.size()) + " sizes but " +
+               std::to_string(ref.strides.size()) + " strides");
         }
         return t;
       }
@@ -336,8 +433,9 @@ class Parser {
       case Global::kPath: {  // symbolic: the call and its (string) arguments
         for (Value* x : a) expect(x, Value::Kind::kString, "an argument of " + callable->text);
         Value* o = make(Value::Kind::kObject);
-        o->text = callable->text;
-        o->args = a;
+        set_text(o, callable->text);
+        charge(heap(a.size() * sizeof(Value*)));
+        o->items = a;
         return o;
       }
       case Global::kGetattr: {  // an enum member: getattr(<the enum class>, 'NAME')
@@ -348,7 +446,7 @@ class Parser {
           fail("calls getattr on " + cls->text + " (only DCP's _MEM_FORMAT_ENCODING is read)");
         }
         Value* member = make(Value::Kind::kGlobal);
-        member->text = cls->text + "." + expect(a[1], Value::Kind::kString, "getattr's name")->text;
+        set_text(member, cls->text + "." + expect(a[1], Value::Kind::kString, "getattr's name")->text);
         return member;
       }
       case Global::kDcpClass:
@@ -369,10 +467,12 @@ class Parser {
     Value* s = make(Value::Kind::kStorage);
     const auto dtype = storage_dtype(cls->text.substr(cls->text.rfind('.') + 1));
     if (!dtype || cls->text.rfind("torch.", 0) != 0) fail("has the storage class " + cls->text);
-    s->tensor.dtype = *dtype;
-    s->tensor.storage = expect(pid->items[2], Value::Kind::kString, "a storage key")->text;
+    TensorRef& ref = make_ref(s);
+    ref.dtype = *dtype;
+    ref.storage = expect(pid->items[2], Value::Kind::kString, "a storage key")->text;
+    charge(heap(ref.storage.size()));
     expect(pid->items[3], Value::Kind::kString, "a storage location");
-    s->tensor.storage_numel = expect(pid->items[4], Value::Kind::kInt, "a storage's size")->integer;
+    ref.storage_numel = expect(pid->items[4], Value::Kind::kInt, "a storage's size")->integer;
     return s;
   }
 
@@ -385,30 +485,25 @@ class Parser {
         return;
       }
       case 0x95: le(8); return;  // FRAME: a hint only
-      case '(': marks_.push_back(stack_.size()); return;
+      case '(': push(marks_, stack_.size()); return;
       case '0': pop(); return;                       // POP
       case '1': pop_mark(); return;                  // POP_MARK
-      case '2': stack_.push_back(top()); return;     // DUP
-      case 'N': stack_.push_back(make(K::kNone)); return;
+      case '2': push(stack_, top()); return;     // DUP
+      case 'N': push(stack_, make_none()); return;
       case 0x88:
-      case 0x89: {
-        Value* b = make(K::kBool);
-        b->boolean = op == 0x88;
-        stack_.push_back(b);
-        return;
-      }
-      case 'J': stack_.push_back(make_int(static_cast<int32_t>(static_cast<uint32_t>(le(4))))); return;  // BININT
-      case 'K': stack_.push_back(make_int(static_cast<int64_t>(le(1)))); return;                          // BININT1
-      case 'M': stack_.push_back(make_int(static_cast<int64_t>(le(2)))); return;                          // BININT2
-      case 0x8a: stack_.push_back(make_int(long_bytes(static_cast<size_t>(le(1))))); return;              // LONG1
-      case 0x8b: stack_.push_back(make_int(long_bytes(static_cast<size_t>(le(4))))); return;              // LONG4
+      case 0x89: push(stack_, make_bool(op == 0x88)); return;
+      case 'J': push(stack_, make_int(static_cast<int32_t>(static_cast<uint32_t>(le(4))))); return;  // BININT
+      case 'K': push(stack_, make_int(static_cast<int64_t>(le(1)))); return;                          // BININT1
+      case 'M': push(stack_, make_int(static_cast<int64_t>(le(2)))); return;                          // BININT2
+      case 0x8a: push(stack_, make_int(long_bytes(static_cast<size_t>(le(1))))); return;              // LONG1
+      case 0x8b: push(stack_, make_int(long_bytes(static_cast<size_t>(le(4))))); return;              // LONG4
       case 'G': {  // BINFLOAT: big-endian
         const auto* p = reinterpret_cast<const uint8_t*>(take(8));
         uint64_t bits = 0;
         for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];
         Value* f = make(K::kFloat);
         std::memcpy(&f->floating, &bits, 8);
-        stack_.push_back(f);
+        push(stack_, f);
         return;
       }
       case 'X':   // BINUNICODE
@@ -418,26 +513,25 @@ class Parser {
       case 'C':   // SHORT_BINBYTES
       case 0x8e: {  // BINBYTES8
         const size_t width = (op == 0x8c || op == 'C') ? 1 : (op == 0x8d || op == 0x8e) ? 8 : 4;
-        Value* s = make((op == 'B' || op == 'C' || op == 0x8e) ? K::kBytes : K::kString);
-        s->text = sized(le(width));
-        stack_.push_back(s);
+        push(stack_, make_text((op == 'B' || op == 'C' || op == 0x8e) ? K::kBytes : K::kString, sized(le(width))));
         return;
       }
-      case ')': stack_.push_back(tuple({})); return;  // EMPTY_TUPLE
-      case 't': stack_.push_back(tuple(pop_mark())); return;
+      case ')': push(stack_, tuple({})); return;  // EMPTY_TUPLE
+      case 't': push(stack_, tuple(pop_mark())); return;
       case 0x85:
       case 0x86:
       case 0x87: {  // TUPLE1..3
         std::vector<Value*> items(static_cast<size_t>(op - 0x84));
+        charge(heap(items.size() * sizeof(Value*)));
         for (size_t i = items.size(); i-- > 0;) items[i] = pop();
-        stack_.push_back(tuple(std::move(items)));
+        push(stack_, tuple(std::move(items)));
         return;
       }
-      case ']': stack_.push_back(make(K::kList)); return;  // EMPTY_LIST
+      case ']': push(stack_, make(K::kList)); return;  // EMPTY_LIST
       case 'l': {  // LIST
         Value* l = make(K::kList);
         l->items = pop_mark();
-        stack_.push_back(l);
+        push(stack_, l);
         return;
       }
       case 'a': {  // APPEND
@@ -451,13 +545,13 @@ class Parser {
         for (Value* i : items) append(list, i);
         return;
       }
-      case '}': stack_.push_back(make(K::kDict)); return;  // EMPTY_DICT
+      case '}': push(stack_, make(K::kDict)); return;  // EMPTY_DICT
       case 'd': {  // DICT
         auto items = pop_mark();
         if (items.size() % 2) fail("builds a dict from an odd number of values");
         Value* d = make(K::kDict);
         for (size_t i = 0; i < items.size(); i += 2) set_item(d, items[i], items[i + 1]);
-        stack_.push_back(d);
+        push(stack_, d);
         return;
       }
       case 's': {  // SETITEM
@@ -488,7 +582,7 @@ class Parser {
       case 'R': {  // REDUCE
         Value* args = pop();
         Value* callable = pop();
-        stack_.push_back(reduce(callable, args));
+        push(stack_, reduce(callable, args));
         return;
       }
       case 'b': {  // BUILD: a DCP object's state, or a dict's attributes (an OrderedDict's _metadata), ignored
@@ -510,29 +604,33 @@ class Parser {
           fail("creates an object of " + cls->text + ", which fsdp-cpp does not load");
         }
         Value* o = make(K::kObject);
-        o->text = cls->text;
-        o->args = args->items;
-        stack_.push_back(o);
+        set_text(o, cls->text);
+        charge(heap(args->items.size() * sizeof(Value*)));
+        o->items = args->items;
+        push(stack_, o);
         return;
       }
       case 'Q': {  // BINPERSID
         Value* pid = pop();
-        stack_.push_back(persistent_load(pid));
+        push(stack_, persistent_load(pid));
         return;
       }
-      case 'q': memo_[le(1)] = top(); return;  // BINPUT
-      case 'r': memo_[le(4)] = top(); return;  // LONG_BINPUT
+      case 'q': put(le(1)); return;  // BINPUT
+      case 'r': put(le(4)); return;  // LONG_BINPUT
       case 0x94: {                             // MEMOIZE
-        const uint64_t n = memo_.size();
-        memo_[n] = top();
+        put(memo_dense_.size() + memo_sparse_.size());
         return;
       }
       case 'h':    // BINGET
       case 'j': {  // LONG_BINGET
         const uint64_t k = le(op == 'h' ? 1 : 4);
-        auto it = memo_.find(k);
-        if (it == memo_.end()) fail("gets memo entry " + std::to_string(k) + ", which was never put");
-        stack_.push_back(it->second);
+        if (k < memo_dense_.size()) {
+          push(stack_, memo_dense_[k]);
+          return;
+        }
+        auto it = memo_sparse_.find(k);
+        if (it == memo_sparse_.end()) fail("gets memo entry " + std::to_string(k) + ", which was never put");
+        push(stack_, it->second);
         return;
       }
       default: {

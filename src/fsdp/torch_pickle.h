@@ -25,12 +25,17 @@
 // builtins.getattr of _MEM_FORMAT_ENCODING and pathlib.PosixPath. They become
 // symbolic values (Kind::kObject: the class and its NEWOBJ/BUILD state;
 // Kind::kGlobal: a dtype or an enum member by name); nothing is executed.
+//
+// Memory: every parse runs under a budget proportional to the pickle's size
+// (parse_budget below), so a few bytes that expand into millions of values
+// end in a ConfigError within a fraction of a second, not in gigabytes.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -58,6 +63,11 @@ struct TensorRef {
   std::vector<int64_t> sizes, strides;
 };
 
+// One Python value. Kept small (what a pickle of N opcodes may cost is
+// charged against the parse's budget, below): a dict's key index and a
+// tensor's description live on the heap, only for dicts and tensors. None,
+// True, False and the ints 0-255 are shared within a Pickle (as in Python);
+// values are never changed once the parse has returned.
 struct Value {
   enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kTuple, kList, kDict, kTensor, kStorage, kGlobal, kObject };
   Kind kind = Kind::kNone;
@@ -65,13 +75,15 @@ struct Value {
   int64_t integer = 0;
   double floating = 0;
   std::string text;                                      // string, bytes, a global's "module.name"
-  std::vector<Value*> items;                             // tuple, list
+  std::vector<Value*> items;                             // tuple, list; an object's NEWOBJ / REDUCE arguments
   std::vector<std::pair<Value*, Value*>> entries;        // dict, in insertion order
-  std::unordered_map<std::string, size_t> index;         // dict: "s" + a string key, "i" + an int key -> entry
-  TensorRef tensor;                                      // tensor, storage
   Value* state = nullptr;                                // object: its BUILD state (null: none)
-  std::vector<Value*> args;                              // object: its NEWOBJ / REDUCE arguments
+  // dict: "s" + a string key, "i" + an int key -> entry (null for other kinds)
+  std::unique_ptr<std::unordered_map<std::string, size_t>> index;
+  std::unique_ptr<TensorRef> ref;                        // tensor, storage (null for other kinds)
 
+  // tensor, storage: what it describes (an empty TensorRef for other kinds).
+  const TensorRef& tensor() const;
   // dict: the value at a string key (null if absent or not a dict).
   const Value* get(const std::string& key) const;
 };
@@ -81,22 +93,41 @@ enum class Mode { kTorchLoad, kDcpMetadata };
 // "None", "a dict", "a tensor", "the string 'x'", ... for error messages.
 std::string describe(const Value& v);
 
+// The memory budget of parsing a pickle of `input_bytes` bytes:
+// kBudgetSlack + kBudgetPerByte * input_bytes. Every value the parser
+// builds is charged against it as it is built: sizeof(Value), its strings,
+// the growth of its vectors and of a dict's index, and the growth of the
+// parser's stack, marks and memo. Real pickles build a value every 5 to 10
+// bytes and are charged 13 (DCP `.metadata`) to 28 (torch.save's state
+// dicts, memoizing nearly every value) bytes per byte (measured,
+// docs/checkpoint-format.md "Parser budgets"); a hostile one that builds a
+// value every one or two bytes is charged 80 to 140 and stops at the budget.
+constexpr size_t kBudgetSlack = size_t{1} << 20;  // 1 MiB: any small pickle
+constexpr size_t kBudgetPerByte = 40;  // real pickles: at most about 28
+constexpr size_t parse_budget(size_t input_bytes) { return kBudgetSlack + kBudgetPerByte * input_bytes; }
+
 // A parsed pickle; owns every value of the tree (which may share values:
-// the pickle's memo).
+// the pickle's memo, and None, bools and small ints).
 class Pickle {
  public:
   const Value& root() const { return *root_; }
+  // The bytes the parse charged against parse_budget (at most that budget).
+  size_t charged_bytes() const { return charged_; }
 
  private:
   friend Pickle parse(const std::string& bytes, const std::string& where, Mode mode);
   friend class Parser;
   std::deque<Value> values_;
   Value* root_ = nullptr;
+  size_t charged_ = 0;
 };
 
 // Parses `bytes` (a data.pkl; with kDcpMetadata a DCP .metadata).
 // ConfigError naming `where` and the byte offset for anything malformed or
-// not accepted (above).
+// not accepted (above), and for a pickle that would take more memory than
+// parse_budget(bytes.size()) allows. Costs O(bytes.size()) time and at most
+// parse_budget(bytes.size()) bytes of memory (plus the vector growth in
+// flight), whatever the bytes are.
 Pickle parse(const std::string& bytes, const std::string& where, Mode mode = Mode::kTorchLoad);
 
 // ConfigError if `zip` records that it was written big-endian (tensor

@@ -14,6 +14,7 @@
 
 #include "../../src/fsdp/ckpt_dcp.h"
 #include "../../src/fsdp/ckpt_format.h"
+#include "../../src/fsdp/torch_pickle.h"
 #include "../support/errors.h"
 #include "../support/index_files.h"
 #include "../support/subprocess.h"
@@ -368,13 +369,15 @@ TEST(CheckpointIO, AnotherFormatAtThePathIsReplacedOnceTheNewOneIsComplete) {
 // ---------------------------------------------------------------------------
 // Damaged checkpoints: every problem is an error naming the file and tensor.
 
-void save_small(const std::string& path, CheckpointFormat format) {
+void save_small(const std::string& path, CheckpointFormat format, int64_t step = 5,
+                const std::vector<float>& scale = {}) {
   const auto batches = make_batches(1, kGlobalBatch, 3);
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     Trainer a(pg, Opt::kSgd, 1);
     a.train(pg, batches, 0, 1);  // optimizer state too
     CheckpointState s = state_of(a);
-    s.value("step", int64_t{5});
+    s.value("step", step);
+    if (!scale.empty()) s.value("scale", torch::tensor(scale));
     save_checkpoint(path, s, pg, {format});
   });
 }
@@ -611,6 +614,102 @@ TEST(CheckpointDamage, AnIndexWhoseEntriesAndTensorsDisagreeIsRefusedByName) {
   reseal(p + "/fsdp_index.json");
   msg = load_error(p);
   EXPECT_NE(msg.find("unknown field 'world_sizE'"), std::string::npos) << msg;
+}
+
+// Issue 28 item 6: Lightning's fabric.load reads the values from meta.pt,
+// fsdp-cpp from its index (or .metadata). Step 3's meta.pt copied into step
+// 6's checkpoint (every CRC still matches: the index records none for it)
+// fails verify and the load, naming the value and both sides; so does a
+// tensor value whose elements differ.
+TEST(CheckpointDamage, AMetaPtThatDisagreesWithTheIndexFailsVerifyAndLoad) {
+  TempDir dir;
+  const std::string step3 = dir.path() + "/step-3", step6 = dir.path() + "/step-6";
+  save_small(step3, CheckpointFormat::kSharded, 3, {1.0f, 2.0f});
+  save_small(step6, CheckpointFormat::kSharded, 6, {1.0f, 2.5f});
+  EXPECT_TRUE(verify_checkpoint(step6).empty());
+  fs::copy_file(step3 + "/meta.pt", step6 + "/meta.pt", fs::copy_options::overwrite_existing);
+  const auto problems = verify_checkpoint(step6);
+  ASSERT_FALSE(problems.empty());
+  for (const std::string& text : {step6 + "/meta.pt disagrees with " + step6 + "/fsdp_index.json on the value 'step'",
+                                  "the int 6 in " + step6 + "/fsdp_index.json", "the int 3 in " + step6 + "/meta.pt"}) {
+    EXPECT_NE(problems.front().find(text), std::string::npos) << problems.front();
+  }
+  std::string msg;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    Trainer b(pg, Opt::kSgd, 2);
+    CheckpointState s = state_of(b);
+    s.value("step", int64_t{0}).value("scale", torch::zeros({2}));
+    try {
+      load_checkpoint(step6, s, pg);
+    } catch (const ConfigError& e) {
+      if (pg.rank() == 0) msg = e.what();
+    }
+  });
+  EXPECT_NE(msg.find("on the value 'step': the int 6"), std::string::npos) << msg;
+  const auto r = run_program({FSDP_CKPT_PATH, "verify", step6}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code(), 1) << r.output;
+  EXPECT_NE(r.output.find("disagrees with"), std::string::npos) << r.output;
+  // The same step, another tensor value.
+  const std::string other = dir.path() + "/other";
+  save_small(other, CheckpointFormat::kSharded, 6, {1.0f, 2.0f});
+  fs::copy_file(other + "/meta.pt", step6 + "/meta.pt", fs::copy_options::overwrite_existing);
+  const auto tensors = verify_checkpoint(step6);
+  ASSERT_FALSE(tensors.empty());
+  EXPECT_NE(tensors.front().find("on the value 'scale': tensors of the same dtype and shape but different elements"),
+            std::string::npos)
+      << tensors.front();
+}
+
+// Issue 28 item 5: a pickle that expands far beyond its size (the `.metadata`
+// bombs: 10 M one-tuples of None in 20 MB, 10 M empty dicts in 10 MB) ends
+// `fsdp-ckpt verify` with a named error within a second (of CPU time) of a tiny file's
+// refusal, its peak RSS above that run's by at most the parse's budget and
+// the file's bytes, and under 1 GiB (before the budget: 6.9 GB over 21 s,
+// and 3.7 GB; now about 730 MB and 280 MB).
+TEST(CheckpointDamage, PickleBombsEndInANamedErrorQuicklyWithBoundedMemory) {
+  TempDir dir;
+  auto verify = [&](const std::string& name, const std::string& metadata) {
+    const std::string p = dir.path() + "/" + name;
+    fs::create_directories(p);
+    write_file(p + "/.metadata", metadata);
+    return run_program({FSDP_CKPT_PATH, "verify", p}, std::chrono::seconds(30));
+  };
+  const RunResult tiny = verify("tiny", std::string("\x80\x02N.", 4));
+  EXPECT_NE(tiny.output.find("expected a Metadata object, found None"), std::string::npos) << tiny.output;
+  std::string tuples("\x80\x02", 2);
+  for (int i = 0; i < 10'000'000; ++i) tuples.append("N\x85", 2);
+  tuples += ".";
+  const std::string dicts = std::string("\x80\x02]", 3) + "(" + std::string(10'000'000, '}') + "e.";
+  for (const auto& [name, bomb] : {std::pair{"tuples", tuples}, std::pair{"dicts", dicts}}) {
+    const RunResult r = verify(name, bomb);
+    EXPECT_EQ(r.exit_code(), 1) << name << ": " << r.output;
+    EXPECT_NE(r.output.find(dir.path() + "/" + name + "/.metadata: the pickle at byte "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("expands beyond what its size allows"), std::string::npos) << r.output;
+    // CPU time, not wall time: other builds and tests share the machine.
+    EXPECT_LT(r.cpu_seconds - tiny.cpu_seconds, 1.0) << name << " (wall: " << r.seconds << " s, " << tiny.seconds << " s)";
+    // At most the budget and the file's bytes (read whole), and far below the 6.9 GB of before.
+    const long bound_kb = static_cast<long>((fsdp::detail::pickle::parse_budget(bomb.size()) + bomb.size()) / 1024);
+    EXPECT_LT(r.max_rss_kb - tiny.max_rss_kb, std::min(bound_kb, 1024L * 1024))
+        << name << ": peak RSS " << r.max_rss_kb / 1024 << " MB, " << tiny.max_rss_kb / 1024 << " MB for the tiny file";
+  }
+}
+
+// Issue 28 item 5: an index whose JSON would expand beyond its size's budget
+// (a value every 3 bytes) or nest deeper than a header does is refused by
+// name before its DOM is built.
+TEST(CheckpointDamage, AnIndexJsonBombIsRefusedByName) {
+  std::string bomb = "{\"entries\":[";
+  for (int i = 0; i < 2'000'000; ++i) bomb += "{},";
+  bomb += "{}]}";
+  expect_config_error([&] { fsdp::detail::ckpt::parse_index(bomb, "bomb/index.json"); },
+                      "bomb/index.json: the index expands beyond what its size allows");
+  expect_config_error([&] { fsdp::detail::ckpt::parse_index(std::string(100, '[') + std::string(100, ']'), "deep/index.json"); },
+                      "deep/index.json: the index nests arrays and objects more than 64 deep at byte 64");
+  TempDir dir;
+  const std::string p = dir.path() + "/ckpt";
+  save_small(p, CheckpointFormat::kSharded);
+  write_file(p + "/fsdp_index.json", bomb);
+  EXPECT_NE(load_error(p).find("expands beyond what its size allows"), std::string::npos);
 }
 
 // Issue 19 item 1: in the full format every zip record is checked against the

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "../../src/fsdp/ckpt_safetensors.h"
+#include "../support/errors.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint_io.h"
@@ -202,6 +203,21 @@ TEST(Safetensors, CorruptAndHostileHeadersAreRefusedByName) {
   const std::string b = st_bytes(R"({"b":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02");
   const auto h = ck::parse_safetensors(b, static_cast<int64_t>(b.size()), "b");
   expect_config_error([&] { ck::safetensors_tensor_from(b, h, h.tensors[0]); }, "holds bytes other than 0 and 1");
+}
+
+// Issue 28 item 5: a header whose JSON would take more memory than its size
+// allows (a value every 3 bytes: about 30 bytes of DOM per byte) or nests
+// deeper than 64 ends in a named error before its DOM is built.
+TEST(Safetensors, HeaderBombsAreRefusedByName) {
+  std::string dense = "{\"__metadata__\":{},\"a\":[";
+  for (int i = 0; i < 3'000'000; ++i) dense += "{},";
+  dense += "{}]}";
+  const std::string bomb = st_bytes(dense, "");
+  expect_config_error([&] { ck::parse_safetensors(bomb, static_cast<int64_t>(bomb.size()), "bomb.safetensors"); },
+                      "bomb.safetensors: the header expands beyond what its size allows");
+  const std::string deep = st_bytes("{\"a\":" + std::string(1000, '[') + std::string(1000, ']') + "}", "");
+  expect_config_error([&] { ck::parse_safetensors(deep, static_cast<int64_t>(deep.size()), "deep.safetensors"); },
+                      "the header nests arrays and objects more than 64 deep");
 }
 
 TEST(Safetensors, BadFilesFailTheLoadNamingTheFileOnEveryRank) {

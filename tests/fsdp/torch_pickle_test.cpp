@@ -6,9 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <time.h>
+
+#include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 
+#include "../../src/fsdp/ckpt_format.h"
 #include "../../src/fsdp/torch_pickle.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
@@ -257,6 +262,65 @@ TEST(TorchPickle, RefusesWhatIsNotAStateDictByName) {
          "None where a tensor's storage belongs");
   // BUILD on something that is not a dict.
   expect("80 02 5d 7d 62 2e", "sets the attributes a dict of 0 of a list of 0");
+}
+
+// The two pickle bombs of issue 28 (item 5): a few bytes per value, millions
+// of values. Before the budget, the first took 6.9 GB and 21 s.
+std::string tuple_bomb() { return std::string("\x80\x02", 2) + [] {  // (((None,),),)... 10 M deep
+  std::string s;
+  s.reserve(20'000'000);
+  for (int i = 0; i < 10'000'000; ++i) s.append("N\x85", 2);
+  return s;
+}() + "."; }
+std::string dict_bomb() {  // a list of 10 M empty dicts
+  return std::string("\x80\x02]", 3) + "(" + std::string(10'000'000, '}') + "e.";
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+TEST(TorchPickle, PickleBombsEndInANamedErrorWithinASecond) {
+  namespace pk = fsdp::detail::pickle;
+  for (const auto& [name, bomb] : {std::pair{"tuples", tuple_bomb()}, std::pair{"dicts", dict_bomb()}}) {
+    const double t0 = thread_cpu_seconds();  // CPU time: other builds and tests share the machine
+    std::string error = "(no error)";
+    try {
+      pk::parse(bomb, "bomb.pkl");
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    const double seconds = thread_cpu_seconds() - t0;
+    EXPECT_LT(seconds, 1.0) << name;
+    for (const std::string& text : {std::string("bomb.pkl: the pickle at byte "), std::string("expands beyond what its size allows"),
+                                    std::to_string(pk::parse_budget(bomb.size())) + " bytes of memory"}) {
+      EXPECT_NE(error.find(text), std::string::npos) << name << ": " << error;
+    }
+  }
+}
+
+// The budget's constant leaves real pickles room: a state dict of 4000
+// small tensors (LibTorch's pickle, 325 kB) is charged about 25 bytes per
+// byte, under 3/4 of the constant (Python's torch.save: about 27).
+TEST(TorchPickle, RealStateDictsStayWellWithinTheBudget) {
+  namespace pk = fsdp::detail::pickle;
+  c10::Dict<std::string, at::Tensor> d;
+  for (int i = 0; i < 4000; ++i) d.insert("layers." + std::to_string(i) + ".weight", torch::zeros({2, 3}));
+  const auto raw = torch::pickle_save(d);
+  // The zip's data.pkl: parse the pickle_save bytes as torch.save reads them.
+  TempDir dir;
+  const std::string path = dir.path() + "/state.pt";
+  write_file(path, std::string(raw.begin(), raw.end()));
+  const std::string pkl = fsdp::detail::ckpt::FullReader(path).read("data.pkl");
+  const auto p = pk::parse(pkl, "state.pkl");
+  ASSERT_EQ(p.root().entries.size(), 4000u);
+  EXPECT_GT(pkl.size(), pk::kBudgetSlack / 8) << "too small to measure the per-byte constant";
+  const double per_byte = static_cast<double>(p.charged_bytes()) / static_cast<double>(pkl.size());
+  EXPECT_LT(per_byte, pk::kBudgetPerByte * 0.75) << p.charged_bytes() << " bytes for a pickle of " << pkl.size();
+  std::cout << "a state dict of 4000 tensors: pickle of " << pkl.size() << " bytes, charged " << p.charged_bytes()
+            << " (" << per_byte << " per byte)\n";
 }
 
 }  // namespace

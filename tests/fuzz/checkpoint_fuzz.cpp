@@ -21,9 +21,19 @@
 // out-of-bounds access (AddressSanitizer), any other exception, or an
 // allocation beyond libFuzzer's -malloc_limit_mb is a finding. Built by scripts/fuzz.sh with clang; see docs/reliability.md.
 //
+// Memory (issue 28 item 5): the pickle, dcp, index and safetensors targets
+// count the heap their parser takes (ASan's malloc and free hooks, on the
+// fuzzing thread) and report a finding when its peak exceeds twice the
+// parser's budget for the input's size (torch_pickle.h's parse_budget,
+// ckpt_format.h's json_budget): the budget is an estimate of the
+// allocator's bytes, and a vector's growth holds its old and new storage at
+// once. The pickle target also checks the bytes the parse charged against
+// the budget itself.
+//
 // With FSDP_FUZZ_SEEDS=<dir> in the environment, the target first writes real
 // checkpoints of its model (the seed corpus) into <dir>.
 #include <nlohmann/json.hpp>
+#include <sanitizer/allocator_interface.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -49,6 +59,38 @@ using fsdp::testing::read_file;
 using fsdp::testing::write_file;
 
 namespace {
+
+// The heap taken on this thread while a HeapPeak lives: net bytes allocated
+// (frees of older blocks count against it), and their peak.
+thread_local bool heap_counting = false;
+thread_local int64_t heap_live = 0, heap_peak = 0;
+
+void on_malloc(const volatile void*, size_t n) {
+  if (!heap_counting) return;
+  heap_live += static_cast<int64_t>(n);
+  heap_peak = std::max(heap_peak, heap_live);
+}
+void on_free(const volatile void* p) {
+  if (heap_counting && p) heap_live -= static_cast<int64_t>(__sanitizer_get_allocated_size(const_cast<const void*>(p)));
+}
+
+class HeapPeak {
+ public:
+  HeapPeak() {
+    heap_live = heap_peak = 0;
+    heap_counting = true;
+  }
+  ~HeapPeak() { heap_counting = false; }
+  // A finding when the peak exceeds `limit` bytes.
+  void check(size_t limit, const char* what, size_t input) {
+    heap_counting = false;
+    if (heap_peak > static_cast<int64_t>(limit)) {
+      std::cerr << "fuzz: " << what << " took " << heap_peak << " bytes of heap for an input of " << input
+                << " bytes, over its bound of " << limit << "\n";
+      std::abort();
+    }
+  }
+};
 
 struct TinyImpl : torch::nn::Module {
   TinyImpl() {
@@ -238,6 +280,7 @@ void write_seeds(const fs::path& seeds) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
   world();
   if (const char* seeds = std::getenv("FSDP_FUZZ_SEEDS")) write_seeds(seeds);
   return 0;
@@ -248,9 +291,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #if defined(FSDP_FUZZ_INDEX)
   (void)w;
   const std::string text(reinterpret_cast<const char*>(data), size);
-  try {
-    fsdp::detail::ckpt::parse_index(text, "fuzz/index.json");
-  } catch (const fsdp::Error&) {
+  {
+    HeapPeak heap;
+    try {
+      fsdp::detail::ckpt::parse_index(text, "fuzz/index.json");
+    } catch (const fsdp::Error&) {
+    }
+    heap.check(2 * fsdp::detail::ckpt::json_budget(size), "parse_index", size);
   }
   const std::string sealed = resealed(text);
   if (!sealed.empty()) {
@@ -270,16 +317,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   exercise(path.string());
 #elif defined(FSDP_FUZZ_PICKLE)
   (void)w;
+  namespace pk = fsdp::detail::pickle;
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  HeapPeak heap;
   try {
-    fsdp::detail::pickle::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz/data.pkl");
+    const pk::Pickle p = pk::parse(bytes, "fuzz/data.pkl");
+    if (p.charged_bytes() > pk::parse_budget(size)) {
+      std::cerr << "fuzz: the parse charged " << p.charged_bytes() << " bytes, over its budget\n";
+      std::abort();
+    }
   } catch (const fsdp::Error&) {
   }
+  heap.check(2 * pk::parse_budget(size), "pickle::parse", size);
 #elif defined(FSDP_FUZZ_DCP)
   (void)w;
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  HeapPeak heap;
   try {
-    fsdp::detail::ckpt::parse_dcp_metadata(std::string(reinterpret_cast<const char*>(data), size), "fuzz/.metadata");
+    fsdp::detail::ckpt::parse_dcp_metadata(bytes, "fuzz/.metadata");
   } catch (const fsdp::Error&) {
   }
+  heap.check(2 * fsdp::detail::pickle::parse_budget(size), "parse_dcp_metadata", size);
 #elif defined(FSDP_FUZZ_SHARDED)
   const fs::path dir = w.scratch / "input";
   fs::remove_all(dir);
@@ -295,6 +353,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   exercise(dir.string());
 #elif defined(FSDP_FUZZ_SAFETENSORS)
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  {
+    HeapPeak heap;
+    try {
+      fsdp::detail::ckpt::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
+    } catch (const fsdp::Error&) {
+    }
+    heap.check(2 * fsdp::detail::ckpt::json_budget(size), "parse_safetensors", size);
+  }
   try {
     const auto h = fsdp::detail::ckpt::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
     for (const auto& t : h.tensors) fsdp::detail::ckpt::safetensors_tensor_from(bytes, h, t).sum();

@@ -24,7 +24,8 @@ struct RunResult {
   std::string output;      // stdout and stderr, interleaved
   double seconds = 0;      // wall time until exit
   bool timed_out = false;  // killed by the deadline
-  long max_rss_kb = 0;     // its peak resident memory (ru_maxrss, KiB)
+  long max_rss_kb = 0;     // the process's peak resident set (wait4's ru_maxrss, KiB)
+  double cpu_seconds = 0;  // its user and system CPU time (wait4's rusage)
   int exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
 };
 
@@ -79,6 +80,8 @@ inline RunResult wait_program(pid_t pid, int fd, std::chrono::milliseconds deadl
   rusage usage{};
   wait4(pid, &r.status, 0, &usage);
   r.max_rss_kb = usage.ru_maxrss;
+  r.cpu_seconds = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                  static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
