@@ -208,22 +208,27 @@ void write_file(const std::string& path, const std::string& bytes) {
   f.commit();
 }
 
-// Writes meta.pt, fsdp-cpp's index and last .metadata: the commit point (the
-// new .metadata replaces the old one atomically); then removes the previous
+// Writes meta.pt (under its temporary name), fsdp-cpp's index and last
+// .metadata: the commit point (the new .metadata replaces the old one
+// atomically); then renames meta.pt into place, and removes the previous
 // save's data files, no longer referenced, earlier layouts' files and the
-// temporaries of saves that were killed.
+// temporaries of saves that were killed. meta.pt is renamed only after the
+// commit because readers hold it against .metadata (Lightning reads its
+// values from meta.pt): a save killed before its commit leaves the previous
+// save's meta.pt, which agrees with the previous .metadata, in place. (A kill
+// in the instant between the two renames leaves the new .metadata with the
+// old meta.pt: the values disagree, and readers refuse it by name.)
 // `values`: the tensor values, which rank 0 holds (it claims every replicated piece).
 void commit_index(const std::string& path, const ck::Index& ix, const ck::DcpMetadata& md,
                   const std::map<std::string, at::Tensor>& values) {
   const fs::path dir(path);
+  ck::AtomicFile meta((dir / ck::kLightningMetaFile).string());
   {
-    ck::AtomicFile meta((dir / ck::kLightningMetaFile).string());
     std::vector<at::Tensor> tensors;
     const std::string pkl = ck::lightning_meta_pickle(ix.entries, values, tensors);
     std::vector<ck::RecordBytes> records;
     for (const auto& t : tensors) records.push_back({t.data_ptr(), static_cast<int64_t>(t.numel() * t.element_size())});
     ck::write_torch_save(meta, ck::kLightningMetaFile, pkl, records);
-    meta.commit();
   }
   const std::string metadata = ck::dcp_metadata_bytes(md);
   ck::Index own = ix;  // fsdp_index.json also checks .metadata
@@ -234,6 +239,7 @@ void commit_index(const std::string& path, const ck::Index& ix, const ck::DcpMet
   commit.write(metadata.data(), metadata.size());
   fault_point("sharded-before-index", 0);
   commit.commit();
+  meta.commit();
   fault_point("sharded-after-index", 0);
   static const std::regex stale(
       "data-.*\\.bin(\\.tmp-.*)?|index\\.json(\\.tmp-.*)?|__.*\\.distcp(\\.tmp-.*)?|"
