@@ -367,16 +367,22 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
+// The error of a rendezvous that did not complete: group, rank, where and
+// timeout, then why.
+CollectiveError rendezvous_error(const std::string& name, int rank, int size, const std::string& where,
+                                 std::chrono::milliseconds timeout, const std::string& why) {
+  return CollectiveError("fsdp: rendezvous of group '" + name + "' (rank " + std::to_string(rank) + " of " +
+                             std::to_string(size) + where + ", timeout " + format_ms(timeout) + ") failed: " + why,
+                         "rendezvous");
+}
+
 // Waits until every rank of the group has announced itself in `store`, so
 // that a missing rank is reported by number instead of as a socket timeout.
 // `while_waiting` (may be empty) runs on each pass of the wait.
 void join(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
           const std::string& name, const std::string& rendezvous_where, const std::function<void()>& while_waiting) {
   auto fail = [&](const std::string& why) {
-    return CollectiveError("fsdp: rendezvous of group '" + name + "' (rank " + std::to_string(rank) + " of " +
-                               std::to_string(size) + rendezvous_where + ", timeout " + format_ms(timeout) +
-                               ") failed: " + why,
-                           "rendezvous");
+    return rendezvous_error(name, rank, size, rendezvous_where, timeout, why);
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   try {
@@ -440,12 +446,10 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(const c10::intrusive_ptr<c10d::Sto
 #endif
     }
   } catch (const std::exception& e) {
-    throw CollectiveError("fsdp: rendezvous of group '" + name + "' (rank " + std::to_string(rank) +
-                              " of " + std::to_string(size) + rendezvous_where + ", timeout " +
-                              format_ms(timeout) + ") failed: " + reason(e) +
-                              " (every rank must start and join; check that all ranks run and "
-                              "agree on the world size and address)",
-                          "rendezvous");
+    throw rendezvous_error(name, rank, size, rendezvous_where, timeout,
+                           reason(e) +
+                               " (every rank must start and join; check that all ranks run and "
+                               "agree on the world size and address)");
   }
   return impl;
 }
@@ -496,9 +500,10 @@ std::string to_text(const std::vector<uint8_t>& v) { return std::string(v.begin(
 // answer never carries a live rank's nonce. It relies on what torchrun
 // guarantees: the workers of an attempt start after every worker of the
 // attempt before has been stopped, and each rank is one process.
-// Returns the prefix on ranks other than 0; rank 0 calls answer_hellos.
-std::string await_attempt_prefix(const c10::intrusive_ptr<c10d::Store>& base, int rank,
-                                 std::chrono::milliseconds timeout, const std::function<CollectiveError(std::string)>& fail) {
+// Returns the prefix on ranks other than 0 (nullopt when rank 0 did not
+// answer within `timeout`); rank 0 calls answer_hellos.
+std::optional<std::string> await_attempt_prefix(const c10::intrusive_ptr<c10d::Store>& base, int rank,
+                                                std::chrono::milliseconds timeout) {
   const std::string nonce = random_hex();
   const std::string ack = "fsdp/attempt/ack/" + std::to_string(rank);
   base->set("fsdp/attempt/hello/" + std::to_string(rank), std::vector<uint8_t>(nonce.begin(), nonce.end()));
@@ -511,10 +516,7 @@ std::string await_attempt_prefix(const c10::intrusive_ptr<c10d::Store>& base, in
         return v.substr(nonce.size() + 1);
       }
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      throw fail("rank 0 did not hand out this attempt's key prefix (is rank 0 running, and are all ranks of one "
-                 "attempt?)");
-    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
@@ -593,15 +595,13 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
       if (listen_only) pass_listen_socket(so, *listen_only);
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
     } catch (const std::exception& e) {
-      throw CollectiveError("fsdp: rendezvous of group '" + o.group_name + "' (rank " +
-                                std::to_string(o.rank) + " of " + std::to_string(o.world_size) + where +
-                                ", timeout " + format_ms(o.rendezvous_timeout) + ") failed: " + reason(e) +
-                                (listen_only ? " (rank 0 serves the store on " + listen_only->address() +
-                                                   " only: is that an address of this host, is the port "
-                                                   "free, and did every rank start?)"
-                                             : launcher ? std::string(" (is the launcher running and MASTER_ADDR/MASTER_PORT its store's?)")
-                                             : std::string(" (is rank 0 running and MASTER_ADDR/MASTER_PORT right?)")),
-                            "rendezvous");
+      throw rendezvous_error(
+          o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout,
+          reason(e) + (listen_only ? " (rank 0 serves the store on " + listen_only->address() +
+                                         " only: is that an address of this host, is the port "
+                                         "free, and did every rank start?)"
+                       : launcher  ? std::string(" (is the launcher running, and MASTER_ADDR/MASTER_PORT its store's?)")
+                                   : std::string(" (is rank 0 running and MASTER_ADDR/MASTER_PORT right?)")));
     }
     if (listen_only && !listen_only->applied()) {
       std::cerr << "fsdp: warning: rank 0's rendezvous store on port " << o.master_port
@@ -618,12 +618,18 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
       attempt = "fsdp/" + random_hex();
       while_joining = answer_hellos(store, o.world_size, attempt);
     } else {
-      attempt = await_attempt_prefix(store, o.rank, o.rendezvous_timeout, [&](const std::string& why) {
-        return CollectiveError("fsdp: rendezvous of group '" + o.group_name + "' (rank " + std::to_string(o.rank) +
-                                   " of " + std::to_string(o.world_size) + where + ", timeout " +
-                                   format_ms(o.rendezvous_timeout) + ") failed: " + why,
-                               "rendezvous");
-      });
+      std::optional<std::string> answer;
+      try {
+        answer = await_attempt_prefix(store, o.rank, o.rendezvous_timeout);
+      } catch (const std::exception& e) {
+        throw rendezvous_error(o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout, reason(e));
+      }
+      if (!answer) {
+        throw rendezvous_error(o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout,
+                               "rank 0 did not hand out this attempt's key prefix (is rank 0 running, and are all "
+                               "ranks of one attempt?)");
+      }
+      attempt = *answer;
     }
     where += ", keys under '" + attempt + "/'";
     base = c10::make_intrusive<c10d::PrefixStore>(attempt, store);

@@ -41,6 +41,12 @@ std::vector<std::string> concat(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
+// `launcher` starting fsdp-train (train's flags, into `out`), to its end.
+RunResult launch_train(const std::vector<std::string>& launcher, const std::string& out, int steps,
+                       std::chrono::seconds deadline, const std::vector<std::string>& env = clean_env()) {
+  return run_program(concat(launcher, train(out, steps)), deadline, env);
+}
+
 // One job of world 2 trained: rank 0's progress lines show both ranks'
 // memory ("mem a/b MiB"), once per step (two world-1 runs would print one
 // number each, twice per step).
@@ -67,9 +73,8 @@ std::vector<std::string> slurm_task(int procid, int port, const std::string& job
 TEST(Torchrun, StandaloneTrainsFsdpTrain) {
   ProcessTreeGuard tree;
   TempDir dir;
-  auto r = run_program(concat({FSDP_TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python"},
-                              train(dir.path() + "/run", 4)),
-                       240s, clean_env());
+  auto r = launch_train({FSDP_TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python"},
+                        dir.path() + "/run", 4, 240s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_EQ(r.output.find("Address already in use"), std::string::npos) << r.output;
   expect_world_2(r.output, 4);
@@ -92,10 +97,8 @@ TEST(Torchrun, StandaloneRunsExampleStrategy) {
 TEST(Torchrun, KilledWorkerIsRestartedAndResumes) {
   ProcessTreeGuard tree;
   TempDir dir;
-  auto r = run_program(concat({FSDP_TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                               "--no-python"},
-                              train(dir.path() + "/run", 10)),
-                       300s, concat(clean_env(), fault_env("optimizer-step:1:8")));
+  auto r = launch_train({FSDP_TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--no-python"},
+                        dir.path() + "/run", 10, 300s, concat(clean_env(), fault_env("optimizer-step:1:8")));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_NE(r.output.find("exitcode: -9"), std::string::npos) << r.output;  // torchrun saw the kill
   EXPECT_NE(r.output.find("resumed from " + dir.path() + "/run/checkpoints/step-00000006 at step 6"),
@@ -136,10 +139,9 @@ TEST(Mpirun, TrainsOneJobOfWorld2) {
   ProcessTreeGuard tree;
   TempDir dir;
   const std::string port = std::to_string(free_port());
-  auto r = run_program(concat({FSDP_MPIRUN, "-np", "2", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                               "-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + port},
-                              train(dir.path() + "/run", 3)),
-                       240s, clean_env());
+  auto r = launch_train({FSDP_MPIRUN, "-np", "2", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x",
+                         "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + port},
+                        dir.path() + "/run", 3, 240s);
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   expect_world_2(r.output, 3);
   // What each rank read, as fsdp-run --print-env shows it.
@@ -160,9 +162,8 @@ TEST(Mpirun, TrainsOneJobOfWorld2) {
 TEST(Mpirun, WithoutMasterPortEveryRankNamesIt) {
   ProcessTreeGuard tree;
   TempDir dir;
-  auto r = run_program(concat({FSDP_MPIRUN, "-np", "2", "--allow-run-as-root", "--oversubscribe"},
-                              train(dir.path() + "/run", 3)),
-                       120s, clean_env());
+  auto r = launch_train({FSDP_MPIRUN, "-np", "2", "--allow-run-as-root", "--oversubscribe"}, dir.path() + "/run", 3,
+                        120s);
   EXPECT_NE(r.exit_code(), 0) << r.output;
   EXPECT_EQ(r.output.find("step 1/3"), std::string::npos) << r.output;
   for (const char* rank : {"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_RANK=1"}) {
