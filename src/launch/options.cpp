@@ -198,8 +198,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   return o;
 }
 
-int print_env(const std::function<std::optional<std::string>(const std::string&)>& lookup, std::ostream& out,
-              std::ostream& err) {
+int print_env(const dist::EnvLookup& lookup, std::ostream& out, std::ostream& err) {
   try {
     out << dist::describe(dist::read_dist_env(lookup));
     return 0;

@@ -21,11 +21,11 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
-#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "fsdp/dist/env.h"
 
 namespace fsdp::launch {
 
@@ -73,8 +73,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args);
 // `fsdp-run --print-env`: describe(read_dist_env(lookup)) on `out`; returns
 // 0, or 2 with the ConfigError's message on `err` when the environment cannot
 // form a job (a scheduler's world without an address, a bad value).
-int print_env(const std::function<std::optional<std::string>(const std::string&)>& lookup, std::ostream& out,
-              std::ostream& err);
+int print_env(const dist::EnvLookup& lookup, std::ostream& out, std::ostream& err);
 
 // Runs the worker group until every worker has ended; returns the launcher's
 // exit status: 0 when all workers succeeded; the failed worker's exit code (or
