@@ -198,7 +198,10 @@ void read_torchrun(Reader& in, DistEnv& env) {
     if (in.get("TORCHELASTIC_USE_AGENT_STORE") == std::optional<std::string>("True") && env.world_size > 1) {
       env.store_host = StoreHost::kLauncher;
     }
-  } else {
+  } else if (!in.has("GROUP_RANK")) {
+    // Set by hand beside an MPI launcher's: they must be the same job's. A
+    // worker of fsdp-run (which sets GROUP_RANK) that mpirun started, one per
+    // node, inherits the launcher's MPI rank instead: not compared.
     check_agrees(in, env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
     check_agrees(in, env, "PMI_RANK", "PMI_SIZE");
   }

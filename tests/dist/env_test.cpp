@@ -396,6 +396,9 @@ TEST(ClusterEnv, DetectsEachEnvironmentInOrder) {
        "WORLD_SIZE=4 disagrees with OMPI_COMM_WORLD_SIZE=8"},
       {with(good(), {{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}}), "", 0, 0, 0, 0, 0, "", 0,
        "RANK=3 disagrees with PMI_RANK=0"},
+      // fsdp-run's workers (GROUP_RANK), fsdp-run started by mpirun on each node: the MPI rank is the node's.
+      {with(good(), {{"GROUP_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), "env", 3, 4,
+       1, 2, 2, "10.1.2.3", 29500, ""},
       {{{"FSDP_CLUSTER", "slurm"}}, "", 0, 0, 0, 0, 0, "", 0,
        "FSDP_CLUSTER=slurm, but SLURM_NTASKS is not set: expected a task started by srun"},
       {{{"FSDP_CLUSTER", "mpi"}}, "", 0, 0, 0, 0, 0, "", 0, "FSDP_CLUSTER=mpi, but neither OMPI_COMM_WORLD_SIZE"},

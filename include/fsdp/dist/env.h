@@ -29,8 +29,10 @@
 //                                 of rank 0, which listens on MASTER_ADDR only,
 //                                 so it must be an address of rank 0's host);
 //                                 port in 1..65535
-//     OMPI_COMM_WORLD_RANK/SIZE,  env only: when set beside RANK/WORLD_SIZE
-//     PMI_RANK/PMI_SIZE           they must agree with them
+//     OMPI_COMM_WORLD_RANK/SIZE,  env only, without GROUP_RANK (which torchrun
+//     PMI_RANK/PMI_SIZE           and fsdp-run set; mpirun may start them, one
+//                                 per node): when set beside RANK/WORLD_SIZE
+//                                 they must agree with them
 //   torchelastic only
 //     TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT (shown by describe)
 //     TORCHELASTIC_USE_AGENT_STORE "True": torchrun's agent serves the store
