@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <cctype>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <type_traits>
@@ -365,15 +367,22 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::kMax ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
+// The error of a rendezvous that did not complete: group, rank, where and
+// timeout, then why.
+CollectiveError rendezvous_error(const std::string& name, int rank, int size, const std::string& where,
+                                 std::chrono::milliseconds timeout, const std::string& why) {
+  return CollectiveError("fsdp: rendezvous of group '" + name + "' (rank " + std::to_string(rank) + " of " +
+                             std::to_string(size) + where + ", timeout " + format_ms(timeout) + ") failed: " + why,
+                         "rendezvous");
+}
+
 // Waits until every rank of the group has announced itself in `store`, so
 // that a missing rank is reported by number instead of as a socket timeout.
+// `while_waiting` (may be empty) runs on each pass of the wait.
 void join(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
-          const std::string& name, const std::string& rendezvous_where) {
+          const std::string& name, const std::string& rendezvous_where, const std::function<void()>& while_waiting) {
   auto fail = [&](const std::string& why) {
-    return CollectiveError("fsdp: rendezvous of group '" + name + "' (rank " + std::to_string(rank) + " of " +
-                               std::to_string(size) + rendezvous_where + ", timeout " + format_ms(timeout) +
-                               ") failed: " + why,
-                           "rendezvous");
+    return rendezvous_error(name, rank, size, rendezvous_where, timeout, why);
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   try {
@@ -381,6 +390,7 @@ void join(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std:
     store->add("joined", 1);
     auto pause = std::chrono::milliseconds(1);
     while (store->add("joined", 0) < size) {
+      if (while_waiting) while_waiting();
       if (std::chrono::steady_clock::now() >= deadline) {
         std::string missing;
         int listed = 0, count = 0;
@@ -410,8 +420,9 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(const c10::intrusive_ptr<c10d::Sto
                                               std::chrono::milliseconds timeout, const std::string& name,
                                               std::shared_ptr<::gloo::transport::Device> gloo_device,
                                               const std::string& rendezvous_where,
-                                              std::chrono::milliseconds join_timeout) {
-  join(store, rank, size, join_timeout, name, rendezvous_where);
+                                              std::chrono::milliseconds join_timeout,
+                                              const std::function<void()>& while_joining = nullptr) {
+  join(store, rank, size, join_timeout, name, rendezvous_where, while_joining);
   auto impl = std::make_unique<ProcessGroup::Impl>();
   impl->store = store;
   impl->backend = backend;
@@ -435,12 +446,10 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(const c10::intrusive_ptr<c10d::Sto
 #endif
     }
   } catch (const std::exception& e) {
-    throw CollectiveError("fsdp: rendezvous of group '" + name + "' (rank " + std::to_string(rank) +
-                              " of " + std::to_string(size) + rendezvous_where + ", timeout " +
-                              format_ms(timeout) + ") failed: " + reason(e) +
-                              " (every rank must start and join; check that all ranks run and "
-                              "agree on the world size and address)",
-                          "rendezvous");
+    throw rendezvous_error(name, rank, size, rendezvous_where, timeout,
+                           reason(e) +
+                               " (every rank must start and join; check that all ranks run and "
+                               "agree on the world size and address)");
   }
   return impl;
 }
@@ -456,6 +465,79 @@ void pass_listen_socket(Options& so, detail::ListenOnly& listen_only) {
   if constexpr (HasListenFd<Options>::value) so.masterListenFd = listen_only.listen_socket();
 }
 
+// A random 64-bit value in hex: a nonce no earlier attempt used.
+std::string random_hex() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+               static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+               (static_cast<uint64_t>(::getpid()) << 17);
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string to_text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// The key prefix of this attempt in a launcher's store (StoreHost::kLauncher).
+//
+// torchrun's agent (torch 2.x, TORCHELASTIC_USE_AGENT_STORE=True) serves one
+// TCPStore for the whole job: it outlives restarts and rendezvous rounds, so
+// the keys that an earlier attempt's workers wrote (their Gloo addresses, the
+// join counter) are still there when a restarted attempt starts. Measured
+// with torch 2.15: its own Python workers, which use the same keys in every
+// attempt ("default_pg/..."), failed 2 of 3 restarts with "Gloo
+// connectFullMesh failed ... Connection refused" (the dead attempt's
+// address). TORCHELASTIC_RESTART_COUNT is no fix for several nodes: each
+// agent counts its own restarts (an agent that joined later counts fewer),
+// and a restart for a joining node (num_nodes_waiting) counts none at all.
+//
+// So the ranks agree on a fresh prefix through the store itself: rank 0
+// draws a random one (prefix), each other rank r draws a random nonce, sets
+// "fsdp/attempt/hello/<r>" to it and waits until "fsdp/attempt/ack/<r>" reads
+// "<nonce> <prefix>"; rank 0 answers every hello it has not answered yet
+// until all ranks have joined under the prefix (join's while_waiting, below).
+// An answer to a stale hello (a dead attempt's) is never read; a stale
+// answer never carries a live rank's nonce. It relies on what torchrun
+// guarantees: the workers of an attempt start after every worker of the
+// attempt before has been stopped, and each rank is one process.
+// Returns the prefix on ranks other than 0 (nullopt when rank 0 did not
+// answer within `timeout`); rank 0 calls answer_hellos.
+std::optional<std::string> await_attempt_prefix(const c10::intrusive_ptr<c10d::Store>& base, int rank,
+                                                std::chrono::milliseconds timeout) {
+  const std::string nonce = random_hex();
+  const std::string ack = "fsdp/attempt/ack/" + std::to_string(rank);
+  base->set("fsdp/attempt/hello/" + std::to_string(rank), std::vector<uint8_t>(nonce.begin(), nonce.end()));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    if (base->check({ack})) {
+      const std::string v = to_text(base->get(ack));
+      if (v.size() > nonce.size() + 1 && v.compare(0, nonce.size() + 1, nonce + " ") == 0) {
+        return v.substr(nonce.size() + 1);
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+// Rank 0's side: one pass over the hellos of ranks 1..size-1.
+std::function<void()> answer_hellos(const c10::intrusive_ptr<c10d::Store>& base, int size, const std::string& prefix) {
+  auto answered = std::make_shared<std::vector<std::string>>(static_cast<size_t>(size));
+  return [base, size, prefix, answered] {
+    for (int r = 1; r < size; ++r) {
+      const std::string hello = "fsdp/attempt/hello/" + std::to_string(r);
+      if (!base->check({hello})) continue;
+      std::string nonce = to_text(base->get(hello));
+      if (nonce == (*answered)[r]) continue;
+      const std::string v = nonce + " " + prefix;
+      base->set("fsdp/attempt/ack/" + std::to_string(r), std::vector<uint8_t>(v.begin(), v.end()));
+      (*answered)[r] = std::move(nonce);
+    }
+  };
+}
+
 }  // namespace
 
 InitOptions InitOptions::from_env(const DistEnv& env) {
@@ -468,6 +550,7 @@ InitOptions InitOptions::from_env(const DistEnv& env) {
   o.backend = env.backend;
   o.timeout = env.timeout;
   o.rendezvous_timeout = env.rendezvous_timeout;
+  o.store_host = env.store_host;
   return o;
 }
 
@@ -494,10 +577,12 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     check(o.master_port >= 1 && o.master_port <= 65535,
           "init_process_group: master_port=" + std::to_string(o.master_port) +
               " is not a TCP port: expected 1..65535");
-    where = " through the TCPStore at " + o.master_addr + ":" + std::to_string(o.master_port);
+    const bool launcher = o.store_host == StoreHost::kLauncher;
+    where = std::string(launcher ? " through the launcher's TCPStore at " : " through the TCPStore at ") +
+            o.master_addr + ":" + std::to_string(o.master_port);
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(o.master_port);
-    so.isServer = o.rank == 0;
+    so.isServer = o.rank == 0 && !launcher;
     so.numWorkers = static_cast<std::size_t>(o.world_size);
     so.waitWorkers = false;  // join() below waits, and names the missing ranks
     so.timeout = o.rendezvous_timeout;  // connecting; collectives' own once joined
@@ -510,14 +595,13 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
       if (listen_only) pass_listen_socket(so, *listen_only);
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
     } catch (const std::exception& e) {
-      throw CollectiveError("fsdp: rendezvous of group '" + o.group_name + "' (rank " +
-                                std::to_string(o.rank) + " of " + std::to_string(o.world_size) + where +
-                                ", timeout " + format_ms(o.rendezvous_timeout) + ") failed: " + reason(e) +
-                                (o.rank == 0 ? " (rank 0 serves the store on " + listen_only->address() +
-                                                   " only: is that an address of this host, is the port "
-                                                   "free, and did every rank start?)"
-                                             : std::string(" (is rank 0 running and MASTER_ADDR/MASTER_PORT right?)")),
-                            "rendezvous");
+      throw rendezvous_error(
+          o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout,
+          reason(e) + (listen_only ? " (rank 0 serves the store on " + listen_only->address() +
+                                         " only: is that an address of this host, is the port "
+                                         "free, and did every rank start?)"
+                       : launcher  ? std::string(" (is the launcher running, and MASTER_ADDR/MASTER_PORT its store's?)")
+                                   : std::string(" (is rank 0 running and MASTER_ADDR/MASTER_PORT right?)")));
     }
     if (listen_only && !listen_only->applied()) {
       std::cerr << "fsdp: warning: rank 0's rendezvous store on port " << o.master_port
@@ -525,12 +609,37 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
                 << ": this LibTorch's TCPStore bound it where fsdp-cpp cannot redirect it\n";
     }
   }
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(o.group_name, store);
+  // In a launcher's store, this attempt's keys live under a prefix of their own.
+  c10::intrusive_ptr<c10d::Store> base = store;
+  std::function<void()> while_joining;
+  if (!o.store && o.world_size > 1 && o.store_host == StoreHost::kLauncher) {
+    std::string attempt;
+    if (o.rank == 0) {
+      attempt = "fsdp/" + random_hex();
+      while_joining = answer_hellos(store, o.world_size, attempt);
+    } else {
+      std::optional<std::string> answer;
+      try {
+        answer = await_attempt_prefix(store, o.rank, o.rendezvous_timeout);
+      } catch (const std::exception& e) {
+        throw rendezvous_error(o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout, reason(e));
+      }
+      if (!answer) {
+        throw rendezvous_error(o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout,
+                               "rank 0 did not hand out this attempt's key prefix (is rank 0 running, and are all "
+                               "ranks of one attempt?)");
+      }
+      attempt = *answer;
+    }
+    where += ", keys under '" + attempt + "/'";
+    base = c10::make_intrusive<c10d::PrefixStore>(attempt, store);
+  }
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(o.group_name, base);
   std::shared_ptr<::gloo::transport::Device> device;
   if (backend == Backend::kGloo) device = make_gloo_device(o.store ? "" : o.master_addr);
   auto group = std::make_shared<ProcessGroup>(make_impl(prefixed, o.rank, o.world_size, backend, o.local_rank,
                                                         o.timeout, o.group_name, std::move(device), where,
-                                                        o.rendezvous_timeout));
+                                                        o.rendezvous_timeout, while_joining));
   store->setTimeout(o.timeout);  // every rank has joined: store waits from now on are the collectives'
   return group;
 }

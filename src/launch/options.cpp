@@ -4,7 +4,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
+#include <ostream>
 
+#include "fsdp/dist/env.h"
 #include "fsdp/error.h"
 #include "fsdp/launch/launcher.h"
 
@@ -39,6 +41,11 @@ options:
   --stop-grace-s S     seconds between SIGTERM and SIGKILL when stopping
                        workers (default 5)
   --standalone         accepted for torchrun compatibility (single node)
+  --print-env          print what fsdp-cpp reads from this environment (the
+                       cluster: env, torchelastic, slurm, mpi or none; rank,
+                       world, local rank and size, nodes, master address and
+                       port, the variables read) and exit; e.g. under srun or
+                       mpirun, to check a job before training
   -h, --help           this text
 
 OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default to cores / nproc-per-node
@@ -52,6 +59,9 @@ environment read by fsdp-cpp in the workers (passed through):
                              seconds (default 180); the error names the
                              missing ranks
   FSDP_BACKEND               auto (default), gloo or nccl
+  FSDP_CLUSTER               auto (default), env, torchelastic, slurm, mpi or
+                             none: where a worker's rank comes from when
+                             fsdp-run does not start it (docs/launching.md)
 )";
 }
 
@@ -108,6 +118,10 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     if (a.size() < 2 || a[0] != '-') break;  // the program
     if (a == "-h" || a == "--help") {
       o.help = true;
+      return o;
+    }
+    if (a == "--print-env" || a == "--print_env") {
+      o.print_env = true;
       return o;
     }
     std::string name = a, value;
@@ -184,6 +198,16 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
                       "to restart the groups of several nodes together");
   }
   return o;
+}
+
+int print_env(const dist::EnvLookup& lookup, std::ostream& out, std::ostream& err) {
+  try {
+    out << dist::describe(dist::read_dist_env(lookup));
+    return 0;
+  } catch (const ConfigError& e) {
+    err << "fsdp-run --print-env: " << e.what() << "\n";
+    return 2;
+  }
 }
 
 }  // namespace fsdp::launch

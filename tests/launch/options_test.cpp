@@ -1,6 +1,9 @@
 // Argument parsing of fsdp-run: torchrun's spellings and every bad-input message.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <sstream>
+
 #include "fsdp/error.h"
 #include "fsdp/launch/launcher.h"
 
@@ -94,4 +97,39 @@ TEST(LaunchOptions, BadInputNamesTheOptionAndTheExpectation) {
   EXPECT_EQ(error_of({"--no-rank-prefix=1", "prog"}), "fsdp-run: option --no-rank-prefix takes no value, got '1'");
   EXPECT_EQ(error_of({"--allocator", "hoard", "prog"}),
             "fsdp-run: --allocator='hoard' is not known: expected auto, system, jemalloc, tcmalloc or mimalloc");
+}
+
+// --print-env needs no program; it prints what read_dist_env found, or the
+// error that stops the job, through the same reader the workers use.
+TEST(LaunchOptions, PrintEnv) {
+  EXPECT_TRUE(parse_launch_args({"--print-env"}).print_env);
+  EXPECT_TRUE(parse_launch_args({"--nproc-per-node", "2", "--print_env"}).print_env);
+  EXPECT_FALSE(parse_launch_args({"prog"}).print_env);
+  EXPECT_NE(usage().find("--print-env"), std::string::npos);
+  auto lookup_of = [](std::map<std::string, std::string> vars) {
+    return [vars](const std::string& name) -> std::optional<std::string> {
+      auto it = vars.find(name);
+      return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+    };
+  };
+  std::ostringstream out, err;
+  EXPECT_EQ(fsdp::launch::print_env(lookup_of({{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "3"},
+                                               {"SLURM_NODELIST", "gpu-[01-02]"}, {"SLURM_NNODES", "2"},
+                                               {"SLURM_JOB_ID", "98765"}}),
+                                    out, err),
+            0);
+  EXPECT_EQ(out.str(),
+            "cluster: slurm\nrank: 3\nworld_size: 4\nlocal_rank: 1\nlocal_world_size: 2\nnodes: 2\n"
+            "master_addr: gpu-01 (first host of SLURM_NODELIST)\n"
+            "master_port: 23765 (15000 + the last 4 digits of SLURM_JOB_ID)\nstore: rank 0 serves it\n"
+            "backend: auto\nvariables read: SLURM_NTASKS=4 SLURM_PROCID=3 SLURM_NODELIST=gpu-[01-02] SLURM_NNODES=2 "
+            "SLURM_JOB_ID=98765\n");
+  EXPECT_EQ(err.str(), "");
+  std::ostringstream out2, err2;
+  EXPECT_EQ(fsdp::launch::print_env(lookup_of({{"SLURM_NTASKS", "4"}}), out2, err2), 2);
+  EXPECT_EQ(out2.str(), "");
+  EXPECT_NE(err2.str().find("fsdp-run --print-env: SLURM_NTASKS=4 says this job has 4 tasks, but SLURM_PROCID is "
+                            "not set"),
+            std::string::npos)
+      << err2.str();
 }

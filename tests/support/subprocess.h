@@ -7,12 +7,15 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -136,5 +139,54 @@ inline bool process_alive(pid_t pid) {
   if (stat.empty() || close_paren == std::string::npos || close_paren + 2 >= stat.size()) return false;
   return stat[close_paren + 2] != 'Z';
 }
+
+// Every process whose parent chain leads to this one, read from /proc.
+inline std::vector<pid_t> descendants() {
+  std::map<pid_t, std::vector<pid_t>> children;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(entry.path().string() + "/stat");
+    const auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close_paren + 2));
+    char state = 0;
+    long ppid = 0;
+    if (rest >> state >> ppid) children[static_cast<pid_t>(ppid)].push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{getpid()};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+// For the life of the guard this process is the subreaper of everything it
+// starts (PR_SET_CHILD_SUBREAPER): a process whose parent dies is handed to
+// it, not to init. At the end every descendant still there is killed
+// (SIGKILL) and reaped. For launchers whose workers leave the launcher's
+// process group and can outlive it, as torchrun's and mpirun's do.
+class ProcessTreeGuard {
+ public:
+  ProcessTreeGuard() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+  ~ProcessTreeGuard() {
+    for (int round = 0; round < 50; ++round) {
+      const auto pids = descendants();
+      if (pids.empty()) break;
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      for (pid_t p : pids) ::waitpid(p, nullptr, 0);  // ours: reaped once dead; others: ECHILD now, ours next round
+      ::usleep(20000);
+    }
+    ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+  ProcessTreeGuard(const ProcessTreeGuard&) = delete;
+  ProcessTreeGuard& operator=(const ProcessTreeGuard&) = delete;
+};
 
 }  // namespace fsdp::testing

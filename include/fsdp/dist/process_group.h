@@ -103,6 +103,15 @@ struct InitOptions {
   c10::intrusive_ptr<c10d::Store> store;
   // Name used in error messages and as the store prefix.
   std::string group_name = "world";
+  // Who serves the TCPStore at master_addr:master_port (ignored when `store`
+  // is set). kRank0: rank 0 serves it. kLauncher: a launcher does (torchrun's
+  // agent, TORCHELASTIC_USE_AGENT_STORE=True); every rank connects as a
+  // client, and the group's keys go under a prefix that rank 0 makes fresh
+  // for this attempt and hands to the others through the store: the agent's
+  // store outlives a restart, so the keys of the attempt before (its Gloo
+  // addresses) are still in it. The handshake, and why it is not
+  // TORCHELASTIC_RESTART_COUNT: process_group.cpp, agree_on_attempt.
+  StoreHost store_host = StoreHost::kRank0;
 
   static InitOptions from_env(const DistEnv& env);
 };
@@ -111,8 +120,9 @@ class ProcessGroup;
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 // [collective: rendezvous of all ranks] Creates the world group: connects to
-// (rank 0: serves) the TCPStore at master_addr:master_port unless `store` is
-// given, then connects every pair of ranks. Rank 0's store listens on
+// (rank 0: serves, unless store_host is kLauncher) the TCPStore at
+// master_addr:master_port unless `store` is given, then connects every pair
+// of ranks. Rank 0's store listens on
 // master_addr only (its first address, if a name), not on every interface
 // as LibTorch's TCPStore would (how, on each LibTorch: docs/runtime.md); a
 // warning is printed if a LibTorch binds elsewhere. Throws ConfigError

@@ -26,8 +26,11 @@
 #pragma once
 
 #include <chrono>
+#include <ostream>
 #include <string>
 #include <vector>
+
+#include "fsdp/dist/env.h"
 
 namespace fsdp::launch {
 
@@ -49,6 +52,11 @@ struct LaunchOptions {
   // explicitly is not installed. Why tcmalloc: docs/performance.md.
   std::string allocator = "auto";
   bool help = false;                // --help / -h
+  // --print-env: print what fsdp-cpp reads from this process's environment
+  // (fsdp::dist::describe of read_dist_env: the cluster environment, rank,
+  // world, local rank and size, nodes, master address and port, the
+  // variables read) and exit; no program is needed.
+  bool print_env = false;
   std::vector<std::string> warnings;  // for stderr (e.g. --master-addr 0.0.0.0)
   std::vector<std::string> command; // program and its arguments
 };
@@ -66,6 +74,11 @@ std::string usage();
 // both). The program starts after "--" or at the first non-option argument.
 // Throws fsdp::ConfigError naming the option, its value and what was expected.
 LaunchOptions parse_launch_args(const std::vector<std::string>& args);
+
+// `fsdp-run --print-env`: describe(read_dist_env(lookup)) on `out`; returns
+// 0, or 2 with the ConfigError's message on `err` when the environment cannot
+// form a job (a scheduler's world without an address, a bad value).
+int print_env(const dist::EnvLookup& lookup, std::ostream& out, std::ostream& err);
 
 // Runs the worker group until every worker has ended; returns the launcher's
 // exit status: 0 when all workers succeeded; the failed worker's exit code (or
