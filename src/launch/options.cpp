@@ -27,7 +27,12 @@ options:
   --master-port P      TCP port of rank 0's store; 0 or absent: pick a free one
                        (required when nnodes > 1)
   --max-restarts K     restart the whole worker group up to K times after a
-                       failure (default 0; nnodes == 1 only)
+                       failure (default 0; nnodes == 1 only: restarts across
+                       nodes and elastic jobs (--nnodes MIN:MAX) are torchrun's,
+                       and fsdp-run prints the torchrun command for them:
+                       torchrun --nnodes 1:3 --nproc-per-node N --rdzv-backend
+                       c10d --rdzv-endpoint HOST0:29400 --rdzv-id JOB
+                       --max-restarts 3 --no-python program [args...])
   --log-dir DIR        also write each worker's output to
                        DIR/attempt_<k>/rank_<N>.log (a file that cannot be
                        written, e.g. on a full disk, is named once on stderr;
@@ -102,12 +107,29 @@ int parse_int(const std::string& opt, const std::string& value, long lo, long hi
   return static_cast<int>(v);
 }
 
+// The torchrun command that runs `o`'s program on `nnodes` nodes ("N" or
+// "MIN:MAX") with `restarts` restarts, through the c10d rendezvous at
+// fsdp-run's master address (HOST0 when none was given) and port (29400 when
+// none), its workers started as they are (--no-python).
+std::string torchrun_command(const LaunchOptions& o, const std::string& nnodes, int restarts, bool addr_given) {
+  std::string cmd = "torchrun --nnodes " + nnodes + " --nproc-per-node " + std::to_string(o.nproc_per_node) +
+                    " --rdzv-backend c10d --rdzv-endpoint " + (addr_given ? o.master_addr : std::string("HOST0")) +
+                    ":" + std::to_string(o.master_port > 0 ? o.master_port : 29400) +
+                    " --rdzv-id JOB --max-restarts " + std::to_string(restarts) + " --no-python";
+  for (const auto& arg : o.command) {
+    const bool plain = !arg.empty() && arg.find_first_of(" \t'\"$\\;&|<>()*?") == std::string::npos;
+    cmd += " " + (plain ? arg : "'" + arg + "'");
+  }
+  return cmd;
+}
+
 }  // namespace
 
 LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   LaunchOptions o;
   constexpr long kIntMax = std::numeric_limits<int>::max();
   bool addr_given = false;
+  std::string elastic_nnodes;  // --nnodes MIN:MAX
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -144,7 +166,12 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
     if (name == "--nproc-per-node") {
       o.nproc_per_node = parse_int(name, take(), 1, 4096, "an integer in 1..4096");
     } else if (name == "--nnodes") {
-      o.nnodes = parse_int(name, take(), 1, 65536, "a fixed number of nodes, an integer >= 1 (no MIN:MAX)");
+      const std::string v = take();
+      if (v.find(':') != std::string::npos) {
+        elastic_nnodes = v;  // refused below, with the torchrun command that runs it
+      } else {
+        o.nnodes = parse_int(name, v, 1, 65536, "a fixed number of nodes, an integer >= 1 (no MIN:MAX)");
+      }
     } else if (name == "--node-rank") {
       o.node_rank = parse_int(name, take(), 0, kIntMax, "an integer >= 0");
     } else if (name == "--master-addr") {
@@ -181,6 +208,14 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   if (o.command.empty()) {
     throw ConfigError("fsdp-run: no program given: expected 'fsdp-run [options] -- program [args...]'");
   }
+  if (!elastic_nnodes.empty()) {
+    throw ConfigError("fsdp-run: --nnodes=" + elastic_nnodes +
+                      ": fsdp-run runs a fixed number of nodes; an elastic job is torchrun's (its c10d rendezvous "
+                      "re-forms the group when a node is lost or joins, and fsdp-train resumes from its newest "
+                      "checkpoint, resharded). On every node run:\n  " +
+                      torchrun_command(o, elastic_nnodes, std::max(o.max_restarts, 3), addr_given) +
+                      "\n(docs/launching.md)");
+  }
   if (o.node_rank >= o.nnodes) {
     throw ConfigError("fsdp-run: --node-rank=" + std::to_string(o.node_rank) +
                       " is out of range: expected 0 <= node-rank < nnodes=" + std::to_string(o.nnodes));
@@ -194,8 +229,10 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
                       ": expected the address of the node that runs rank 0");
   }
   if (o.nnodes > 1 && o.max_restarts > 0) {
-    throw ConfigError("fsdp-run: --max-restarts needs --nnodes 1: fsdp-run has no elastic rendezvous "
-                      "to restart the groups of several nodes together");
+    throw ConfigError("fsdp-run: --max-restarts needs --nnodes 1: fsdp-run has no elastic rendezvous to restart the "
+                      "groups of several nodes together; torchrun's has. On every node run:\n  " +
+                      torchrun_command(o, std::to_string(o.nnodes), o.max_restarts, addr_given) +
+                      "\n(docs/launching.md)");
   }
   return o;
 }

@@ -79,8 +79,17 @@ TEST(LaunchOptions, BadInputNamesTheOptionAndTheExpectation) {
             "fsdp-run: --master-port=70000 is out of range: expected a TCP port in 0..65535 (0: pick a free one)");
   EXPECT_EQ(error_of({"--master-port", "x1", "prog"}),
             "fsdp-run: --master-port='x1' is not a number: expected a TCP port in 0..65535 (0: pick a free one)");
-  EXPECT_EQ(error_of({"--nnodes", "1:2", "prog"}),
-            "fsdp-run: --nnodes='1:2' is not a number: expected a fixed number of nodes, an integer >= 1 (no MIN:MAX)");
+  // An elastic or multi-node restarting job: refused, with the torchrun command that runs it.
+  EXPECT_EQ(error_of({"--nnodes", "1:3", "--nproc-per-node", "2", "--master-addr", "node0", "--", "fsdp-train",
+                      "--preset", "tiny", "--out", "my runs/a"}),
+            "fsdp-run: --nnodes=1:3: fsdp-run runs a fixed number of nodes; an elastic job is torchrun's (its c10d "
+            "rendezvous re-forms the group when a node is lost or joins, and fsdp-train resumes from its newest "
+            "checkpoint, resharded). On every node run:\n  torchrun --nnodes 1:3 --nproc-per-node 2 --rdzv-backend "
+            "c10d --rdzv-endpoint node0:29400 --rdzv-id JOB --max-restarts 3 --no-python fsdp-train --preset tiny "
+            "--out 'my runs/a'\n(docs/launching.md)");
+  EXPECT_EQ(error_of({"--nnodes", "x:y", "prog"}).rfind("fsdp-run: --nnodes=x:y: fsdp-run runs a fixed number", 0), 0u);
+  EXPECT_EQ(error_of({"--nnodes", "two", "prog"}),
+            "fsdp-run: --nnodes='two' is not a number: expected a fixed number of nodes, an integer >= 1 (no MIN:MAX)");
   EXPECT_EQ(error_of({"--bogus", "prog"}), "fsdp-run: unknown option '--bogus' (see fsdp-run --help)");
   EXPECT_EQ(error_of({"--nproc-per-node"}), "fsdp-run: option --nproc-per-node needs a value");
   EXPECT_EQ(error_of({"--nproc-per-node", "2"}),
@@ -91,9 +100,11 @@ TEST(LaunchOptions, BadInputNamesTheOptionAndTheExpectation) {
             "fsdp-run: --master-port is required with --nnodes=2: every node must use the same port");
   EXPECT_EQ(error_of({"--nnodes", "2", "--master-port", "5", "prog"}),
             "fsdp-run: --master-addr is required with --nnodes=2: expected the address of the node that runs rank 0");
-  EXPECT_NE(error_of({"--nnodes", "2", "--master-addr", "h", "--master-port", "5", "--max-restarts", "1", "prog"})
-                .find("--max-restarts needs --nnodes 1"),
-            std::string::npos);
+  EXPECT_EQ(error_of({"--nnodes", "2", "--master-addr", "h", "--master-port", "5", "--max-restarts", "1", "prog", "a"}),
+            "fsdp-run: --max-restarts needs --nnodes 1: fsdp-run has no elastic rendezvous to restart the groups of "
+            "several nodes together; torchrun's has. On every node run:\n  torchrun --nnodes 2 --nproc-per-node 1 "
+            "--rdzv-backend c10d --rdzv-endpoint h:5 --rdzv-id JOB --max-restarts 1 --no-python prog a\n"
+            "(docs/launching.md)");
   EXPECT_EQ(error_of({"--no-rank-prefix=1", "prog"}), "fsdp-run: option --no-rank-prefix takes no value, got '1'");
   EXPECT_EQ(error_of({"--allocator", "hoard", "prog"}),
             "fsdp-run: --allocator='hoard' is not known: expected auto, system, jemalloc, tcmalloc or mimalloc");
