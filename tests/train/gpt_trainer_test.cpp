@@ -255,6 +255,10 @@ TEST(GptTrainer, AHostileModelConfigurationIsNamedBeforeAnythingIsBuilt) {
     ASSERT_TRUE(found) << c.key;
     write_file(p + "/fsdp_index.json", j.dump(1));
     reseal(p + "/fsdp_index.json");
+    // A hostile author leaves out Lightning's meta.pt (or writes it to agree),
+    // which would otherwise be refused first for disagreeing with the index
+    // (issue 28 item 6): the configuration's own checks are under test here.
+    fs::remove(p + "/meta.pt");
     const std::string what = c.key + " = " + c.value.dump();
     expect_config_error([&] { train::checkpoint_model_config(inspect_checkpoint(p), p); }, c.says);
     const auto r = run_program({FSDP_TRAIN_PATH, "generate", "--checkpoint", p, "--prompt", "the", "--tokens", "4"},
