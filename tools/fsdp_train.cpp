@@ -97,20 +97,12 @@ int main(int argc, char** argv) {
                                   std::to_string(std::numeric_limits<int64_t>::max()));
         }
       }
-      // Rank 0 prints the prompt with the first byte drawn (after the
-      // checkpoint loaded), then each byte as it is drawn.
+      // Rank 0 prints the text as it grows: the prompt once the checkpoint
+      // loaded, then each byte as it is drawn.
       const bool printer = world->rank() == 0;
-      const std::string shown = prompt.empty() ? std::string("\n") : prompt;
-      bool started = false;
-      auto start = [&] {
-        if (printer && !started) std::cout << shown;
-        started = true;
-      };
       fsdp::train::generate_stream(checkpoint, prompt, go, world, [&](char ch) {
-        start();
         if (printer) std::cout << ch << std::flush;
       });
-      start();
       if (printer) std::cout << std::endl;
       return 0;
     }

@@ -284,11 +284,11 @@ struct StepResult {
 };
 
 // [collective] One optimizer step on `batch` at learning rate `lr`, with the
-// gradients clipped to norm 1; taken only when the mean loss (and, without a
-// gradient scaler, the gradient norm) is finite: the same decision on every
-// rank.
+// gradients clipped to norm 1; taken only when the mean loss (and, without the
+// strategy's gradient scaler, the gradient norm) is finite: the same decision
+// on every rank.
 StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::Optimizer& opt, const Batch& batch,
-                      double lr, bool scaled) {
+                      double lr) {
   for (auto& group : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   opt.zero_grad();
   auto loss = models::gpt_loss(model(batch.inputs), batch.targets);
@@ -297,7 +297,7 @@ StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::
   r.loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
   r.grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
   // Under "16-mixed" the scaler skips steps with inf gradients itself.
-  r.finite = std::isfinite(r.loss) && (scaled || std::isfinite(r.grad_norm));
+  r.finite = std::isfinite(r.loss) && (strategy.grad_scaler() != nullptr || std::isfinite(r.grad_norm));
   if (r.finite) strategy.optimizer_step(opt);
   return r;
 }
@@ -392,7 +392,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     StepMetrics m;
     m.step = step + 1;
     m.lr = learning_rate(c, step);
-    const StepResult r = train_step(strategy, model, opt, batch, m.lr, c.precision == "16-mixed");
+    const StepResult r = train_step(strategy, model, opt, batch, m.lr);
     m.loss = r.loss;
     m.grad_norm = r.grad_norm;
     m.nonfinite = !r.finite;
@@ -461,6 +461,7 @@ void generate_stream(const std::string& checkpoint, const std::string& prompt, c
   torch::NoGradGuard no_grad;
   // The model sees the last `context` bytes: only those are kept.
   std::string window = prompt.empty() ? std::string("\n") : prompt;
+  for (char ch : window) emit(ch);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   for (int64_t i = 0; i < o.tokens; ++i) {
     if (static_cast<int64_t>(window.size()) > cfg.context) window.erase(0, window.size() - static_cast<size_t>(cfg.context));
@@ -480,13 +481,13 @@ void generate_stream(const std::string& checkpoint, const std::string& prompt, c
       next = idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
     }
     window += static_cast<char>(next);
-    if (emit) emit(static_cast<char>(next));
+    emit(static_cast<char>(next));
   }
 }
 
 std::string generate(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& o,
                      const dist::ProcessGroupPtr& world) {
-  std::string text = prompt.empty() ? std::string("\n") : prompt;
+  std::string text;
   generate_stream(checkpoint, prompt, o, world, [&](char ch) { text += ch; });
   return text;
 }

@@ -135,7 +135,7 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t start) : path_(pat
     const int err = errno;
     throw Error("fsdp-train: cannot open " + path + " to write the run's metrics: " + errno_text(err));
   }
-  int64_t keep = 0;
+  int64_t keep = 0, last_step = 0;  // the end of the lines kept, and their last step
   if (start > 0) {
     const MetricsFile file = read_metrics(path);
     // Keep up to the last step line (or gap) that ends at or before `start`.
@@ -146,7 +146,7 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t start) : path_(pat
     if (kept > 0) {
       const MetricsLine& last = file.lines[kept - 1];
       keep = last.offset + static_cast<int64_t>(last.text.size()) + 1;
-      last_step_ = last.step;
+      last_step = last.step;
     }
     // What goes: named unless it is only whole lines of steps past `start`.
     bool damaged_tail = false;
@@ -161,7 +161,7 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t start) : path_(pat
     }
     if (damaged_tail) {
       std::cerr << "fsdp-train: WARNING: " << path << ": cut off a torn or damaged tail at byte offset " << keep
-                << " (" << (file.size - keep) << " bytes: lines after step " << last_step_
+                << " (" << (file.size - keep) << " bytes: lines after step " << last_step
                 << " that are not whole metrics lines, or that a crash cut)" << std::endl;
     }
   }
@@ -171,8 +171,7 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t start) : path_(pat
     throw Error("fsdp-train: cannot truncate " + path + " to " + std::to_string(keep) + " bytes: " + errno_text(err));
   }
   size_ = keep;
-  if (start > 0 && last_step_ < start) record_gap(last_step_ + 1, start);
-  last_step_ = start;
+  if (start > 0 && last_step < start) record_gap(last_step + 1, start);
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -233,10 +232,7 @@ void MetricsWriter::write(const StepMetrics& m) {
     std::cerr << std::endl;
     first_lost_ = 0;
   }
-  if (append(j.dump(), error)) {
-    last_step_ = m.step;
-    return;
-  }
+  if (append(j.dump(), error)) return;
   if (first_lost_ == 0) {
     first_lost_ = m.step;
     std::cerr << "fsdp-train: WARNING: cannot write " << path_ << " at step " << m.step << ": " << errno_text(error)

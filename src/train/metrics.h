@@ -109,7 +109,6 @@ class MetricsWriter {
   std::string path_;
   int fd_ = -1;
   int64_t size_ = 0;        // bytes of whole lines in the file
-  int64_t last_step_ = 0;   // the last step written (or kept on resume)
   int64_t first_lost_ = 0;  // > 0: steps from here on could not be written
 };
 

@@ -276,6 +276,15 @@ std::string shape_mismatch(const models::GPTConfig& saved, const models::GPTConf
   return diff.empty() ? diff : "--resume: " + path + " holds a model of another shape:" + diff;
 }
 
+// The name a checkpoint keeps a run setting under: "config.<key>", or
+// "<key>" in checkpoints before the config nesting; "" when it has none.
+std::string config_name(const CheckpointInfo& info, const std::string& key) {
+  for (const std::string& name : {"config." + key, key}) {
+    if (info.values.count(name)) return name;
+  }
+  return "";
+}
+
 // Whether a checkpoint whose run id is `id` belongs to `run`.
 bool belongs_to(const std::string& id, const RunIdentity& run) { return id == run.id || (id.empty() && run.legacy); }
 
@@ -441,7 +450,7 @@ std::vector<std::string> RunDirectory::remove_own_files(const std::optional<RunI
           const CheckpointInfo info = inspect_checkpoint(e.path().string());
           const std::string id = run_id_of(info);
           // A checkpoint without a run id is fsdp-train's only if it records a GPT configuration.
-          own = belongs_to(id, run) && (!id.empty() || info.values.count("config.model.dim") || info.values.count("model.dim"));
+          own = belongs_to(id, run) && (!id.empty() || !config_name(info, "model.dim").empty());
         } catch (const std::exception&) {
           // Unreadable: an incomplete save, damage, or not a checkpoint at all; kept.
         }
@@ -517,15 +526,6 @@ void put_config(CheckpointState& s, const TrainConfig& run, const RunIdentity& i
 }
 
 namespace {
-
-// The name a checkpoint keeps a run setting under: "config.<key>", or
-// "<key>" in checkpoints before the config nesting; "" when it has none.
-std::string config_name(const CheckpointInfo& info, const std::string& key) {
-  for (const std::string& name : {"config." + key, key}) {
-    if (info.values.count(name)) return name;
-  }
-  return "";
-}
 
 // The value of a run setting (see config_name); null if absent.
 const std::string* config_value(const CheckpointInfo& info, const std::string& key) {
