@@ -1,7 +1,6 @@
 #include "fsdp/train/batches.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -107,7 +106,32 @@ BatchSampler::BatchSampler(Corpus corpus, int64_t context, int64_t batch, uint64
       world_(world),
       device_(device) {}
 
-Batch BatchSampler::training(int64_t step) const { return draw(0, training_size_, seed_, step); }
+namespace {
+
+// SplitMix64's output function (Steele, Lea, Flood 2014; the seeding
+// generator of xoshiro): a bijection of 64-bit words that mixes every input
+// bit into every output bit.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Where sample `i` of the stream of `seed` starts among `starts` positions.
+int64_t start_of(uint64_t seed, int64_t i, int64_t starts) {
+  return static_cast<int64_t>(splitmix64(splitmix64(seed) + static_cast<uint64_t>(i)) %
+                              static_cast<uint64_t>(starts));
+}
+
+}  // namespace
+
+Batch BatchSampler::training(int64_t position) const {
+  if (position < 0) throw Error("BatchSampler::training: the sample position is " + std::to_string(position));
+  return draw(0, training_size_, seed_, position);
+}
+
+int64_t BatchSampler::sample_start(int64_t i) const { return start_of(seed_, i, training_size_ - (context_ + 1)); }
 
 Batch BatchSampler::held_out(int64_t i) const {
   if (!has_held_out()) {
@@ -116,22 +140,18 @@ Batch BatchSampler::held_out(int64_t i) const {
                 " (at least " + std::to_string(min_bytes_to_hold_out(context_)) +
                 " bytes needed); check has_held_out() first");
   }
-  return draw(training_size_, held_out_size_, seed_ + 7777, i);
+  return draw(training_size_, held_out_size_, seed_ + 7777, i * batch_ * world_);
 }
 
-// The windows of [offset, offset + length) of the corpus that (seed, index)
-// draws; the draws are those of the int64 token tensors held before
-// (randint over the part's length), so the batches are unchanged.
-Batch BatchSampler::draw(int64_t offset, int64_t length, uint64_t seed, int64_t index) const {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(index));
+// This rank's windows of the step whose samples start at `first` in the
+// stream of `seed` over [offset, offset + length) of the corpus.
+Batch BatchSampler::draw(int64_t offset, int64_t length, uint64_t seed, int64_t first) const {
   const int64_t span = context_ + 1;
-  at::Tensor starts = at::randint(0, length - span, {batch_ * world_}, gen, at::kLong);
-  const at::Tensor mine = starts.narrow(0, rank_ * batch_, batch_).contiguous();
-  const int64_t* first = mine.data_ptr<int64_t>();
   at::Tensor windows = at::empty({batch_, span}, at::kByte);
   uint8_t* out = windows.data_ptr<uint8_t>();
   for (int64_t i = 0; i < batch_; ++i) {
-    std::memcpy(out + i * span, corpus_.data() + offset + first[i], static_cast<size_t>(span));
+    const int64_t start = start_of(seed, first + rank_ * batch_ + i, length - span);
+    std::memcpy(out + i * span, corpus_.data() + offset + start, static_cast<size_t>(span));
   }
   at::Tensor b = windows.to(at::kLong).to(device_);
   return {b.narrow(1, 0, context_), b.narrow(1, 1, context_)};

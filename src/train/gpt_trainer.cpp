@@ -268,11 +268,24 @@ Model build_model(FSDPStrategy& strategy, const TrainConfig& c) {
   return strategy.setup_module(net);
 }
 
-// What a checkpoint of the run holds at `step` (the steps done).
+// What a checkpoint of the run holds at `step` (the steps done); what a
+// resume loads. A save adds the sampler's position and the world size
+// (save_state).
 CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int64_t step) {
   CheckpointState s;
   s.model("model", model.ptr()).optimizer("optimizer", opt).value("step", step);
   return s;
+}
+
+// Where the sample stream continues after the checkpoint a run resumed from
+// (batches.h): its "samples", or, for a checkpoint from before they were
+// kept, step * batch * its world size.
+int64_t resume_position(const ResumePoint& from, int64_t step, int64_t batch, int world) {
+  auto it = from.values.find("samples");
+  if (it != from.values.end() && std::holds_alternative<int64_t>(it->second)) return std::get<int64_t>(it->second);
+  it = from.values.find("world");
+  if (it != from.values.end() && std::holds_alternative<int64_t>(it->second)) world = static_cast<int>(std::get<int64_t>(it->second));
+  return step * batch * world;
 }
 
 // What train_step did: the mean loss over the ranks, the gradient norm
@@ -327,8 +340,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
-double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
-  validate(c);
+double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
+  validate(config);
+  TrainConfig c = config;
   FSDPStrategy strategy(strategy_options(c, world));
   strategy.setup_environment();
   const int rank = strategy.global_rank(), nranks = strategy.world_size();
@@ -341,6 +355,12 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   }
   // One job per run directory: rank 0 holds its lock until train() returns.
   const RunDirectory run(c.out);
+  // The torchrun job that began the run, starting its workers again (a node
+  // left or joined: an elastic resize), continues it.
+  if (!c.resume && c.resume_from.empty() && run.same_torchrun_job(strategy)) {
+    c.resume = true;
+    c.overwrite = false;
+  }
   std::optional<RunLock> lock;
   detail::agree_from(strategy.group(), 0, detail::capture([&] {
                        if (rank == 0) lock.emplace(c.out);
@@ -363,14 +383,24 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
   strategy.setup_optimizer(opt);
-  int64_t start = 0;
+  int64_t start = 0, position = 0;  // the step, and the sample stream's position
   ResumePoint from;
+  std::optional<StepMetrics::Resize> resized;
   if (c.resume || !c.resume_from.empty()) {
     CheckpointState s = run_state(model, opt, 0);
     from = run.resume(strategy, c, identity, s);
     if (!from.path.empty()) {
       start = s.get<int64_t>("step");
+      position = resume_position(from, start, c.batch, nranks);
       strategy.print("fsdp-train: resumed from " + from.path + " at step " + std::to_string(start));
+      const auto saved_world = from.values.find("world");
+      if (saved_world != from.values.end() && std::holds_alternative<int64_t>(saved_world->second) &&
+          std::get<int64_t>(saved_world->second) != nranks) {
+        resized.emplace();
+        resized->from_world = static_cast<int>(std::get<int64_t>(saved_world->second));
+        resized->to_world = nranks;
+        resized->step = start;
+      }
     }
   }
   // Rank 0 writes the metrics (on resume, those after the checkpoint's step
@@ -386,11 +416,23 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   double mean_loss = 0;
   int64_t skipped = 0;  // steps skipped for a non-finite loss (rank 0's count)
   const auto t0 = std::chrono::steady_clock::now();
+  if (resized && rank == 0) {
+    resized->seconds_lost = std::chrono::duration<double>(std::chrono::system_clock::now() - from.committed_at).count();
+    std::ostringstream what;
+    what << "fsdp-train: resized from world " << resized->from_world << " to world " << resized->to_world
+         << ": resumed from step " << resized->step << " (" << from.path << "), resharded; " << std::fixed
+         << std::setprecision(1) << resized->seconds_lost
+         << " s lost since that checkpoint was committed; the sample stream continues at sample " << position;
+    progress->note(what.str());
+  }
   for (int64_t step = start; step < c.steps; ++step) {
-    const Batch batch = batches.training(step);
+    const Batch batch = batches.training(position);
     const auto ts = std::chrono::steady_clock::now();
     StepMetrics m;
     m.step = step + 1;
+    m.world = nranks;
+    m.samples_from = position;
+    m.samples_to = position += batches.samples_per_step();
     m.lr = learning_rate(c, step);
     const StepResult r = train_step(strategy, model, opt, batch, m.lr);
     m.loss = r.loss;
@@ -420,6 +462,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     if (step == start && (c.resume || !c.resume_from.empty())) {
       m.resumed_from = start;  // where this job took over, and what it set aside
       m.set_aside = from.set_aside;
+      m.resized = resized;
     }
     const double eta = m.elapsed_s / static_cast<double>(m.step - start) * static_cast<double>(c.steps - m.step);
     if (rank == 0) {
@@ -428,6 +471,7 @@ double train(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
     }
     if ((c.save_every > 0 && m.step % c.save_every == 0) || last) {
       CheckpointState s = run_state(model, opt, m.step);
+      s.value("samples", position).value("world", int64_t{nranks});
       put_config(s, c, identity);
       run.save(strategy, s, m.step, c.keep, identity);
     }

@@ -216,11 +216,19 @@ void MetricsWriter::write(const StepMetrics& m) {
   j["grad_norm"] = number_json(m.grad_norm);
   j["tokens_per_s"] = number_json(m.tokens_per_s);
   j["elapsed_s"] = number_json(m.elapsed_s);
+  j["world"] = m.world;
+  j["samples"] = Json::array({m.samples_from, m.samples_to});
   if (m.eval_loss) j["eval_loss"] = number_json(*m.eval_loss);
   if (m.nonfinite) j["nonfinite"] = true;
   if (m.skipped) j["skipped"] = true;
   if (m.resumed_from) j["resumed_from"] = *m.resumed_from;
   if (!m.set_aside.empty()) j["set_aside"] = m.set_aside;
+  if (m.resized) {
+    j["resized"] = {{"from_world", m.resized->from_world},
+                    {"to_world", m.resized->to_world},
+                    {"step", m.resized->step},
+                    {"seconds_lost", number_json(m.resized->seconds_lost)}};
+  }
   int error = 0;
   if (first_lost_ > 0) {
     // The disk took writes again: the lost steps become a gap first.

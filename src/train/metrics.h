@@ -4,8 +4,18 @@
 //
 // A line is a step:
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"
+//    , "world", "samples": [first, end)
 //    [, "eval_loss"][, "nonfinite": true][, "skipped": true]
-//    [, "resumed_from"[, "set_aside"]]}
+//    [, "resumed_from"[, "set_aside"][, "resized"]]}
+// "samples" is the sampler's record: the global sample positions the step
+// trained on (include/fsdp/train/batches.h), at world size "world". A job
+// that resumed at another world size than its checkpoint's (an elastic
+// resize) says so on its first line:
+//   "resized": {"from_world", "to_world", "step", "seconds_lost"}
+// "step" is the step resumed from; "seconds_lost" the wall time from that
+// checkpoint's commit to the first step at the new size (the steps done
+// after it and discarded, the failure's detection, the re-rendezvous and the
+// load).
 // or a gap, the steps a run did whose lines are missing (a full disk, or a
 // crash that lost them):
 //   {"gap": [first, last]}
@@ -40,6 +50,17 @@ struct StepMetrics {
   // checkpoint to resume), and the damaged checkpoints it set aside.
   std::optional<int64_t> resumed_from;
   std::vector<std::string> set_aside;
+  // The world size and the global sample positions [samples_from,
+  // samples_to) of the step.
+  int world = 0;
+  int64_t samples_from = 0, samples_to = 0;
+  // A resume at another world size than the checkpoint's.
+  struct Resize {
+    int from_world = 0, to_world = 0;
+    int64_t step = 0;
+    double seconds_lost = 0;
+  };
+  std::optional<Resize> resized;
 };
 
 // A line of metrics.jsonl as read back: its number in the file (blank lines

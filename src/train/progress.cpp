@@ -20,18 +20,28 @@ Progress::Progress(const std::string& log_path, bool resumed, int64_t steps, int
     : log_path_(log_path), log_(log_path, resumed ? std::ios::app : std::ios::trunc), steps_(steps),
       log_every_(log_every), terminal_(terminal) {}
 
-void Progress::report(const StepMetrics& m, double eta_s, const std::vector<std::string>& mem_mib) {
-  const std::string line = progress_line(m, steps_, eta_s, mem_mib);
-  const bool last = m.step == steps_;
+void Progress::log(const std::string& line, int64_t step) {
   log_ << line << std::endl;
   if (!log_) {  // a full disk: said once, and the run goes on
     if (!log_failed_) {
-      std::cerr << "fsdp-train: WARNING: cannot write " << log_path_ << " at step " << m.step
+      std::cerr << "fsdp-train: WARNING: cannot write " << log_path_ << " at step " << step
                 << " (is the disk full?); training goes on, its lines go to the console only" << std::endl;
     }
     log_failed_ = true;
     log_.clear();
   }
+}
+
+void Progress::note(const std::string& line) {
+  log(line, 0);
+  if (terminal_) std::cout << "\r\x1b[K";
+  std::cout << line << std::endl;
+}
+
+void Progress::report(const StepMetrics& m, double eta_s, const std::vector<std::string>& mem_mib) {
+  const std::string line = progress_line(m, steps_, eta_s, mem_mib);
+  const bool last = m.step == steps_;
+  log(line, m.step);
   if (terminal_) {
     std::cout << "\r" << line << "\x1b[K" << std::flush;  // in place
     if (last) std::cout << std::endl;

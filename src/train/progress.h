@@ -26,7 +26,12 @@ class Progress {
   // Writes the line to train.log and (as above) stdout.
   void report(const StepMetrics& m, double eta_s, const std::vector<std::string>& mem_mib);
 
+  // Writes `line` (an event such as a resize) to train.log and stdout.
+  void note(const std::string& line);
+
  private:
+  void log(const std::string& line, int64_t step);
+
   std::string log_path_;
   std::ofstream log_;  // a failed write is said once on stderr (log_failed_), never an error
   int64_t steps_, log_every_;

@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -132,6 +134,7 @@ void write_identity(const std::string& path, const RunIdentity& id) {
   j["host"] = host_name();
   j["pid"] = static_cast<int64_t>(::getpid());
   if (id.legacy) j["legacy_checkpoints"] = true;
+  if (!id.job.empty()) j["torchelastic_run_id"] = id.job;
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -174,6 +177,7 @@ std::optional<RunIdentity> RunDirectory::identity() const {
     id.id = j.at("run_id").get<std::string>();
     id.digest = j.at("config_digest").get<std::string>();
     id.legacy = j.value("legacy_checkpoints", false);
+    id.job = j.value("torchelastic_run_id", std::string());
     if (id.id.empty()) throw std::invalid_argument("empty run_id");
     return id;
   } catch (const std::exception& e) {
@@ -181,6 +185,23 @@ std::optional<RunIdentity> RunDirectory::identity() const {
                       "): expected a JSON object with \"run_id\" and \"config_digest\" strings; --overwrite "
                       "starts a new run there");
   }
+}
+
+std::string torchrun_job() {
+  const char* job = std::getenv("TORCHELASTIC_RUN_ID");
+  return job != nullptr ? job : "";
+}
+
+bool RunDirectory::same_torchrun_job(const FSDPStrategy& strategy) const {
+  bool same = false;
+  if (strategy.global_rank() == 0 && !torchrun_job().empty()) {
+    try {
+      const auto had = identity();
+      same = had && had->job == torchrun_job();
+    } catch (const ConfigError&) {  // begin() names a damaged run.json
+    }
+  }
+  return strategy.broadcast(same ? std::string("1") : std::string("0"), 0) == "1";
 }
 
 bool RunDirectory::holds_run() const {
@@ -197,6 +218,7 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
   const auto failure = detail::capture([&] {
     if (strategy.global_rank() != 0) return;
     id = RunIdentity{new_run_id(), config_digest(c)};
+    id.job = torchrun_job();
     std::optional<RunIdentity> had;
     try {
       had = identity();
@@ -207,6 +229,7 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
       if (had) {
         id.id = had->id;  // the same run; its checkpoints record the configuration that wrote them
         id.legacy = had->legacy;
+        if (!id.job.empty() && had->job != id.job) write_identity(identity_path(), id);  // now this job's
       } else {
         id.legacy = !checkpoints().empty();  // a directory from before run identities: its checkpoints are the run's
         write_identity(identity_path(), id);
@@ -382,6 +405,31 @@ std::string RunDirectory::resume_checkpoint(const TrainConfig& c, const RunIdent
   return "";
 }
 
+namespace {
+
+// The newest modification time of `path` and (a directory) its entries:
+// when a checkpoint was committed. Now, if none can be read.
+std::chrono::system_clock::time_point newest_modification(const std::string& path) {
+  timespec newest{};
+  auto consider = [&](const std::string& p) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) return;
+    if (st.st_mtim.tv_sec > newest.tv_sec || (st.st_mtim.tv_sec == newest.tv_sec && st.st_mtim.tv_nsec > newest.tv_nsec)) {
+      newest = st.st_mtim;
+    }
+  };
+  consider(path);
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::directory_iterator(path, ec)) consider(e.path().string());
+  }
+  if (newest.tv_sec == 0) return std::chrono::system_clock::now();
+  return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::seconds(newest.tv_sec) + std::chrono::nanoseconds(newest.tv_nsec)));
+}
+
+}  // namespace
+
 ResumePoint RunDirectory::resume(const FSDPStrategy& strategy, const TrainConfig& c, const RunIdentity& run,
                                  CheckpointState& state) const {
   ResumePoint point;
@@ -392,7 +440,9 @@ ResumePoint RunDirectory::resume(const FSDPStrategy& strategy, const TrainConfig
   const std::string agreed = strategy.broadcast(detail::outcome(point.path, failure), 0);
   if (detail::outcome_failed(agreed)) detail::rethrow(detail::outcome_failure(agreed));
   point.path = detail::outcome_payload(agreed);
-  if (!point.path.empty()) strategy.load_checkpoint(point.path, state);
+  if (point.path.empty()) return point;
+  if (strategy.global_rank() == 0) point.committed_at = newest_modification(point.path);
+  point.values = strategy.load_checkpoint(point.path, state);
   return point;
 }
 

@@ -9,7 +9,9 @@
 // the temporary files of killed saves (no other writer is alive).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -57,18 +59,30 @@ struct RunIdentity {
   // it: run.json's "legacy_checkpoints"); its checkpoints without a run id
   // count as the run's.
   bool legacy = false;
+  // The torchrun job that runs it (TORCHELASTIC_RUN_ID, its --rdzv-id; run.json's
+  // "torchelastic_run_id"), empty under other launchers. A worker that the
+  // same job starts again (a restart for a node that joined or left keeps
+  // TORCHELASTIC_RESTART_COUNT) continues the run: same_torchrun_job.
+  std::string job;
 };
+
+// [local] TORCHELASTIC_RUN_ID, or "" when torchrun did not start the process.
+std::string torchrun_job();
 
 // 16 hex digits over the settings that make a run what it is: the model
 // shape, the schedule (lr, min_lr, warm-up, steps), batch, seed, data,
 // precision, sharding, checkpoint format and mesh.
 std::string config_digest(const TrainConfig& config);
 
-// Where a resumed run continues (empty path: from scratch), and the
-// damaged checkpoints set aside on the way (rank 0 only).
+// Where a resumed run continues (empty path: from scratch), the damaged
+// checkpoints set aside on the way (rank 0 only), the checkpoint's values
+// beyond those loaded (every rank), and when it was committed (rank 0 only:
+// the newest modification time of its files).
 struct ResumePoint {
   std::string path;
   std::vector<std::string> set_aside;
+  std::map<std::string, CheckpointValue> values;
+  std::chrono::system_clock::time_point committed_at;
 };
 
 class RunDirectory {
@@ -84,6 +98,12 @@ class RunDirectory {
   // [local] The run recorded in run.json; none when there is no run.json.
   // ConfigError naming the file when it is not what begin() writes.
   std::optional<RunIdentity> identity() const;
+
+  // [collective] Whether run.json records the torchrun job that started
+  // this process (torchrun_job(), not empty): a worker of that job started
+  // again, which continues the run. Rank 0 reads, every rank gets its answer
+  // (a broadcast); false when run.json is absent or unreadable.
+  bool same_torchrun_job(const FSDPStrategy& strategy) const;
 
   // [local] Whether the directory holds a run: run.json, metrics.jsonl,
   // train.log, loss.svg, or anything in checkpoints/ (other files, such as

@@ -662,8 +662,8 @@ TEST(CheckpointDamage, AMetaPtThatDisagreesWithTheIndexFailsVerifyAndLoad) {
 
 // Issue 28 item 5: a pickle that expands far beyond its size (the `.metadata`
 // bombs: 10 M one-tuples of None in 20 MB, 10 M empty dicts in 10 MB) ends
-// `fsdp-ckpt verify` with a named error within a second (of CPU time) of a tiny file's
-// refusal, its peak RSS above that run's by at most the parse's budget and
+// `fsdp-ckpt verify` with a named error within 5 s (of CPU time) of a tiny file's
+// refusal (about 1 s on CI's 2 cores, where a 1 s bound failed once by 0.05 s), its peak RSS above that run's by at most the parse's budget and
 // the file's bytes, and under 1 GiB (before the budget: 6.9 GB over 21 s,
 // and 3.7 GB; now about 730 MB and 280 MB).
 TEST(CheckpointDamage, PickleBombsEndInANamedErrorQuicklyWithBoundedMemory) {
@@ -685,8 +685,10 @@ TEST(CheckpointDamage, PickleBombsEndInANamedErrorQuicklyWithBoundedMemory) {
     EXPECT_EQ(r.exit_code(), 1) << name << ": " << r.output;
     EXPECT_NE(r.output.find(dir.path() + "/" + name + "/.metadata: the pickle at byte "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("expands beyond what its size allows"), std::string::npos) << r.output;
-    // CPU time, not wall time: other builds and tests share the machine.
-    EXPECT_LT(r.cpu_seconds - tiny.cpu_seconds, 1.0) << name << " (wall: " << r.seconds << " s, " << tiny.seconds << " s)";
+    // CPU time, not wall time: other builds and tests share the machine. The
+    // unbounded parser took 21 s; the bounded one about 1 s, so 5 s has room
+    // for a slow machine and still fails on the old behaviour.
+    EXPECT_LT(r.cpu_seconds - tiny.cpu_seconds, 5.0) << name << " (wall: " << r.seconds << " s, " << tiny.seconds << " s)";
     // At most the budget and the file's bytes (read whole), and far below the 6.9 GB of before.
     const long bound_kb = static_cast<long>((fsdp::detail::pickle::parse_budget(bomb.size()) + bomb.size()) / 1024);
     EXPECT_LT(r.max_rss_kb - tiny.max_rss_kb, std::min(bound_kb, 1024L * 1024))

@@ -5,11 +5,16 @@
 // launchers' workers leave their process group and could outlive them.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
 
 #include "../support/fault_injection.h"
 #include "../support/sockets.h"
 #include "../support/subprocess.h"
+#include "../support/test_hosts.h"
 
 using namespace fsdp::testing;
 using namespace std::chrono_literals;
@@ -130,6 +135,231 @@ TEST(Torchrun, TwoAgentsMeetThroughC10dRendezvous) {
     output += r.output;
   }
   expect_world_2(output, 4);
+}
+#endif
+
+// The steps of a run's metrics.jsonl, in order.
+std::vector<nlohmann::json> steps_of(const std::string& out) {
+  std::vector<nlohmann::json> steps;
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step")) steps.push_back(j);
+  }
+  return steps;
+}
+
+// The sampler's record shows every sample trained on once, in order: each
+// step's samples start where the step before ended, from 0, and a step at
+// world W takes batch * W of them.
+void expect_every_sample_once(const std::vector<nlohmann::json>& steps, int64_t batch) {
+  int64_t next = 0;
+  for (const auto& s : steps) {
+    const int64_t from = s.at("samples").at(0), to = s.at("samples").at(1), world = s.at("world");
+    EXPECT_EQ(from, next) << "step " << s.at("step") << ": " << s.dump();
+    EXPECT_EQ(to - from, batch * world) << s.dump();
+    next = to;
+  }
+}
+
+// The last line that records a resize from `from` to `to` worlds; null if none.
+nlohmann::json resize_of(const std::vector<nlohmann::json>& steps, int from, int to) {
+  nlohmann::json found;
+  for (const auto& s : steps) {
+    if (s.contains("resized") && s["resized"]["from_world"] == from && s["resized"]["to_world"] == to) found = s;
+  }
+  return found;
+}
+
+#ifdef FSDP_TORCHRUN
+// torchrun's agents on test hosts (tests/support/test_hosts.h), one worker
+// each, meeting through the c10d rendezvous backend whose store host 0's
+// agent serves. The hosts share one hostname, which resolves to none of
+// them: is_host says which agent serves the rendezvous store, and
+// --local-addr gives each agent its address (rank 0's becomes the workers'
+// MASTER_ADDR, instead of this machine's name). `nnodes`: "2" or
+// "2:3" (elastic); docs/launching.md's tuned timeouts: a lost host is noticed
+// in about 3 s (keep_alive_interval x keep_alive_max_attempt) and a smaller
+// group forms 3 s after (last_call_timeout).
+class TorchrunHosts : public ::testing::Test {
+ protected:
+  static constexpr int kPort = 29400;
+  void SetUp() override {
+    if (!hosts_) hosts_ = std::make_unique<TestHosts>(3);
+    if (!hosts_->why_not.empty()) GTEST_SKIP() << hosts_->why_not;
+  }
+  pid_t agent(int host, const std::string& nnodes, const std::vector<std::string>& program,
+              const std::vector<std::string>& env, int* fd) const {
+    std::vector<std::string> cmd{FSDP_TORCHRUN, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                 "--rdzv-endpoint", TestHosts::address(0) + ":" + std::to_string(kPort),
+                                 "--rdzv-id", "fsdp-elastic", "--local-addr", TestHosts::address(host),
+                                 "--rdzv-conf",
+                                 std::string("is_host=") + (host == 0 ? "1" : "0") +
+                                     ",last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3",
+                                 "--max-restarts", "3", "--no-python"};
+    cmd.insert(cmd.end(), program.begin(), program.end());
+    return spawn(hosts_->on(host, cmd), env, fd);
+  }
+  // Three agents of a --nnodes 2:3 job running `flags`, host 2's worker
+  // striking `fault` (fault_env) to end host 2: the two survivors' agents
+  // must end with status 0, host 2's not. Returns everything they printed.
+  std::string three_hosts_losing_one(const std::vector<std::string>& flags, const std::string& fault) const {
+    std::vector<pid_t> pids;
+    std::vector<int> fds(3, -1);
+    for (int host = 0; host < 3; ++host) {
+      pids.push_back(agent(host, "2:3", flags, host == 2 ? env(fault_env(fault)) : env(), &fds[host]));
+    }
+    std::string output;
+    for (int host = 0; host < 3; ++host) {
+      auto r = wait_program(pids[host], fds[host], 360s);
+      output += r.output;
+      if (host < 2) EXPECT_EQ(r.exit_code(), 0) << r.output;
+      if (host == 2) EXPECT_NE(r.exit_code(), 0) << r.output;  // its agent was killed
+    }
+    return output;
+  }
+  static std::vector<std::string> env(std::vector<std::string> extra = {}) {
+    return clean_env(concat({"FSDP_TIMEOUT_S=30", "FSDP_RENDEZVOUS_TIMEOUT_S=60"}, extra));
+  }
+  // fsdp-train on 2 ranks of this machine, under fsdp-run, into `out`: the
+  // reference runs.
+  static RunResult fsdp_run(const std::vector<std::string>& train_flags) {
+    return run_program(concat({FSDP_RUN_PATH, "--nproc-per-node", "2", "--"}, train_flags), 240s, clean_env());
+  }
+
+ private:
+  std::unique_ptr<TestHosts> hosts_;
+};
+
+// torchrun --nnodes 2 across two hosts trains as fsdp-run does on one
+// machine: every step's loss and gradient norm, bit for bit.
+TEST_F(TorchrunHosts, TwoNodesTrainLikeFsdpRun) {
+  ProcessTreeGuard tree;
+  TempDir dir;
+  std::vector<pid_t> pids;
+  std::vector<int> fds(2, -1);
+  for (int host = 0; host < 2; ++host) pids.push_back(agent(host, "2", train(dir.path() + "/run", 6), env(), &fds[host]));
+  for (int host = 0; host < 2; ++host) {
+    auto r = wait_program(pids[host], fds[host], 300s);
+    ASSERT_EQ(r.exit_code(), 0) << r.output;
+  }
+  auto ref = fsdp_run(train(dir.path() + "/ref", 6));
+  ASSERT_EQ(ref.exit_code(), 0) << ref.output;
+  const auto got = steps_of(dir.path() + "/run"), want = steps_of(dir.path() + "/ref");
+  ASSERT_EQ(got.size(), 6u);
+  ASSERT_EQ(want.size(), 6u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].at("world"), 2);
+    for (const char* k : {"loss", "grad_norm", "samples"}) EXPECT_EQ(got[i].at(k), want[i].at(k)) << k << " at step " << i + 1;
+  }
+}
+
+// Elastic, --nnodes 2:3 on three hosts: host 2's agent and worker are killed
+// (SIGKILL, at the worker's 8th optimizer step: after step 6's checkpoint).
+// The survivors' agents form a group of 2; fsdp-train resumes from the
+// newest checkpoint, resharded from world 3 to 2, records the resize, and
+// finishes. Its steps after the resize equal those of a --resume-from run at
+// world 2 from the same checkpoint, bit for bit; the sampler's record shows
+// no sample lost or seen twice.
+TEST_F(TorchrunHosts, ALostHostEndsTheRunAtWorld2LikeAResumeFrom) {
+  ProcessTreeGuard tree;
+  TempDir dir;
+  const std::string out = dir.path() + "/run";
+  const std::string output =
+      three_hosts_losing_one(concat(train(out, 12), {"--keep", "10"}), "optimizer-step:*:8:launcher");
+  const auto steps = steps_of(out);
+  ASSERT_FALSE(steps.empty()) << output;
+  EXPECT_EQ(steps.back().at("step"), 12) << output;
+  EXPECT_EQ(steps.back().at("world"), 2) << output;
+  expect_every_sample_once(steps, 2);
+  const auto resized = resize_of(steps, 3, 2);
+  ASSERT_FALSE(resized.is_null()) << "no resize from world 3 to 2 in metrics.jsonl\n" << output;
+  const int64_t from = resized["resized"]["step"];
+  EXPECT_GE(from, 6) << resized.dump();
+  EXPECT_EQ(from % 3, 0) << resized.dump();
+  EXPECT_GT(resized["resized"]["seconds_lost"].get<double>(), 0.0) << resized.dump();
+  std::ifstream log(out + "/train.log");
+  const std::string logged((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(logged.find("fsdp-train: resized from world 3 to world 2: resumed from step " + std::to_string(from)),
+            std::string::npos)
+      << logged;
+  // The reference: fsdp-run at world 2 from the same checkpoint.
+  char name[32];
+  std::snprintf(name, sizeof name, "/step-%08lld", static_cast<long long>(from));
+  auto ref = fsdp_run(concat(train(dir.path() + "/ref", 12), {"--resume-from", out + "/checkpoints" + name}));
+  ASSERT_EQ(ref.exit_code(), 0) << ref.output;
+  const auto want = steps_of(dir.path() + "/ref");
+  ASSERT_EQ(static_cast<int64_t>(want.size()), 12 - from) << ref.output;
+  for (const auto& w : want) {
+    const auto& g = steps.at(w.at("step").get<size_t>() - 1);
+    for (const char* k : {"loss", "grad_norm", "samples", "world"}) EXPECT_EQ(g.at(k), w.at(k)) << k << ": " << g.dump();
+  }
+}
+
+// Elastic growth: two hosts start a --nnodes 2:3 job (their workers slowed to
+// 250 ms a step), and a third joins after the first checkpoint. The agents
+// restart their workers for it; the run continues at world 3 from the newest
+// checkpoint, resharded from world 2, and records the resize. Growth needs
+// TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with torch 2.15 (docs/launching.md:
+// with the shared store, the node that joins waits for a store address that
+// the new round's rank 0, holding its store from the first round, never
+// publishes); workers then serve their own store, rank 0's worker hosting it.
+TEST_F(TorchrunHosts, AHostThatJoinsGrowsTheRunToWorld3) {
+  ProcessTreeGuard tree;
+  TempDir dir;
+  const std::string out = dir.path() + "/run";
+  const auto flags = train(out, 40);
+  std::vector<pid_t> pids;
+  std::vector<int> fds(3, -1);
+  for (int host = 0; host < 2; ++host) {
+    pids.push_back(agent(host, "2:3", flags,
+                         env(concat({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"}, fault_env("optimizer-step:*:1:slow"))),
+                         &fds[host]));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!std::filesystem::exists(out + "/checkpoints/step-00000003/.metadata") &&
+         std::chrono::steady_clock::now() - t0 < 240s) {
+    std::this_thread::sleep_for(50ms);
+  }
+  pids.push_back(agent(2, "2:3", flags, env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"}), &fds[2]));
+  std::string output;
+  for (int host = 0; host < 3; ++host) {
+    auto r = wait_program(pids[host], fds[host], 360s);
+    output += r.output;
+    EXPECT_EQ(r.exit_code(), 0) << r.output;
+  }
+  const auto steps = steps_of(out);
+  ASSERT_FALSE(steps.empty()) << output;
+  EXPECT_EQ(steps.back().at("step"), 40) << output;
+  EXPECT_EQ(steps.back().at("world"), 3) << output;
+  expect_every_sample_once(steps, 2);
+  const auto resized = resize_of(steps, 2, 3);
+  ASSERT_FALSE(resized.is_null()) << "no resize from world 2 to 3 in metrics.jsonl\n" << output;
+  EXPECT_GE(resized["resized"]["step"].get<int64_t>(), 3) << resized.dump();
+}
+
+// A host is lost in the middle of a save (its worker dies after writing its
+// first file of step 6's checkpoint): that checkpoint never commits, and the
+// survivors resume from step 3's, the last committed one, which is kept
+// intact. Every checkpoint left verifies.
+TEST_F(TorchrunHosts, AHostLostInASaveResumesFromTheLastCommittedCheckpoint) {
+  ProcessTreeGuard tree;
+  TempDir dir;
+  const std::string out = dir.path() + "/run";
+  const std::string output =
+      three_hosts_losing_one(concat(train(out, 9), {"--keep", "10"}), "sharded-mid-data:*:2:launcher");
+  const auto steps = steps_of(out);
+  ASSERT_FALSE(steps.empty()) << output;
+  EXPECT_EQ(steps.back().at("step"), 9) << output;
+  expect_every_sample_once(steps, 2);
+  const auto resized = resize_of(steps, 3, 2);
+  ASSERT_FALSE(resized.is_null()) << output;
+  EXPECT_EQ(resized["resized"]["step"], 3) << resized.dump();
+  for (const char* step : {"3", "6", "9"}) {
+    const std::string ckpt = out + "/checkpoints/step-0000000" + step;
+    auto v = run_program({FSDP_CKPT_PATH, "verify", ckpt}, 60s);
+    EXPECT_EQ(v.exit_code(), 0) << ckpt << ": " << v.output;
+  }
 }
 #endif
 

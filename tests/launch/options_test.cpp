@@ -84,8 +84,9 @@ TEST(LaunchOptions, BadInputNamesTheOptionAndTheExpectation) {
                       "--preset", "tiny", "--out", "my runs/a"}),
             "fsdp-run: --nnodes=1:3: fsdp-run runs a fixed number of nodes; an elastic job is torchrun's (its c10d "
             "rendezvous re-forms the group when a node is lost or joins, and fsdp-train resumes from its newest "
-            "checkpoint, resharded). On every node run:\n  torchrun --nnodes 1:3 --nproc-per-node 2 --rdzv-backend "
-            "c10d --rdzv-endpoint node0:29400 --rdzv-id JOB --max-restarts 3 --no-python fsdp-train --preset tiny "
+            "checkpoint, resharded). On every node run:\n  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 1:3 --nproc-per-node 2 --rdzv-backend "
+            "c10d --rdzv-endpoint node0:29400 --rdzv-id JOB --rdzv-conf "
+            "last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3 --max-restarts 3 --no-python fsdp-train --preset tiny "
             "--out 'my runs/a'\n(docs/launching.md)");
   EXPECT_EQ(error_of({"--nnodes", "x:y", "prog"}).rfind("fsdp-run: --nnodes=x:y: fsdp-run runs a fixed number", 0), 0u);
   EXPECT_EQ(error_of({"--nnodes", "two", "prog"}),

@@ -26,6 +26,7 @@
 #include "../support/fault_injection.h"
 #include "../support/sockets.h"
 #include "../support/subprocess.h"
+#include "../support/test_hosts.h"
 #include "../support/thread_ranks.h"
 #include "../support/tmpfs.h"
 #include "fsdp/checkpoint_io.h"
@@ -244,49 +245,28 @@ TEST(DeadRank, TheSurvivorOnAnotherNodeNamesTheCollective) {
   EXPECT_LT(r0.seconds, 60.0) << r0.output;
 }
 
-// Two test hosts on this machine: network namespaces `a` (10.77.0.1) and `b`
-// (10.77.0.2) joined by a veth pair, as two machines joined by one cable.
-// Needs root (CAP_NET_ADMIN), as CI has; skipped with the reason otherwise.
+// Two test hosts on this machine (tests/support/test_hosts.h): `a`
+// (10.77.0.1) and `b` (10.77.0.2) on one switch, as two machines on one
+// network. Needs root (CAP_NET_ADMIN), as CI has; skipped with the reason
+// otherwise.
 class TwoHosts : public ::testing::Test {
  protected:
   static constexpr int kPort = 29500;  // rank 0's store, on host a
   void SetUp() override {
-    const std::string id = std::to_string(getpid());
-    a_ = "fsdp-a-" + id;
-    b_ = "fsdp-b-" + id;
-    link_a_ = "fva" + id;
-    const std::string link_b = "fvb" + id;
-    for (const std::string& cmd :
-         {"ip netns add " + a_, "ip netns add " + b_, "ip link add " + link_a_ + " type veth peer name " + link_b,
-          "ip link set " + link_a_ + " netns " + a_, "ip link set " + link_b + " netns " + b_,
-          "ip -n " + a_ + " addr add 10.77.0.1/24 dev " + link_a_, "ip -n " + b_ + " addr add 10.77.0.2/24 dev " + link_b,
-          "ip -n " + a_ + " link set " + link_a_ + " up", "ip -n " + b_ + " link set " + link_b + " up",
-          "ip -n " + a_ + " link set lo up", "ip -n " + b_ + " link set lo up"}) {
-      if (std::system((cmd + " >/dev/null 2>&1").c_str()) != 0) {
-        GTEST_SKIP() << "cannot make two test hosts with ip netns here (needs root and the ip tool): `" << cmd
-                     << "` failed";
-      }
-    }
-  }
-  void TearDown() override {  // deleting a namespace deletes its end of the veth pair, and so both
-    std::system(("ip netns del " + a_ + " >/dev/null 2>&1").c_str());
-    std::system(("ip netns del " + b_ + " >/dev/null 2>&1").c_str());
-    std::system(("ip link del " + link_a_ + " >/dev/null 2>&1").c_str());  // if set-up stopped before moving it
+    if (!hosts_.why_not.empty()) GTEST_SKIP() << hosts_.why_not;
   }
   // fsdp-run for node `rank` (one rank per node) on its host, rank 0's store on host a.
   std::vector<std::string> node(int rank, const std::vector<std::string>& train) const {
-    std::vector<std::string> cmd{"ip", "netns", "exec", rank == 0 ? a_ : b_, FSDP_RUN_PATH, "--nnodes", "2",
-                                 "--node-rank", std::to_string(rank), "--nproc-per-node", "1", "--master-addr",
-                                 "10.77.0.1", "--master-port", std::to_string(kPort), "--"};
+    std::vector<std::string> cmd{FSDP_RUN_PATH, "--nnodes", "2", "--node-rank", std::to_string(rank),
+                                 "--nproc-per-node", "1", "--master-addr", TestHosts::address(0), "--master-port",
+                                 std::to_string(kPort), "--"};
     cmd.insert(cmd.end(), train.begin(), train.end());
-    return cmd;
+    return hosts_.on(rank, cmd);
   }
-  void cut_the_link() const {
-    ASSERT_EQ(std::system(("ip -n " + a_ + " link set " + link_a_ + " down").c_str()), 0);
-  }
+  void cut_the_link() const { ASSERT_TRUE(hosts_.cut(0)); }
 
  private:
-  std::string a_, b_, link_a_;
+  TestHosts hosts_{2};
 };
 
 // fsdp-run's multi-node mode across two hosts trains to the parameters of the

@@ -11,7 +11,9 @@
 
 namespace fsdp::testing {
 
-// spec: "<point>:<rank>:<n>", or "<point>:<rank>:<n>:oom".
+// spec: "<point>:<rank>:<n>", or "<point>:<rank>:<n>:<how>" with how one of
+// oom, launcher, slow
+// (tests/support/fault_injector.cpp); <rank> may be "*" (any rank).
 inline std::vector<std::string> fault_env(const std::string& spec) {
   const char* preloaded = std::getenv("LD_PRELOAD");
   std::string preload = FSDP_FAULT_INJECTOR_PATH;

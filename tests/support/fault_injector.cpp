@@ -2,19 +2,27 @@
 // library that the tests preload (LD_PRELOAD) into the programs they start,
 // or link into an in-process test. Its static initialiser installs a hook on
 // the library's fault points (src/fsdp/fault_points.h) when the environment
-// variable FSDP_TEST_FAULT is "<point>:<rank>:<n>" or "<point>:<rank>:<n>:oom":
-// the n-th time `rank` reaches `point`, the process kills itself with
-// SIGKILL, or with ":oom" touches ever more memory until the kernel's OOM
-// killer ends it (exit status 99 after 4 GiB without one). A worker that
+// variable FSDP_TEST_FAULT is "<point>:<rank>:<n>" or "<point>:<rank>:<n>:<how>":
+// the n-th time `rank` ("*": whichever rank the process is) reaches `point`,
+// the process kills itself with SIGKILL; with ":oom" it touches ever more
+// memory until the kernel's OOM killer ends it (exit status 99 after 4 GiB
+// without one); with ":launcher" it kills its parent (the launcher's agent:
+// torchrun's, fsdp-run) with SIGKILL first, then itself, as a lost node does;
+// with ":slow" it sleeps 250 ms there, and at every later hit (a slow rank,
+// to give a test time to act while the job runs). A worker that
 // fsdp-run restarted (TORCHELASTIC_RESTART_COUNT above 0) gets no hook, so a
 // fault strikes once. In a process without libfsdp (fsdp-run, a shell) it does
 // nothing.
 #include <dlfcn.h>
 
 #include <csignal>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <thread>
 #include <mutex>
 #include <string>
 
@@ -40,14 +48,23 @@ const char* g_spec = nullptr;  // FSDP_TEST_FAULT, when the hook is installed
 void strike(const char* point, int rank) {
   static std::mutex mu;
   static std::map<std::string, int> hits;  // by "<point>:<rank>"
-  const std::string here = std::string(point) + ":" + std::to_string(rank);
+  static std::atomic<bool> slow{false};
+  const std::string spec = g_spec;
+  const bool any_rank = spec.find(std::string(point) + ":*:") == 0;
+  const std::string here = std::string(point) + ":" + (any_rank ? std::string("*") : std::to_string(rank));
   std::string hit;
   {
     std::lock_guard<std::mutex> lock(mu);
     hit = here + ":" + std::to_string(++hits[here]);
   }
-  if (hit == g_spec) ::raise(SIGKILL);
-  if (hit + ":oom" == g_spec) exhaust_memory();
+  if (hit == spec) ::raise(SIGKILL);
+  if (hit + ":oom" == spec) exhaust_memory();
+  if (hit + ":slow" == spec) slow = true;
+  if (slow && spec.rfind(here + ":", 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  if (hit + ":launcher" == spec) {
+    ::kill(::getppid(), SIGKILL);
+    ::raise(SIGKILL);
+  }
 }
 
 struct Installer {

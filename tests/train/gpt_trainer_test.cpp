@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include <signal.h>
@@ -336,55 +337,82 @@ TEST(GptTrainer, HeldOutIsATenth) {
 
 namespace {
 
-// The batches as BatchSampler drew them before issue 28, from the whole
-// text held as int64 tokens: the reference the mapped corpus must match.
-train::Batch batch_from_tokens(const at::Tensor& tokens, int64_t context, int64_t batch, uint64_t seed, int rank,
-                               int world, int64_t index) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + static_cast<uint64_t>(index));
-  at::Tensor starts = at::randint(0, tokens.numel() - (context + 1), {batch * world}, gen, at::kLong);
-  std::vector<at::Tensor> rows;
-  for (int64_t i = 0; i < batch; ++i) {
-    rows.push_back(tokens.narrow(0, starts[rank * batch + i].item<int64_t>(), context + 1));
+// The rows of a batch (inputs with the last target appended), as strings.
+std::vector<std::string> rows_of(const train::Batch& b) {
+  std::vector<std::string> rows;
+  const at::Tensor full = at::cat({b.inputs, b.targets.narrow(1, b.targets.size(1) - 1, 1)}, 1).to(at::kByte).contiguous();
+  for (int64_t i = 0; i < full.size(0); ++i) {
+    rows.emplace_back(reinterpret_cast<const char*>(full[i].data_ptr<uint8_t>()), static_cast<size_t>(full.size(1)));
   }
-  at::Tensor b = at::stack(rows);
-  return {b.narrow(1, 0, context), b.narrow(1, 1, context)};
+  return rows;
 }
 
 }  // namespace
 
-// Issue 28 item 4: the corpus is read where it is sampled (a mapped file, or
-// a text held once), and every batch is the one the int64 tokens gave before,
-// for every step, rank and held-out batch: runs compare as before.
-TEST(GptTrainer, BatchesOfAMappedFileAreThoseOfTheWholeTextAsTokens) {
+// Issue 29 item 3 (and issue 28 item 4): a step takes the next batch * world
+// samples of one stream, whatever the world size, read where they lie in
+// the corpus (a mapped file, or a text held once). Rank r's rows are the
+// windows at sample_start of its samples; world 2 x batch 3, world 3 x
+// batch 2 and world 1 x batch 6 see the same samples; and a run whose world
+// changes from step to step (an elastic job's resizes) trains on samples
+// 0, 1, 2, ... each once, in order.
+TEST(GptTrainer, StepsTakeTheNextSamplesOfOneStreamAtAnyWorldSize) {
   TempDir dir;
   const std::string text = train::generated_corpus(100000);
   write_file(dir.path() + "/data.txt", text);
-  const at::Tensor all = train::bytes_to_tokens(text);
-  const int64_t context = 32, batch = 3, split = all.numel() - train::held_out_bytes(all.numel(), context);
-  for (int rank = 0; rank < 2; ++rank) {
-    for (bool mapped : {true, false}) {
-      SCOPED_TRACE(std::string(mapped ? "mapped" : "held") + " rank " + std::to_string(rank));
-      train::BatchSampler s(mapped ? train::Corpus::map_file(dir.path() + "/data.txt")
-                                   : train::Corpus::hold(text, "the text"),
-                            context, batch, 5, rank, 2, at::kCPU);
-      EXPECT_EQ(s.corpus().size(), 100000);
-      ASSERT_TRUE(s.has_held_out());
-      for (int64_t step = 0; step < 6; ++step) {
-        const train::Batch got = s.training(step), want = batch_from_tokens(all.narrow(0, 0, split), context, batch, 5,
-                                                                             rank, 2, step);
-        EXPECT_EQ(got.inputs.scalar_type(), at::kLong);
-        EXPECT_TRUE(at::equal(got.inputs, want.inputs)) << "step " << step;
-        EXPECT_TRUE(at::equal(got.targets, want.targets)) << "step " << step;
-      }
-      for (int64_t i = 0; i < 4; ++i) {
-        const train::Batch got = s.held_out(i),
-                           want = batch_from_tokens(all.narrow(0, split, all.numel() - split), context, batch,
-                                                    5 + 7777, rank, 2, i);
-        EXPECT_TRUE(at::equal(got.inputs, want.inputs)) << "held-out batch " << i;
-        EXPECT_TRUE(at::equal(got.targets, want.targets)) << "held-out batch " << i;
+  const int64_t context = 32, split = 100000 - train::held_out_bytes(100000, context);
+  auto sampler = [&](bool mapped, int64_t batch, int rank, int world) {
+    return train::BatchSampler(mapped ? train::Corpus::map_file(dir.path() + "/data.txt")
+                                      : train::Corpus::hold(text, "the text"),
+                               context, batch, 5, rank, world, at::kCPU);
+  };
+  auto window = [&](int64_t start) { return text.substr(static_cast<size_t>(start), context + 1); };
+  // The samples of [first, first + n) of the stream, through `batch` x `world`.
+  auto stream = [&](bool mapped, int64_t batch, int world, int64_t first) {
+    std::vector<std::string> rows;
+    for (int r = 0; r < world; ++r) {
+      auto got = rows_of(sampler(mapped, batch, r, world).training(first));
+      rows.insert(rows.end(), got.begin(), got.end());
+    }
+    return rows;
+  };
+  const train::BatchSampler reference = sampler(true, 1, 0, 1);
+  std::set<int64_t> starts;
+  for (int64_t i = 0; i < 1000; ++i) {
+    const int64_t at = reference.sample_start(i);
+    ASSERT_GE(at, 0);
+    ASSERT_LT(at, split - (context + 1)) << "sample " << i << " reaches into the held-out tail";
+    starts.insert(at);
+  }
+  EXPECT_GT(starts.size(), 990u);  // spread over the text, not a handful of windows
+  for (bool mapped : {true, false}) {
+    SCOPED_TRACE(mapped ? "mapped" : "held");
+    for (int64_t first : {int64_t{0}, int64_t{6}, int64_t{1234567}}) {
+      const auto want = stream(mapped, 6, 1, first);
+      ASSERT_EQ(want.size(), 6u);
+      for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(want[i], window(reference.sample_start(first + i))) << first + i;
+      EXPECT_EQ(stream(mapped, 3, 2, first), want) << "world 2 x batch 3 at sample " << first;
+      EXPECT_EQ(stream(mapped, 2, 3, first), want) << "world 3 x batch 2 at sample " << first;
+    }
+    // Held-out batches come from the tail alone.
+    for (int64_t i = 0; i < 4; ++i) {
+      for (const auto& row : rows_of(sampler(mapped, 3, 1, 2).held_out(i))) {
+        EXPECT_NE(text.find(row, static_cast<size_t>(split)), std::string::npos) << "held-out batch " << i;
       }
     }
   }
+  // An elastic job's steps at worlds 3, 3, 2, 2, 2, 3, 1 with batch 2 per rank:
+  // each continues at the position the one before left.
+  std::vector<std::string> trained;
+  int64_t position = 0;
+  for (int world : {3, 3, 2, 2, 2, 3, 1}) {
+    const auto rows = stream(true, 2, world, position);
+    trained.insert(trained.end(), rows.begin(), rows.end());
+    position += sampler(true, 2, 0, world).samples_per_step();
+  }
+  ASSERT_EQ(position, 2 * (3 + 3 + 2 + 2 + 2 + 3 + 1));
+  for (int64_t i = 0; i < position; ++i) EXPECT_EQ(trained[i], window(reference.sample_start(i))) << "sample " << i;
+  EXPECT_THROW(reference.training(-1), Error);
 }
 
 // Issue 28 item 4: the held-out tail never overlaps the training text. At

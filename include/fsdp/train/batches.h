@@ -1,9 +1,18 @@
 // fsdp/train/batches.h — the trainer's data: a corpus of bytes (a
 // memory-mapped file, or a text held in memory), split into training text
-// and a held-out tail, and the batches of each step, which depend only on
-// the seed and the step (the same on every run, and after a resume). Local:
-// no collectives; every rank draws the same global batch and takes its own
-// slice of it.
+// and a held-out tail, and the batches of each step. Local: no collectives.
+//
+// The sample stream: sample i (i = 0, 1, 2, ...) is the window of context + 1
+// bytes of the training text starting at sample_start(i), a function of the
+// seed and i alone. A step at world W takes the next batch * W samples of the
+// stream, from the global sample position P: rank r the samples
+// [P + r * batch, P + (r + 1) * batch). The position after the step is
+// P + batch * W. A run keeps the position in its checkpoints, so a job that
+// resumes at another world size (an elastic resize) continues the stream
+// where the checkpoint left it: across any number of resizes every sample is
+// trained on once, in order, none skipped or seen twice. At one world size
+// P = step * batch * W; world 1 with batch 2B sees what world 2 with batch B
+// sees, step by step.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -82,29 +91,37 @@ class BatchSampler {
   // 0, 0 <= rank < world.
   BatchSampler(Corpus corpus, int64_t context, int64_t batch, uint64_t seed, int rank, int world, at::Device device);
 
-  // This rank's `batch` samples of the global batch of 0-based `step`: the
-  // global batch is batch * world random windows of the training text,
-  // drawn from a generator seeded by (seed, step), and rank r takes the r-th
-  // slice. Costs one small draw, a copy of this rank's windows (batch x
+  // This rank's `batch` samples of the step that starts at the global
+  // sample position `position` (>= 0): the samples position + rank * batch
+  // onwards. Costs a hash per sample, a copy of this rank's windows (batch x
   // (context + 1) bytes, a few pages of the corpus touched) and their
   // conversion to int64 on the device.
-  Batch training(int64_t step) const;
+  Batch training(int64_t position) const;
+
+  // The samples one step takes: batch * world.
+  int64_t samples_per_step() const { return batch_ * world_; }
+
+  // Where sample `i` of the training stream starts in the corpus: a 64-bit
+  // hash (SplitMix64) of (seed, i), reduced to [0, training bytes - context
+  // - 1). The same on every machine and LibTorch version.
+  int64_t sample_start(int64_t i) const;
 
   // Whether the corpus is long enough to hold a tail out
   // (min_bytes_to_hold_out); the held-out tail never overlaps the training
   // text.
   bool has_held_out() const { return held_out_size_ > 0; }
 
-  // The i-th of the fixed evaluation batches: as training(i) with seed +
-  // 7777, from the held-out tail. Costs as training(). Requires
-  // has_held_out(): an fsdp::Error otherwise (it never draws from the
-  // training text).
+  // The i-th of the fixed evaluation batches: this rank's slice of the
+  // samples [i * batch * world, (i + 1) * batch * world) of a stream like
+  // the training one, with seed + 7777, over the held-out tail. Costs as
+  // training(). Requires has_held_out(): an fsdp::Error otherwise (it never
+  // draws from the training text).
   Batch held_out(int64_t i) const;
 
   const Corpus& corpus() const { return corpus_; }
 
  private:
-  Batch draw(int64_t offset, int64_t length, uint64_t seed, int64_t index) const;
+  Batch draw(int64_t offset, int64_t length, uint64_t seed, int64_t first) const;
 
   Corpus corpus_;
   int64_t training_size_, held_out_size_;
