@@ -355,9 +355,15 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   }
   // One job per run directory: rank 0 holds its lock until train() returns.
   const RunDirectory run(c.out);
-  // The torchrun job that began the run, starting its workers again (a node
-  // left or joined: an elastic resize), continues it.
-  if (!c.resume && c.resume_from.empty() && run.same_torchrun_job(strategy)) {
+  // [collective] Whether the job continues the run, agreed by every rank:
+  // any rank's --resume (a launcher's restart sets it on the ranks it
+  // restarted, and torchrun restarts the nodes of an elastic job with
+  // different counts: a failed node's counts, a node restarted for one that
+  // joined does not), or run.json recording this torchrun job (its workers
+  // started again after a node left or joined).
+  const bool continues = c.resume || (rank == 0 && run.records_torchrun_job());
+  const auto votes = strategy.group().all_gather_bytes(continues ? "1" : "0");
+  if (c.resume_from.empty() && std::find(votes.begin(), votes.end(), "1") != votes.end()) {
     c.resume = true;
     c.overwrite = false;
   }

@@ -192,16 +192,14 @@ std::string torchrun_job() {
   return job != nullptr ? job : "";
 }
 
-bool RunDirectory::same_torchrun_job(const FSDPStrategy& strategy) const {
-  bool same = false;
-  if (strategy.global_rank() == 0 && !torchrun_job().empty()) {
-    try {
-      const auto had = identity();
-      same = had && had->job == torchrun_job();
-    } catch (const ConfigError&) {  // begin() names a damaged run.json
-    }
+bool RunDirectory::records_torchrun_job() const {
+  if (torchrun_job().empty()) return false;
+  try {
+    const auto had = identity();
+    return had && had->job == torchrun_job();
+  } catch (const ConfigError&) {  // begin() names a damaged run.json
+    return false;
   }
-  return strategy.broadcast(same ? std::string("1") : std::string("0"), 0) == "1";
 }
 
 bool RunDirectory::holds_run() const {

@@ -99,11 +99,11 @@ class RunDirectory {
   // ConfigError naming the file when it is not what begin() writes.
   std::optional<RunIdentity> identity() const;
 
-  // [collective] Whether run.json records the torchrun job that started
-  // this process (torchrun_job(), not empty): a worker of that job started
-  // again, which continues the run. Rank 0 reads, every rank gets its answer
-  // (a broadcast); false when run.json is absent or unreadable.
-  bool same_torchrun_job(const FSDPStrategy& strategy) const;
+  // [local] Whether run.json records the torchrun job that started this
+  // process (torchrun_job(), not empty): a worker of that job started
+  // again, which continues the run. False when run.json is absent or
+  // unreadable (begin() names it).
+  bool records_torchrun_job() const;
 
   // [local] Whether the directory holds a run: run.json, metrics.jsonl,
   // train.log, loss.svg, or anything in checkpoints/ (other files, such as

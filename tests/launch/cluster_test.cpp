@@ -363,6 +363,39 @@ TEST_F(TorchrunHosts, AHostLostInASaveResumesFromTheLastCommittedCheckpoint) {
 }
 #endif
 
+// torchrun restarts the nodes of an elastic job with different
+// TORCHELASTIC_RESTART_COUNTs (a failed node's counts; a node restarted for
+// one that joined does not). The ranks agree to continue the run, whichever
+// of them a launcher restarted: here rank 0 with count 1, rank 1 with 0
+// (before, rank 1 started a new run and read rank 0's collectives as its
+// own: "fsdp-train: <run id> <digest> 0").
+TEST(Restarts, RanksRestartedADifferentNumberOfTimesContinueTheRunTogether) {
+  ProcessTreeGuard tree;
+  TempDir dir;
+  const std::string out = dir.path() + "/run";
+  auto first = run_program(concat({FSDP_RUN_PATH, "--nproc-per-node", "2", "--"}, train(out, 3)), 240s, clean_env());
+  ASSERT_EQ(first.exit_code(), 0) << first.output;
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  std::vector<int> fds(2, -1);
+  for (int rank = 0; rank < 2; ++rank) {
+    pids.push_back(spawn(train(out, 6),
+                         clean_env({"RANK=" + std::to_string(rank), "LOCAL_RANK=" + std::to_string(rank),
+                                    "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                                    "TORCHELASTIC_RESTART_COUNT=" + std::string(rank == 0 ? "1" : "0")}),
+                         &fds[rank]));
+  }
+  auto r0 = wait_program(pids[0], fds[0], 240s);
+  auto r1 = wait_program(pids[1], fds[1], 240s);
+  ASSERT_EQ(r0.exit_code(), 0) << r0.output << r1.output;
+  ASSERT_EQ(r1.exit_code(), 0) << r1.output;
+  EXPECT_NE(r0.output.find("resumed from " + out + "/checkpoints/step-00000003 at step 3"), std::string::npos)
+      << r0.output;
+  const auto steps = steps_of(out);
+  ASSERT_EQ(steps.size(), 6u);
+  expect_every_sample_once(steps, 2);
+}
+
 // mpirun starts both ranks; fsdp-cpp reads Open MPI's variables and the
 // address passed with -x. mpirun's own flags: docs/launching.md.
 TEST(Mpirun, TrainsOneJobOfWorld2) {
