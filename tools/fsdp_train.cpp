@@ -9,9 +9,23 @@
 #include <cstdlib>
 #include <limits>
 #include <iostream>
+#include <string>
 
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
+
+namespace {
+
+// Prints "fsdp-train: <what>" to stderr in one write, so that the lines of
+// ranks sharing one output (mpirun's, a terminal) never interleave; status 1.
+int fail(const std::string& what) {
+  const std::string line = "fsdp-train: " + what + "\n";
+  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+  std::cerr.flush();
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdp-train: a byte-level GPT trained with Fully Sharded Data Parallel"};
@@ -134,10 +148,8 @@ int main(int argc, char** argv) {
     fsdp::train::train(c, world);
     return 0;
   } catch (const c10::Error& e) {
-    std::cerr << "fsdp-train: " << e.what_without_backtrace() << std::endl;  // no LibTorch stack trace
-    return 1;
+    return fail(e.what_without_backtrace());  // no LibTorch stack trace
   } catch (const std::exception& e) {
-    std::cerr << "fsdp-train: " << e.what() << std::endl;
-    return 1;
+    return fail(e.what());
   }
 }
