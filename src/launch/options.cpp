@@ -30,8 +30,9 @@ options:
                        failure (default 0; nnodes == 1 only: restarts across
                        nodes and elastic jobs (--nnodes MIN:MAX) are torchrun's,
                        and fsdp-run prints the torchrun command for them:
-                       TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 1:3 --nproc-per-node N --rdzv-backend
-                       c10d --rdzv-endpoint HOST0:29400 --rdzv-id JOB
+                       TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes
+                       1:3 --nproc-per-node N --rdzv-backend c10d
+                       --rdzv-endpoint HOST0:29400 --rdzv-id JOB
                        --rdzv-conf last_call_timeout=3,keep_alive_interval=1,
                        keep_alive_max_attempt=3 --max-restarts 3 --no-python
                        program [args...]; docs/launching.md)
@@ -119,8 +120,8 @@ int parse_int(const std::string& opt, const std::string& value, long lo, long hi
 // torch 2.x's agents cannot grow the group (docs/launching.md).
 std::string torchrun_command(const LaunchOptions& o, const std::string& nnodes, int restarts, bool addr_given) {
   const bool elastic = nnodes.find(':') != std::string::npos;
-  std::string cmd = std::string(elastic ? "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " : "") + "torchrun --nnodes " + nnodes + " --nproc-per-node " + std::to_string(o.nproc_per_node) +
-                    " --rdzv-backend c10d --rdzv-endpoint " + (addr_given ? o.master_addr : std::string("HOST0")) +
+  std::string cmd = std::string(elastic ? "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " : "") + "torchrun --nnodes " +
+                    nnodes + " --nproc-per-node " + std::to_string(o.nproc_per_node) + " --rdzv-backend c10d --rdzv-endpoint " + (addr_given ? o.master_addr : std::string("HOST0")) +
                     ":" + std::to_string(o.master_port > 0 ? o.master_port : 29400) + " --rdzv-id JOB";
   if (elastic) {
     cmd += " --rdzv-conf last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3";

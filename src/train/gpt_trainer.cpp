@@ -269,8 +269,9 @@ Model build_model(FSDPStrategy& strategy, const TrainConfig& c) {
 }
 
 // What a checkpoint of the run holds at `step` (the steps done); what a
-// resume loads. A save adds the sampler's position and the world size
-// (save_state).
+// resume loads. A save adds the sample stream's position ("samples") and
+// the world size ("world"); a resume finds them among the values it did not
+// ask for (ResumePoint::values), absent in checkpoints from before them.
 CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int64_t step) {
   CheckpointState s;
   s.model("model", model.ptr()).optimizer("optimizer", opt).value("step", step);
