@@ -604,9 +604,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
                                    : std::string(" (is rank 0 running and MASTER_ADDR/MASTER_PORT right?)")));
     }
     if (listen_only && !listen_only->applied()) {
-      std::cerr << "fsdp: warning: rank 0's rendezvous store on port " << o.master_port
-                << " listens on every interface, not only on " << listen_only->address()
-                << ": this LibTorch's TCPStore bound it where fsdp-cpp cannot redirect it\n";
+      TORCH_WARN("fsdp: rank 0's rendezvous store on port ", o.master_port, " listens on every interface, not only on ",
+                 listen_only->address(), ": this LibTorch's TCPStore bound it where fsdp-cpp cannot redirect it");
     }
   }
   // In a launcher's store, this attempt's keys live under a prefix of their own.

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/DefaultDtype.h>
+#include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 #include <torch/version.h>
@@ -164,9 +165,8 @@ FSDPStrategy::FSDPStrategy(FSDPStrategyOptions options) : options_(std::move(opt
                       "latter.");
   }
   if (options_.activation_checkpointing()) {
-    std::cerr << "fsdp: warning: FSDPStrategyOptions::activation_checkpointing is deprecated, use "
-                 "activation_checkpointing_policy instead."
-              << std::endl;
+    TORCH_WARN("fsdp: FSDPStrategyOptions::activation_checkpointing is deprecated, use "
+               "activation_checkpointing_policy instead.");
   }
 }
 
@@ -268,9 +268,8 @@ std::optional<FSDPOptions> FSDPStrategy::begin_setup(const std::shared_ptr<torch
   const auto units = fsdp_modules(module);
   if (units.empty()) return fsdp_options();
   if (options_.auto_wrap_policy() && is_global_zero()) {
-    std::cerr << "fsdp: warning: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy "
-                 "will be ignored."
-              << std::endl;
+    TORCH_WARN("fsdp: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy will be "
+               "ignored.");
   }
   if (units.front().second == module) return std::nullopt;  // the root is a unit already
   return module_sharded_options();  // manual wrapping: the root around the user's units
@@ -305,9 +304,8 @@ void FSDPStrategy::after_wrap(const std::shared_ptr<torch::nn::Module>& module) 
   for (const auto& m : module->modules(/*include_self=*/true)) {
     if (is_checkpointed(*m)) {
       if (is_global_zero()) {
-        std::cerr << "fsdp: warning: FSDP checkpointing is configured, but the model already contains checkpointed "
-                     "layers. Checkpointing will be ignored."
-                  << std::endl;
+        TORCH_WARN("fsdp: FSDP checkpointing is configured, but the model already contains checkpointed layers. "
+                   "Checkpointing will be ignored.");
       }
       return;
     }

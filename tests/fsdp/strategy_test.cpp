@@ -22,6 +22,7 @@
 #include "trainer.h"
 #include "../support/errors.h"
 #include "../support/thread_strategy.h"
+#include "../support/warnings.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;
@@ -129,6 +130,33 @@ TEST(Strategy, SetupModuleWrapsChecksPointsAndRespectsManualWrapping) {
     apply_activation_checkpointing(ck, checkpoint_module_types<BlockImpl>());
     auto m3 = s.setup_module(ck);
     EXPECT_EQ(fsdp_modules(m3.ptr()).size(), 4u);
+  });
+}
+
+// Issue 30 item 5: the library's warnings go through c10's warning handler
+// (TORCH_WARN), where a user can route or silence them, not to std::cerr:
+// the deprecated option, a policy ignored for a wrapped model, and
+// checkpointing ignored for checkpointed layers each reach it once.
+TEST(Strategy, WarningsGoThroughC10sWarningHandler) {
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    CapturedWarnings warnings;
+    ::testing::internal::CaptureStderr();
+    auto deprecated = strategy_on(pg, FSDPStrategyOptions().activation_checkpointing(checkpoint_module_types<BlockImpl>()));
+    auto s = strategy_on(pg, FSDPStrategyOptions()
+                                 .auto_wrap_module_types<BlockImpl>()
+                                 .activation_checkpointing_module_types<BlockImpl>());
+    FSDPOptions o;
+    o.process_group(borrow(pg));
+    s.setup_module(make_net(2, &o));  // wrapped by hand: the policy is ignored
+    auto ck = make_net(3);
+    apply_activation_checkpointing(ck, checkpoint_module_types<BlockImpl>());
+    s.setup_module(ck);  // checkpointed already: checkpointing is ignored
+    const std::string stderr_text = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(warnings.count("fsdp: FSDPStrategyOptions::activation_checkpointing is deprecated"), 1u);
+    EXPECT_EQ(warnings.count("fsdp: A FSDP `auto_wrap_policy` is set, but the model is already wrapped"), 1u);
+    EXPECT_EQ(warnings.count("fsdp: FSDP checkpointing is configured, but the model already contains checkpointed"),
+              1u);
+    EXPECT_EQ(stderr_text.find("fsdp:"), std::string::npos) << stderr_text;
   });
 }
 
