@@ -281,12 +281,16 @@ CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int6
 // Where the sample stream continues after the checkpoint a run resumed from
 // (batches.h): its "samples", or, for a checkpoint from before they were
 // kept, step * batch * its world size.
+// The integer value `key` of the checkpoint a run resumed from, if it has one.
+std::optional<int64_t> saved_int(const ResumePoint& from, const std::string& key) {
+  const auto it = from.values.find(key);
+  if (it == from.values.end() || !std::holds_alternative<int64_t>(it->second)) return std::nullopt;
+  return std::get<int64_t>(it->second);
+}
+
 int64_t resume_position(const ResumePoint& from, int64_t step, int64_t batch, int world) {
-  auto it = from.values.find("samples");
-  if (it != from.values.end() && std::holds_alternative<int64_t>(it->second)) return std::get<int64_t>(it->second);
-  it = from.values.find("world");
-  if (it != from.values.end() && std::holds_alternative<int64_t>(it->second)) world = static_cast<int>(std::get<int64_t>(it->second));
-  return step * batch * world;
+  if (const auto samples = saved_int(from, "samples")) return *samples;
+  return step * batch * saved_int(from, "world").value_or(world);
 }
 
 // What train_step did: the mean loss over the ranks, the gradient norm
@@ -400,11 +404,10 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
       start = s.get<int64_t>("step");
       position = resume_position(from, start, c.batch, nranks);
       strategy.print("fsdp-train: resumed from " + from.path + " at step " + std::to_string(start));
-      const auto saved_world = from.values.find("world");
-      if (saved_world != from.values.end() && std::holds_alternative<int64_t>(saved_world->second) &&
-          std::get<int64_t>(saved_world->second) != nranks) {
+      const auto saved_world = saved_int(from, "world");
+      if (saved_world && *saved_world != nranks) {
         resized.emplace();
-        resized->from_world = static_cast<int>(std::get<int64_t>(saved_world->second));
+        resized->from_world = static_cast<int>(*saved_world);
         resized->to_world = nranks;
         resized->step = start;
       }
