@@ -16,6 +16,7 @@
 #include <chrono>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <torch/torch.h>
 
@@ -25,6 +26,9 @@
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/gpt.h"
+#include "fsdp/loggers.h"
+#include "fsdp/profiler.h"
+#include "../src/fsdp/trace_span.h"
 
 namespace {
 
@@ -161,6 +165,14 @@ int main(int argc, char** argv) {
   std::string checkpoint_dir;
   app.add_option("--checkpoint", checkpoint_dir,
                  "after training, save and load the model and AdamW state in DIR in both formats and report speeds");
+  std::string profile_steps, profile_dir = "profile", tensorboard_dir;
+  app.add_option("--tensorboard", tensorboard_dir,
+                 "rank 0 logs each step's loss, step time and communication counters to TensorBoard event files in DIR "
+                 "(and reports the seconds that took)");
+  app.add_option("--profile-steps", profile_steps,
+                 "A:B: record steps A to B (1-based, warm-up steps included) with LibTorch's profiler");
+  app.add_option("--profile-dir", profile_dir, "where --profile-steps writes rank_<r>.pt.trace.json")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -169,6 +181,17 @@ int main(int argc, char** argv) {
       if (trace_memory) std::cerr << "memory: " << phase << ": " << fsdp::resident_memory_mib() << " MiB" << std::endl;
     };
     trace("start");
+    fsdp::StepRange profiled;
+    if (!profile_steps.empty()) {
+      profiled = fsdp::parse_step_range(profile_steps, "--profile-steps");
+      const int total = warmup + steps;
+      if (profiled.last > total) {
+        throw fsdp::ConfigError("--profile-steps '" + profile_steps + "': step " + std::to_string(profiled.last) +
+                                " is past the last step (--warmup " + std::to_string(warmup) + " + --steps " +
+                                std::to_string(steps) + " = " + std::to_string(total) +
+                                "); expected A:B with 1 <= A <= B <= " + std::to_string(total));
+      }
+    }
     auto pg = fsdp::dist::init_process_group_from_env();
     if (local && pg->size() != 1) throw fsdp::ConfigError("--strategy local runs one process: use --nproc-per-node 1");
     torch::manual_seed(0);
@@ -226,6 +249,11 @@ int main(int argc, char** argv) {
       return b;
     };
     std::vector<double> times;
+    fsdp::Profiler profiler;
+    std::optional<fsdp::TensorBoardLogger> tensorboard;
+    if (!tensorboard_dir.empty() && pg->rank() == 0) tensorboard.emplace(tensorboard_dir, "", std::string());
+    if (tensorboard) tensorboard->open();
+    double log_seconds = 0;
     uint64_t bytes_before = 0;
     double last_loss = 0;
     for (int step = 0; step < warmup + steps; ++step) {
@@ -233,13 +261,35 @@ int main(int argc, char** argv) {
       auto x = data.narrow(1, 0, cfg.context), y = data.narrow(1, 1, cfg.context);
       pg->barrier();
       if (step == warmup) bytes_before = comm_bytes();
+      if (profiled.contains(step + 1) && !profiler.running()) profiler.start();
       const auto t0 = std::chrono::steady_clock::now();
+      fsdp::detail::Span step_span;
+      step_span.begin("step", std::to_string(step + 1));
       opt.zero_grad();
       auto loss = fsdp::models::gpt_loss(forward(x), y);
       loss.backward();
-      opt.step();
+      {
+        fsdp::detail::ScopedSpan optimizer_span("optimizer.step");
+        opt.step();
+      }
+      step_span.end();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (profiler.running() && step + 1 == profiled.last) {
+        profiler.stop(profile_dir + "/rank_" + std::to_string(pg->rank()) + ".pt.trace.json");
+      }
       last_loss = loss.item<double>();
+      if (tensorboard) {
+        const auto l0 = std::chrono::steady_clock::now();
+        const fsdp::RuntimeStats now = local ? fsdp::RuntimeStats{} : fsdp::runtime_stats(model->ptr());
+        tensorboard->log_metrics({{"loss", last_loss},
+                                  {"step_s", dt},
+                                  {"all_gather_wait_s", now.all_gather_wait_s},
+                                  {"reduction_wait_s", now.reduction_wait_s},
+                                  {"all_gather_bytes", static_cast<double>(now.all_gather_bytes)},
+                                  {"reduction_bytes", static_cast<double>(now.reduction_bytes)}},
+                                 step + 1);
+        if (step >= warmup) log_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
+      }
       if (step >= warmup) times.push_back(dt);
       trace("after step " + std::to_string(step));
     }
@@ -263,7 +313,9 @@ int main(int argc, char** argv) {
          << ",\"layers\":" << cfg.layers << ",\"heads\":" << cfg.heads << ",\"ctx\":" << cfg.context
          << ",\"batch_per_rank\":" << batch << ",\"bf16\":" << (bf16 ? "true" : "false")
          << ",\"activation_checkpointing\":" << (checkpointing ? "true" : "false")
-         << ",\"step_s\":" << median << ",\"tokens_per_s\":"
+         << ",\"step_s\":" << median;
+      if (tensorboard) js << ",\"tensorboard_log_s_per_step\":" << log_seconds / std::max(1, steps);
+      js << ",\"tokens_per_s\":"
          << (median > 0 ? static_cast<double>(batch * cfg.context * pg->size()) / median : 0)
          << ",\"peak_rss_mb\":[";
       for (size_t i = 0; i < rss.size(); ++i) js << (i ? "," : "") << rss[i];

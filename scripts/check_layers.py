@@ -26,10 +26,15 @@ MODULES = [
     # --print-env, no LibTorch) can use it; listed before dist, whose globs
     # would take it.
     ("env", ["include/fsdp/dist/env.h", "src/dist/env.cpp"], ["error"]),
+    # Metrics loggers (TensorBoard, CSV, JSON lines) and the profiler: files
+    # and LibTorch's own profiler, nothing of FSDP's.
+    ("loggers", ["include/fsdp/loggers.h", "src/fsdp/loggers.cpp", "src/fsdp/logger_files.h", "src/fsdp/json_lines.h",
+                 "src/fsdp/tensorboard_*"], ["error"]),
+    ("profiler", ["include/fsdp/profiler.h", "src/fsdp/profiler.cpp"], ["error"]),
     ("dist", ["include/fsdp/dist/*", "src/dist/*"], ["error", "env"]),
     ("launch", ["include/fsdp/launch/*", "src/launch/*"], ["error", "env"]),
     ("core", ["include/fsdp/fsdp.h", "include/fsdp/detail/unit.h", "src/fsdp/autograd_node.h",
-              "src/fsdp/buffer_pool.*", "src/fsdp/flat_param.*", "src/fsdp/unit.*", "src/fsdp/empty_init.*",
+              "src/fsdp/buffer_pool.*", "src/fsdp/flat_param.*", "src/fsdp/unit.*", "src/fsdp/trace_span.h", "src/fsdp/empty_init.*",
               "src/fsdp/wrap.cpp", "src/fsdp/utils.cpp"], ["error", "env", "dist"]),
     ("activation_checkpointing", ["include/fsdp/checkpoint.h", "src/fsdp/checkpoint.cpp"],
      ["error", "env", "dist", "core"]),
@@ -50,11 +55,11 @@ MODULES = [
      ["error", "fault_points", "env", "dist", "core", "shard_geometry", "state_dict_options", "model_index", "state_dict",
       "optim_state_dict"]),
     ("strategy", ["include/fsdp/strategy.h", "src/fsdp/strategy.cpp"],
-     ["error", "fault_points", "env", "dist", "core", "activation_checkpointing", "shard_geometry", "state_dict_options",
+     ["error", "fault_points", "env", "loggers", "dist", "core", "activation_checkpointing", "shard_geometry", "state_dict_options",
       "state_dict", "optim_state_dict", "checkpoint_files"]),
     ("models", ["include/fsdp/models/*", "src/models/*"], ["error", "env", "dist", "core"]),
     ("train", ["include/fsdp/train/*", "src/train/*"],
-     ["error", "env", "dist", "core", "activation_checkpointing", "shard_geometry", "state_dict_options", "state_dict",
+     ["error", "env", "loggers", "profiler", "dist", "core", "activation_checkpointing", "shard_geometry", "state_dict_options", "state_dict",
       "optim_state_dict", "checkpoint_files", "strategy", "models"]),
 ]
 

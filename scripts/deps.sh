@@ -13,7 +13,8 @@
 # tests, docs/launching.md).
 #
 # PyPI, into .venv/ (ignored by git): requirements.txt's pinned torch 2.x (its
-# LibTorch is the default build) and lightning, the peers. The torch wheel is
+# LibTorch is the default build), lightning, the peers, and tensorboard (the
+# reader the logger tests check event files with). The torch wheel is
 # a CUDA build; CUDA libraries that this machine's CUDA toolkit already has
 # are not downloaded again (scripts/lean_requirements.py), and
 # `import torch` is checked before the venv counts as installed. The wheels
@@ -52,7 +53,7 @@ venv=.venv
 stamp=$venv/.fsdp-requirements
 want=$(sha256sum requirements.txt scripts/lean_requirements.py | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] &&
-   "$venv/bin/python" -c 'import torch, lightning, safetensors' 2>/dev/null; then
+   "$venv/bin/python" -c 'import torch, lightning, safetensors, tensorboard' 2>/dev/null; then
   exit 0
 fi
 echo "deps: making $venv (requirements.txt: $(grep -E '^[a-z]' requirements.txt | tr '\n' ' '))"

@@ -81,6 +81,13 @@ int main(int argc, char** argv) {
                "sharded; the same initial values)");
   app.add_option("--log-every", c.log_every, "steps between log lines (when not on a terminal)")->capture_default_str();
   app.add_option("--eval-every", c.eval_every, "held-out loss every N steps (0: never)")->capture_default_str();
+  app.add_option("--logger", c.loggers,
+                 "loggers, comma-separated: tensorboard (event files in --out), csv (--out/csv/version_N/metrics.csv), "
+                 "jsonl (--out/metrics.jsonl, every step; the loss curve reads it), or none")
+      ->capture_default_str();
+  app.add_option("--profile-steps", c.profile_steps,
+                 "A:B: record steps A to B with LibTorch's profiler; a Chrome trace per rank in "
+                 "--out/profile/rank_<r>.pt.trace.json");
   app.add_option("--mesh", c.mesh, "R,S: HYBRID_SHARD over R replicas of S-rank shard groups (R*S = world)");
   app.add_flag("--forward-prefetch,!--no-forward-prefetch", c.forward_prefetch,
                "gather the next unit while this one computes (default: on)");

@@ -422,7 +422,9 @@ MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module);
 // its first forward (or the last reset_runtime_stats): the collectives it
 // issued for its units, and how many were in flight at once. "In flight":
 // issued and not yet waited by this rank (the backend may have finished).
-// Counters cost nothing measurable; they exist for tests and benchmarks.
+// Counters cost nothing measurable; they exist for tests, benchmarks and
+// fsdp-train's logs. The bytes are the collectives' payloads; in a ring each
+// rank sends (world - 1) / world of them.
 struct RuntimeStats {
   int64_t all_gathers = 0;              // parameter all-gathers issued (forward, backward, prefetch)
   int64_t prefetches = 0;               // of them, issued ahead of the unit's own use
@@ -434,6 +436,8 @@ struct RuntimeStats {
   int peak_reductions_in_flight = 0;   // at the end of each post-backward hook (see max_reductions_in_flight)
   double all_gather_wait_s = 0;        // time this rank's host blocked waiting for all-gathers
   double reduction_wait_s = 0;         // ... and for reductions
+  int64_t all_gather_bytes = 0;        // the full parameters gathered (the all-gathers' output), in bytes
+  int64_t reduction_bytes = 0;         // the gradients reduced (the reductions' input), in bytes
 };
 // All zero for a model that has not run forward yet (or has no unit).
 RuntimeStats runtime_stats(const std::shared_ptr<torch::nn::Module>& model);

@@ -15,7 +15,9 @@
 //   strategy.save_checkpoint("ckpt", fsdp::CheckpointState().model("model", model.ptr()).optimizer("opt", opt));
 //
 // Error messages are Lightning Fabric's (lightning/fabric/strategies/fsdp.py)
-// where it has one. Warnings go to stderr from rank 0 only.
+// where it has one. Warnings go through c10's warning handler (TORCH_WARN;
+// by default to stderr), from rank 0 only. Metrics go to the loggers of the
+// options (fsdp/loggers.h) through log / log_dict.
 #pragma once
 
 #include <chrono>
@@ -34,6 +36,7 @@
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/loggers.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -182,6 +185,10 @@ class FSDPStrategyOptions {
   TORCH_ARG(dist::ProcessGroupPtr, world);
   // Set on every rank at setup_environment (default 0).
   TORCH_ARG(uint64_t, seed) = 0;
+  // Lightning Fabric's loggers=[...]: where log / log_dict write, on rank 0
+  // only. setup_environment opens them there (a log directory that cannot be
+  // written fails every rank then, not at the first log). None by default.
+  TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
 
  private:
   std::string precision_ = "32-true";
@@ -338,6 +345,17 @@ class FSDPStrategy {
   }
   // Prints `message` (plus newline) on rank 0 only.
   void print(const std::string& message) const;
+
+  // Lightning's fabric.log / fabric.log_dict: rank 0 hands the metrics to
+  // every logger of the options; other ranks do nothing. Local (no
+  // collective): log a value every rank agrees on (all_reduce it first) or
+  // rank 0's own. `step` nullopt: each logger counts its calls. A logger's
+  // failed write is a warning, never an error.
+  void log(const std::string& name, double value, std::optional<int64_t> step = std::nullopt) const;
+  void log_dict(const Metrics& metrics, std::optional<int64_t> step = std::nullopt) const;
+  // Lightning's fabric.logger (the first logger; nullptr without one) and fabric.loggers.
+  std::shared_ptr<Logger> logger() const;
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return options_.loggers(); }
 
   // [collective] Clips the model's gradients to max_norm (FSDP's
   // clip_grad_norm_); unscales them first under a gradient scaler. TypeError

@@ -18,6 +18,8 @@
 #include "fsdp/error.h"
 #include "empty_init.h"
 #include "fault_points.h"
+#include "rank_errors.h"
+#include "trace_span.h"
 #include "unit.h"
 
 namespace fsdp {
@@ -208,6 +210,17 @@ void FSDPStrategy::setup_environment() {
     }
     mesh_ = dist::init_device_mesh(group_, replicate, shard);
   }
+  // [collective when there are loggers] Rank 0 opens them; its error stops every rank.
+  if (!options_.loggers().empty()) {
+    const auto failure = detail::capture([&] {
+      if (!is_global_zero()) return;
+      for (const auto& logger : options_.loggers()) {
+        if (!logger) throw ConfigError("FSDPStrategyOptions::loggers: a logger is null");
+        logger->open();
+      }
+    });
+    detail::agree_from(*group_, 0, failure, "FSDPStrategy::setup_environment: ");
+  }
 }
 
 void FSDPStrategy::require_group(const char* what) const {
@@ -344,6 +357,7 @@ void FSDPStrategy::backward(const at::Tensor& loss) const { (scaler_ ? scaler_->
 
 bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) const {
   detail::fault_point("optimizer-step", global_rank());  // docs/reliability.md
+  detail::ScopedSpan span("optimizer.step");
   if (!scaler_) {
     optimizer.step();
     return true;
@@ -364,6 +378,21 @@ std::string FSDPStrategy::broadcast(const std::string& data, int src) const {
 
 void FSDPStrategy::print(const std::string& message) const {
   if (is_global_zero()) std::cout << message << std::endl;
+}
+
+void FSDPStrategy::log(const std::string& name, double value, std::optional<int64_t> step) const {
+  log_dict({{name, value}}, step);
+}
+
+void FSDPStrategy::log_dict(const Metrics& metrics, std::optional<int64_t> step) const {
+  if (!is_global_zero()) return;
+  for (const auto& logger : options_.loggers()) {
+    if (logger) logger->log_metrics(metrics, step);
+  }
+}
+
+std::shared_ptr<Logger> FSDPStrategy::logger() const {
+  return options_.loggers().empty() ? nullptr : options_.loggers().front();
 }
 
 namespace {

@@ -83,10 +83,14 @@ int UnitState::units_unsharded() const {
 bool UnitState::start_unshard() {
   if (handle_.unsharded() || handle_.gathering()) return false;
   follow_module_to();
-  if (!handle_.start_unshard()) return false;
+  {
+    ScopedSpan span("all_gather.issue", path_);
+    if (!handle_.start_unshard()) return false;
+  }
   if (!shared_) return true;
   RuntimeStats& st = shared_->stats;
   ++st.all_gathers;
+  st.all_gather_bytes += handle_.padded_numel() * static_cast<int64_t>(c10::elementSize(compute_dtype()));
   st.peak_all_gathers_in_flight = std::max(st.peak_all_gathers_in_flight, ++st.all_gathers_in_flight);
   st.peak_units_unsharded = std::max(st.peak_units_unsharded, units_unsharded());
   return true;
@@ -98,7 +102,10 @@ void UnitState::finish_unshard() {
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  handle_.finish_unshard();
+  {
+    ScopedSpan span("all_gather.wait", path_);
+    handle_.finish_unshard();
+  }
   RuntimeStats& st = shared_->stats;
   st.all_gather_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   --st.all_gathers_in_flight;
@@ -132,6 +139,7 @@ void UnitState::prefetch(int step) {
   auto next = neighbour(step);
   if (!next || next.get() == this || next->handle_.unsharded() || next->handle_.gathering()) return;
   if (config_.limit_all_gathers && units_unsharded() >= 2) return;
+  ScopedSpan span("prefetch", next->path_);
   if (next->start_unshard() && shared_) ++shared_->stats.prefetches;
 }
 
@@ -168,13 +176,15 @@ void UnitState::lazy_init_root() {
   shared_->pool = std::make_shared<BufferPool>();
   tree_.clear();
   std::vector<const torch::nn::Module*> seen;
-  for (const auto& m : module_->modules(/*include_self=*/true)) {
+  for (const auto& item : module_->named_modules("", /*include_self=*/true)) {
+    const auto& m = item.value();
     if (std::find(seen.begin(), seen.end(), m.get()) != seen.end()) continue;
     seen.push_back(m.get());
     auto slot = find_slot(m.get());
     if (!slot || !slot->unit) continue;
     tree_.push_back(slot->unit);
     UnitState& u = *slot->unit;
+    u.path_ = item.key().empty() ? "(root)" : item.key();
     u.shared_ = shared_;
     u.handle_.set_pool(shared_->pool);
     if (&u != this) {
@@ -205,6 +215,7 @@ void UnitState::pre_forward() {
   // A forward re-run by activation checkpointing inside the unit's backward
   // keeps the backward state (and its full parameters).
   if (state_ != TrainingState::kPreBackward) transition({TrainingState::kIdle}, TrainingState::kForward);
+  forward_span_.begin("forward", path_);
   unshard();
   if (config_.forward_prefetch) prefetch(+1);
 }
@@ -222,6 +233,7 @@ void UnitState::hook_accumulators() {
 }
 
 void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
+  forward_span_.end();
   if (state_ == TrainingState::kPreBackward) {  // a re-run inside this unit's own backward
     if (at::GradMode::is_enabled()) hook_accumulators();
     return;
@@ -262,6 +274,7 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
 }
 
 void UnitState::forward_failed() {
+  forward_span_.end();
   if (state_ == TrainingState::kForward) {
     state_ = TrainingState::kIdle;
     reshard();
@@ -273,6 +286,7 @@ void UnitState::pre_backward() {
   // were used more than once): nothing to do.
   if (state_ == TrainingState::kPreBackward || state_ == TrainingState::kPostBackward) return;
   transition({TrainingState::kIdle}, TrainingState::kPreBackward);
+  backward_span_.begin("backward", path_);
   auto root = root_.lock();
   if (!root) root = shared_from_this();
   if (!root->callback_queued_) {
@@ -309,6 +323,7 @@ void UnitState::post_backward() {
   if (config_.backward_prefetch == BackwardPrefetch::kBackwardPost) prefetch(-1);
   if (grads_expected_ == 0) {
     reshard();
+    backward_span_.end();
     return;
   }
   at::NoGradGuard no_grad;
@@ -321,6 +336,7 @@ void UnitState::post_backward() {
   }
   if (!no_sync_) issue_reduction();  // else keep the full gradient: the next synced backward reduces it
   reshard();
+  backward_span_.end();
 }
 
 void UnitState::issue_reduction() {
@@ -336,10 +352,12 @@ void UnitState::issue_reduction() {
   }
   const bool replicate = config_.replicate_group && config_.replicate_group->size() > 1;
   if (shard_size() > 1) {
+    ScopedSpan span("reduce_scatter.issue", path_);
     r.output = at::empty({shard_numel()}, r.input.options());
     r.work = config_.shard_group->reduce_scatter(r.output, r.input, dist::ReduceOp::kAvg);
     r.replicate_next = replicate;
   } else if (replicate) {
+    ScopedSpan span("all_reduce.issue", path_);
     r.output = r.input;
     r.work = config_.replicate_group->all_reduce(r.output, dist::ReduceOp::kAvg);
   } else {
@@ -350,6 +368,7 @@ void UnitState::issue_reduction() {
   RuntimeStats& st = shared_->stats;
   ++st.reductions;
   ++st.reductions_in_flight;
+  if (shard_size() > 1 || replicate) st.reduction_bytes += static_cast<int64_t>(r.input.nbytes());
   shared_->pending.push_back(std::move(r));
   while (static_cast<int>(shared_->pending.size()) > config_.max_reductions_in_flight) complete_oldest_reduction();
   st.peak_reductions_in_flight = std::max(st.peak_reductions_in_flight, st.reductions_in_flight);
@@ -359,8 +378,11 @@ void UnitState::complete_oldest_reduction() {
   PendingReduction r = std::move(shared_->pending.front());
   shared_->pending.pop_front();
   const auto t0 = std::chrono::steady_clock::now();
-  if (r.replicate_next) start_replicate_stage(r);
-  r.work.wait();
+  {
+    ScopedSpan span(r.unit->shard_size() > 1 ? "reduce_scatter.wait" : "all_reduce.wait", r.unit->path_);
+    if (r.replicate_next) start_replicate_stage(r);
+    r.work.wait();
+  }
   r.input = at::Tensor();  // back to the pool
   RuntimeStats& st = shared_->stats;
   st.reduction_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -423,6 +445,7 @@ void UnitState::recover_from_unfinished_backward() {
     u->state_ = TrainingState::kIdle;
     u->full_grad_ = at::Tensor();
     u->reshard();
+    u->backward_span_.end();
   }
 }
 

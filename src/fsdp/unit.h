@@ -12,6 +12,7 @@
 
 #include "autograd_node.h"
 #include "flat_param.h"
+#include "trace_span.h"
 #include "fsdp/detail/unit.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp.h"
@@ -196,6 +197,12 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<std::weak_ptr<UnitState>> last_order_;  // ... and of the previous one (for prefetching)
   std::weak_ptr<UnitState> root_;
   std::shared_ptr<RootShared> shared_;  // set at the root's lazy init, for every unit of its tree
+
+  // Profiler spans (trace_span.h): the unit's path in its root ("(root)"
+  // for the root; set at the root's lazy init), and its forward and
+  // backward, which begin and end in different hooks.
+  std::string path_;
+  Span forward_span_, backward_span_;
 };
 
 // The units of `model`'s tree, pre-order (wrap.cpp).

@@ -28,8 +28,11 @@
 
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/error.h"
+#include "fsdp/loggers.h"
+#include "fsdp/profiler.h"
 #include "fsdp/strategy.h"
 #include "../fsdp/rank_errors.h"
+#include "../fsdp/trace_span.h"
 #include "metrics.h"
 #include "progress.h"
 #include "run_directory.h"
@@ -106,6 +109,28 @@ NonfiniteLoss parse_nonfinite_loss(const std::string& name) {
   throw ConfigError("'" + name + "' is not a policy for a non-finite loss: expected stop or skip");
 }
 
+LoggerChoice chosen_loggers(const std::string& names) {
+  LoggerChoice out;
+  std::string rest = names;
+  while (true) {
+    const auto comma = rest.find(',');
+    const std::string name = rest.substr(0, comma);
+    if (name == "tensorboard") {
+      out.tensorboard = true;
+    } else if (name == "csv") {
+      out.csv = true;
+    } else if (name == "jsonl") {
+      out.jsonl = true;
+    } else if (!(name == "none" && names == "none")) {
+      throw ConfigError("--logger '" + names + "': unknown logger '" + name +
+                        "'; expected a comma-separated list of tensorboard, csv and jsonl, or none");
+    }
+    if (comma == std::string::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return out;
+}
+
 void validate(const TrainConfig& c) {
   auto positive = [](int64_t v, const char* flag) {
     if (v <= 0) throw ConfigError(std::string(flag) + " must be positive, got " + std::to_string(v));
@@ -118,6 +143,15 @@ void validate(const TrainConfig& c) {
   positive(c.model.context, "--context");
   positive(c.keep, "--keep");
   positive(c.log_every, "--log-every");
+  (void)chosen_loggers(c.loggers);
+  if (!c.profile_steps.empty()) {
+    const StepRange r = parse_step_range(c.profile_steps, "--profile-steps");
+    if (r.last > c.steps) {
+      throw ConfigError("--profile-steps '" + c.profile_steps + "': step " + std::to_string(r.last) +
+                        " is past the run's last step (--steps " + std::to_string(c.steps) +
+                        "); expected A:B with 1 <= A <= B <= " + std::to_string(c.steps));
+    }
+  }
   if (!(c.lr > 0) || !std::isfinite(c.lr)) {
     throw ConfigError("--lr must be a positive number, got " + std::to_string(c.lr));
   }
@@ -339,6 +373,26 @@ std::vector<std::string> memory_of_ranks(const FSDPStrategy& strategy) {
   return strategy.group().all_gather_bytes(mem.str());
 }
 
+// The run's configuration as the loggers' hyperparameters.
+Hyperparameters hyperparameters(const TrainConfig& c, int world) {
+  return {{"preset", c.preset},
+          {"dim", c.model.dim},
+          {"layers", c.model.layers},
+          {"heads", c.model.heads},
+          {"context", c.model.context},
+          {"steps", c.steps},
+          {"batch", c.batch},
+          {"lr", c.lr},
+          {"warmup_steps", c.warmup_steps},
+          {"min_lr", c.min_lr},
+          {"precision", c.precision},
+          {"sharding_strategy", std::string(to_string(c.sharding_strategy))},
+          {"activation_checkpointing", c.activation_checkpointing},
+          {"world", int64_t{world}},
+          {"seed", static_cast<int64_t>(c.seed)},
+          {"data", c.data.empty() ? std::string("(generated)") : c.data}};
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -414,15 +468,44 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     }
   }
   // Rank 0 writes the metrics (on resume, those after the checkpoint's step
-  // go) and the log; its error reaches every rank.
+  // go), the loggers' files and the log; its error reaches every rank.
+  const LoggerChoice chosen = chosen_loggers(c.loggers);
   std::optional<MetricsWriter> metrics;
   std::optional<Progress> progress;
+  std::vector<std::shared_ptr<Logger>> loggers;
+  std::shared_ptr<TensorBoardLogger> tensorboard;
   const auto failure = detail::capture([&] {
     if (rank != 0) return;
-    metrics.emplace(run.metrics_path(), start);
+    if (chosen.jsonl) metrics.emplace(run.metrics_path(), start);
     progress.emplace(run.log_path(), start > 0, c.steps, c.log_every, isatty(STDOUT_FILENO) != 0);
+    if (chosen.tensorboard) {
+      tensorboard = std::make_shared<TensorBoardLogger>(c.out, "", std::string(), /*default_hp_metric=*/false);
+      loggers.push_back(tensorboard);
+    }
+    if (chosen.csv) loggers.push_back(std::make_shared<CSVLogger>(c.out, "csv"));
+    for (const auto& logger : loggers) logger->open();
+    // A session START: a resumed run does its later steps again, and
+    // TensorBoard drops the old ones (its Python reader ignores a run's
+    // first START, so every job writes one).
+    if (tensorboard) tensorboard->log_restart(start + 1);
+    const Hyperparameters hparams = hyperparameters(c, nranks);
+    if (tensorboard) tensorboard->log_hyperparams(hparams, {"loss", "eval_loss"});
+    for (const auto& logger : loggers) {
+      if (logger != tensorboard) logger->log_hyperparams(hparams);
+    }
   });
   detail::agree_from(strategy.group(), 0, failure, start > 0 ? "--resume: " : "");
+  StepRange profiled;
+  if (!c.profile_steps.empty()) {
+    profiled = parse_step_range(c.profile_steps, "--profile-steps");
+    if (profiled.last <= start) {
+      strategy.print("fsdp-train: --profile-steps " + c.profile_steps + ": those steps were done before step " +
+                     std::to_string(start) + ", where this job resumed; nothing is profiled");
+    }
+  }
+  Profiler profiler;
+  const std::string trace_path =
+      (fs::path(c.out) / "profile" / ("rank_" + std::to_string(rank) + ".pt.trace.json")).string();
   double mean_loss = 0;
   int64_t skipped = 0;  // steps skipped for a non-finite loss (rank 0's count)
   const auto t0 = std::chrono::steady_clock::now();
@@ -436,8 +519,13 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     progress->note(what.str());
   }
   for (int64_t step = start; step < c.steps; ++step) {
+    // A profile starts at its first step (or the first this job does).
+    if (profiled.contains(step + 1) && !profiler.running()) profiler.start(strategy.root_device().is_cuda());
+    detail::Span step_span;
+    step_span.begin("step", std::to_string(step + 1));
     const Batch batch = batches.training(position);
     const auto ts = std::chrono::steady_clock::now();
+    const RuntimeStats before = runtime_stats(model.ptr());
     StepMetrics m;
     m.step = step + 1;
     m.world = nranks;
@@ -450,10 +538,15 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     m.nonfinite = !r.finite;
     m.skipped = !r.finite && c.on_nonfinite_loss == NonfiniteLoss::kSkip;
     m.tokens_per_s = static_cast<double>(c.batch * c.model.context * nranks) / seconds_since(ts);
+    const RuntimeStats after = runtime_stats(model.ptr());
+    m.all_gather_wait_s = after.all_gather_wait_s - before.all_gather_wait_s;
+    m.reduction_wait_s = after.reduction_wait_s - before.reduction_wait_s;
+    m.all_gather_bytes = after.all_gather_bytes - before.all_gather_bytes;
+    m.reduction_bytes = after.reduction_bytes - before.reduction_bytes;
     const bool last = m.step == c.steps;
     if (m.nonfinite && !m.skipped) {
       // The same on every rank (global values): rank 0 logs the step, all stop.
-      if (rank == 0) metrics->write(m);
+      if (metrics) metrics->write(m);
       std::ostringstream what;
       what << "step " << m.step << ": the loss is " << m.loss << " (the mean over the ranks; gradient norm "
            << m.grad_norm << "): the run diverged. Stopped before the optimizer step (--on-nonfinite-loss stop); "
@@ -468,6 +561,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     }
     if (evaluates && (m.step % c.eval_every == 0 || last)) m.eval_loss = evaluate(strategy, model, batches);
     const auto mems = memory_of_ranks(strategy);
+    for (const auto& mem : mems) m.rss_mib = std::max(m.rss_mib, std::strtod(mem.c_str(), nullptr));
     m.elapsed_s = seconds_since(t0);
     if (step == start && (c.resume || !c.resume_from.empty())) {
       m.resumed_from = start;  // where this job took over, and what it set aside
@@ -476,8 +570,19 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     }
     const double eta = m.elapsed_s / static_cast<double>(m.step - start) * static_cast<double>(c.steps - m.step);
     if (rank == 0) {
-      metrics->write(m);
+      if (metrics) metrics->write(m);
       progress->report(m, eta, mems);
+      if (m.step % c.log_every == 0 || last || m.eval_loss) {
+        const Metrics scalars = m.scalars();
+        for (const auto& logger : loggers) logger->log_metrics(scalars, m.step);
+      }
+    }
+    step_span.end();
+    if (profiler.running() && (m.step == profiled.last || last)) {
+      detail::agree(strategy.group(), detail::capture([&] { profiler.stop(trace_path); }), "--profile-steps: ");
+      strategy.print("fsdp-train: profiled steps " + std::to_string(std::max(profiled.first, start + 1)) + "-" +
+                     std::to_string(m.step) + ": " + (fs::path(c.out) / "profile").string() +
+                     "/rank_<r>.pt.trace.json (open in https://ui.perfetto.dev or chrome://tracing)");
     }
     if ((c.save_every > 0 && m.step % c.save_every == 0) || last) {
       CheckpointState s = run_state(model, opt, m.step);
@@ -487,9 +592,14 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     }
     mean_loss = m.loss;
   }
-  if (rank == 0) {
+  for (const auto& logger : loggers) logger->finalize("success");
+  if (rank == 0 && chosen.jsonl) {
     try {
-      write_loss_curve(c.out);
+      std::ostringstream title;
+      title << "fsdp-train --preset " << c.preset << " (dim " << c.model.dim << ", " << c.model.layers << " layers, context "
+            << c.model.context << "), world " << nranks << " x batch " << c.batch << ", " << c.precision << ", "
+            << to_string(c.sharding_strategy) << ", lr " << c.lr;
+      write_loss_curve(c.out, title.str());
     } catch (const std::exception& e) {  // a drawing is not worth the run
       std::cerr << "fsdp-train: WARNING: no loss curve: " << e.what() << std::endl;
     }

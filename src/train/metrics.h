@@ -3,10 +3,16 @@
 // no collectives.
 //
 // A line is a step:
-//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"
-//    , "world", "samples": [first, end)
+//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s",
+//    "rss_mib", "all_gather_wait_s", "reduction_wait_s", "all_gather_bytes",
+//    "reduction_bytes", "world", "samples": [first, end)
 //    [, "eval_loss"][, "nonfinite": true][, "skipped": true]
 //    [, "resumed_from"[, "set_aside"][, "resized"]]}
+// "rss_mib" is the largest resident memory of any rank after the step; the
+// communication counters are rank 0's for this step (fsdp::RuntimeStats:
+// seconds its host blocked on all-gathers and on reductions, and the
+// collectives' payload bytes). The scalars (StepMetrics::scalars) are what
+// the TensorBoard and CSV loggers get, with the same names.
 // "samples" is the sampler's record: the global sample positions the step
 // trained on (include/fsdp/train/batches.h), at world size "world". A job
 // that resumed at another world size than its checkpoint's (an elastic
@@ -25,8 +31,9 @@
 // turns them back).
 //
 // The checkpoint is the truth, metrics are a log: nothing here may stop a
-// run. A write that fails (a full disk) is reported on stderr and training
-// goes on; a damaged file is repaired on resume, not refused.
+// run. The file is written by fsdp::JsonLinesLogger (fsdp/loggers.h): a
+// write that fails (a full disk) is reported (a warning) and training goes
+// on; a damaged file is repaired on resume, not refused.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +42,9 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/loggers.h"
+#include "../fsdp/json_lines.h"
+
 namespace fsdp::train {
 
 // What one step writes; eval_loss on the steps that evaluate.
@@ -42,6 +52,8 @@ struct StepMetrics {
   int64_t step = 0;  // 1-based: the steps done
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, elapsed_s = 0;
   std::optional<double> eval_loss;
+  double rss_mib = 0, all_gather_wait_s = 0, reduction_wait_s = 0;
+  int64_t all_gather_bytes = 0, reduction_bytes = 0;
   // The loss (or, without a gradient scaler, the gradient norm) was not
   // finite; skipped: the optimizer step was skipped for it
   // (--on-nonfinite-loss skip).
@@ -61,6 +73,10 @@ struct StepMetrics {
     double seconds_lost = 0;
   };
   std::optional<Resize> resized;
+
+  // The numbers the loggers get: loss, lr, grad_norm, tokens_per_s,
+  // eval_loss (when evaluated), rss_mib and the communication counters.
+  Metrics scalars() const;
 };
 
 // A line of metrics.jsonl as read back: its number in the file (blank lines
@@ -77,10 +93,7 @@ struct MetricsLine {
 
 // A line of metrics.jsonl that is not a metrics line: where it starts, and
 // what is wrong ("line 7 (byte 412): not JSON (...): '<its start>'").
-struct SkippedLine {
-  int64_t offset = 0;
-  std::string what;
-};
+using SkippedLine = detail::SkippedLine;
 
 // What read_metrics found: the lines that are metrics, and those that are
 // not (skipped, never an error). `end` is the byte offset just after the
@@ -95,42 +108,22 @@ struct MetricsFile {
 // ConfigError only when the path is not a regular file (a FIFO, a device).
 MetricsFile read_metrics(const std::string& path);
 
-// Appends one line per step to a metrics.jsonl, each in one write(2). Not
+// Appends one line per step to a metrics.jsonl (a JsonLinesLogger). Not
 // thread-safe; rank 0 only.
 class MetricsWriter {
  public:
   // Starts `path` for a run that begins after step `start`: empties it
-  // (start 0), or repairs it for a resume (start > 0), in place, by
-  // truncation only (no rewrite, so a full disk cannot lose it):
-  // - a torn or damaged tail (what follows the last line of a step up to
-  //   `start`: lines past the resumed step, a line a crash cut, NUL bytes)
-  //   is cut off; a tail that was not whole lines of later steps is named on
-  //   stderr with its byte offset;
-  // - damaged lines before it stay (readers skip them), named on stderr;
-  // - when the last step kept is below `start`, the missing steps are
-  //   recorded as a gap line.
-  // Error only when the file cannot be opened at all (then the run has no
-  // metrics file to write); a failed repair write is reported as in write().
+  // (start 0), or repairs it for a resume (start > 0) as
+  // JsonLinesLogger::open does. Error (ConfigError) only when the file
+  // cannot be opened at all.
   MetricsWriter(const std::string& path, int64_t start);
-  ~MetricsWriter();
-  MetricsWriter(const MetricsWriter&) = delete;
-  MetricsWriter& operator=(const MetricsWriter&) = delete;
 
-  // Appends `m`. A failed or short write (ENOSPC) is undone (the file is
-  // truncated back to its last whole line) and reported on stderr, once per
-  // run of failures, with the step and the error; training goes on. When a
-  // write succeeds again, the lost steps are first recorded as a gap.
+  // Appends `m` (JsonLinesLogger::log_line: a failed write is undone and
+  // reported, and the steps lost become a gap once writing works again).
   void write(const StepMetrics& m);
 
  private:
-  // Appends `line` + "\n"; false (file unchanged) when that fails.
-  bool append(const std::string& line, int& error);
-  void record_gap(int64_t first, int64_t last);
-
-  std::string path_;
-  int fd_ = -1;
-  int64_t size_ = 0;        // bytes of whole lines in the file
-  int64_t first_lost_ = 0;  // > 0: steps from here on could not be written
+  JsonLinesLogger log_;
 };
 
 }  // namespace fsdp::train

@@ -204,8 +204,13 @@ bool RunDirectory::records_torchrun_job() const {
 
 bool RunDirectory::holds_run() const {
   std::error_code ec;
-  for (const char* name : {"run.json", "metrics.jsonl", "train.log", "loss.svg"}) {
+  for (const char* name : {"run.json", "metrics.jsonl", "train.log", "loss.svg", "csv", "profile"}) {
     if (fs::exists(fs::path(root_) / name, ec)) return true;
+  }
+  if (fs::is_directory(root_, ec)) {
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return true;
+    }
   }
   const fs::path dir = fs::path(root_) / "checkpoints";
   return fs::is_directory(dir, ec) && !fs::is_empty(dir, ec);
@@ -249,7 +254,7 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
       throw ConfigError("--out " + root_ + " already holds " + what +
                         ": expected an empty run directory for a new run; pass --resume to continue that run, "
                         "--overwrite to start over (it removes that run's run.json, metrics.jsonl, train.log, "
-                        "loss.svg and checkpoints there, nothing else), or another --out");
+                        "loss.svg, event files, csv/ and profile/ files and checkpoints there, nothing else), or another --out");
     }
     write_identity(identity_path(), id);
   });
@@ -513,9 +518,43 @@ std::vector<std::string> RunDirectory::remove_own_files(const std::optional<RunI
   } else if (fs::exists(fs::symlink_status(dir, ec))) {
     kept.push_back(dir.string() + " (not a directory of its own)");
   }
+  // Its loggers' files: TensorBoard event files in the directory, the CSV
+  // logger's csv/version_N/{metrics.csv,hparams.yaml}, the profiler's
+  // profile/rank_N.pt.trace.json (regular files of those names only).
+  for (const auto& e : fs::directory_iterator(root_)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("events.out.tfevents.", 0) == 0 && fs::is_regular_file(fs::symlink_status(e.path(), ec))) {
+      fs::remove(e.path(), ec);
+    }
+  }
+  auto remove_tree_of = [&](const fs::path& dir, const auto& own_file, int depth, const auto& self) -> void {
+    if (!fs::is_directory(fs::symlink_status(dir, ec))) return;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const auto st = fs::symlink_status(e.path(), ec);
+      const std::string name = e.path().filename().string();
+      if (depth > 0 && fs::is_directory(st) && name.rfind("version_", 0) == 0) {
+        self(e.path(), own_file, depth - 1, self);
+      } else if (fs::is_regular_file(st) && own_file(name)) {
+        fs::remove(e.path(), ec);
+      } else {
+        kept.push_back(e.path().string());
+      }
+    }
+    if (fs::is_empty(dir, ec)) fs::remove(dir, ec);
+  };
+  remove_tree_of(
+      fs::path(root_) / "csv", [](const std::string& n) { return n == "metrics.csv" || n == "hparams.yaml"; }, 1,
+      remove_tree_of);
+  remove_tree_of(
+      fs::path(root_) / "profile",
+      [](const std::string& n) {
+        return n.rfind("rank_", 0) == 0 && n.size() > 14 && n.compare(n.size() - 14, 14, ".pt.trace.json") == 0;
+      },
+      0, remove_tree_of);
   // The rest of the directory was never fsdp-train's.
   for (const auto& e : fs::directory_iterator(root_)) {
     const std::string name = e.path().filename().string();
+    if (name == "csv" || name == "profile") continue;  // named above, file by file
     if (name != "checkpoints" && name != ".lock" && name != ".write-test") kept.push_back(e.path().string());
   }
   std::sort(kept.begin(), kept.end());

@@ -106,7 +106,8 @@ class RunDirectory {
   bool records_torchrun_job() const;
 
   // [local] Whether the directory holds a run: run.json, metrics.jsonl,
-  // train.log, loss.svg, or anything in checkpoints/ (other files, such as
+  // train.log, loss.svg, event files, csv/, profile/, or anything in
+  // checkpoints/ (other files, such as
   // a --data file kept there, and .lock do not count).
   bool holds_run() const;
 
@@ -160,7 +161,9 @@ class RunDirectory {
             const RunIdentity& run) const;
 
   // [local; only while holding RunLock] What --overwrite removes: run.json,
-  // metrics.jsonl, train.log and loss.svg (regular files only), the
+  // metrics.jsonl, train.log, loss.svg and the loggers' files
+  // (events.out.tfevents.*, csv/version_N/{metrics.csv,hparams.yaml},
+  // profile/rank_N.pt.trace.json) (regular files only), the
   // temporaries of killed saves, and the checkpoints in checkpoints/ that
   // inspect as the run's own (the run id of `had`, the directory's run.json;
   // without one, those written by fsdp-train before run identities, which

@@ -83,7 +83,27 @@ struct TrainConfig {
   bool forward_prefetch = true;  // as FSDPOptions (on; PyTorch: off)
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool limit_all_gathers = true;
+  // Which loggers get the run's metrics (comma-separated): "tensorboard"
+  // (event files in `out`, for `tensorboard --logdir`), "csv"
+  // (out/csv/version_N/metrics.csv and hparams.yaml, a version per job),
+  // "jsonl" (out/metrics.jsonl, every step; the loss curve and the run's
+  // record of resizes and gaps come from it). TensorBoard and CSV get the
+  // scalars (StepMetrics::scalars) every log_every steps, at held-out
+  // evaluations and at the last step, and the configuration as
+  // hyperparameters (TensorBoard's HPARAMS view keeps a run's first job's;
+  // a resume lists the flags it changes in train.log).
+  std::string loggers = "tensorboard,jsonl";
+  // "A:B": record steps A to B with LibTorch's profiler (Kineto), a Chrome
+  // trace per rank in out/profile/rank_<r>.pt.trace.json (fsdp/profiler.h).
+  // Empty: no profiling.
+  std::string profile_steps;
 };
+
+// Which of TrainConfig::loggers are on; ConfigError naming an unknown one.
+struct LoggerChoice {
+  bool tensorboard = false, csv = false, jsonl = false;
+};
+LoggerChoice chosen_loggers(const std::string& names);
 
 // The model sizes of a preset: "tiny" (tests), "default" (a couple of minutes
 // on 2 CPU cores), "100m" (~100 M parameters). ConfigError for others.
@@ -107,10 +127,13 @@ double min_learning_rate(const TrainConfig& config);
 // The learning rate of 0-based `step` under `config`'s schedule.
 double learning_rate(const TrainConfig& config, int64_t step);
 
-// Writes `out/loss.svg`: the training loss (and held-out loss) per step, from
-// out/metrics.jsonl (lines that are not metrics, and losses that are not
-// finite, are left out). Returns the path; Error when it cannot be written.
-std::string write_loss_curve(const std::string& out);
+// Writes `out/loss.svg`: the training loss per step (a line) and the
+// held-out loss (points), from out/metrics.jsonl (lines that are not
+// metrics, and losses that are not finite, are left out), with axes that
+// carry ticks and values (step on x, loss on y), a legend, and `title` (the
+// run's configuration) above. Returns the path; Error when it cannot be
+// written.
+std::string write_loss_curve(const std::string& out, const std::string& title = "");
 
 // [collective over `world`] Trains; returns the last step's mean loss. Rank 0
 // holds an exclusive lock on `out` for the whole call (out/.lock: a second
