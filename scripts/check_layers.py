@@ -33,7 +33,7 @@ MODULES = [
     ("profiler", ["include/fsdp/profiler.h", "src/fsdp/profiler.cpp"], ["error"]),
     ("dist", ["include/fsdp/dist/*", "src/dist/*"], ["error", "env"]),
     ("launch", ["include/fsdp/launch/*", "src/launch/*"], ["error", "env"]),
-    ("core", ["include/fsdp/fsdp.h", "include/fsdp/detail/unit.h", "src/fsdp/autograd_node.h",
+    ("core", ["include/fsdp/fsdp.h", "include/fsdp/unit_list.h", "include/fsdp/detail/unit.h", "src/fsdp/autograd_node.h",
               "src/fsdp/buffer_pool.*", "src/fsdp/flat_param.*", "src/fsdp/unit.*", "src/fsdp/trace_span.h", "src/fsdp/empty_init.*",
               "src/fsdp/wrap.cpp", "src/fsdp/utils.cpp"], ["error", "env", "dist"]),
     ("activation_checkpointing", ["include/fsdp/checkpoint.h", "src/fsdp/checkpoint.cpp"],

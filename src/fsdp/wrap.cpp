@@ -227,7 +227,8 @@ std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m,
   if (auto slot = find_slot(&m)) return slot;  // held by fsdp::Unit (or already a Sequential stand-in)
   throw ConfigError(why + " selected module '" + path + "' (" + m.name() +
                     "), but fsdp-cpp cannot run code around its forward: hold it in a fsdp::Unit<" + m.name() +
-                    "> member of its parent, or put it in a torch::nn::Sequential");
+                    "> member of its parent, put it in a torch::nn::Sequential, or (for a torch::nn::ModuleList's "
+                    "elements) use a fsdp::UnitList<" + m.name() + "> and call its elements (docs/porting.md)");
 }
 
 namespace {
