@@ -105,7 +105,9 @@ bool ListenOnly::applied() const { return target_->applied; }
 
 }  // namespace fsdp::dist::detail
 
-// See store_listen.h. Outside a ListenOnly this is libc's bind().
+#ifdef FSDP_INTERPOSE_BIND
+// See store_listen.h. Outside a ListenOnly this is libc's bind(). Defined
+// only where LibTorch's TCPStore takes no listening socket (CMakeLists.txt).
 extern "C" int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
   using fsdp::dist::detail::t_target;
   if (t_target != nullptr && addr != nullptr && fsdp::dist::detail::is_wildcard_on(addr, len, t_target->port)) {
@@ -131,3 +133,4 @@ extern "C" int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
   }
   return fsdp::dist::detail::libc_bind(fd, addr, len);
 }
+#endif  // FSDP_INTERPOSE_BIND

@@ -12,9 +12,12 @@
 // socket fails with EADDRNOTAVAIL, so the server falls through to its other
 // socket. Every other bind() - other ports, other threads, any specific
 // address - goes to libc's bind() unchanged. The library defines bind() for
-// this (see store_listen.cpp); an executable linked with fsdp exports it, so
-// LibTorch's call resolves to it. Whether it took effect is reported by
-// applied(), so a caller can say so when it did not.
+// this (see store_listen.cpp) only when built against such a LibTorch
+// (FSDP_INTERPOSE_BIND, set by CMakeLists.txt): with 2.x no symbol of libc's
+// is interposed on the user's process. Where it is defined, an executable
+// linked with fsdp exports it, so LibTorch's call resolves to it. Whether it
+// took effect is reported by applied(), so a caller can say so when it did
+// not.
 #pragma once
 
 #include <memory>
