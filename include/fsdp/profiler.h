@@ -32,9 +32,6 @@
 
 namespace fsdp {
 
-// Whether LibTorch's profiler starts here (asked once, by an empty profile).
-bool profiler_available();
-
 class Profiler {
  public:
   Profiler() = default;
@@ -46,8 +43,7 @@ class Profiler {
   // Starts recording this thread's CPU activity, and the threads LibTorch
   // propagates it to (autograd's; a plain std::thread is not recorded), and
   // CUDA's where the LibTorch has CUDA and `cuda` is set. Error when the
-  // profiler is not available, already running in this process, or
-  // LibTorch refuses.
+  // profiler is already running in this process, or LibTorch refuses.
   // Costs a few milliseconds.
   void start(bool cuda = false);
   // Stops and writes the Chrome trace to `path` (its directory created).

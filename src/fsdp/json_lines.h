@@ -3,6 +3,8 @@
 // damaged. Local; costs one read of the file.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -36,6 +38,10 @@ struct JsonLinesFile {
   std::vector<SkippedLine> skipped;
   int64_t end = 0, size = 0;
 };
+
+// A double as a JSON-lines log holds it: a number, or the string "nan",
+// "inf" or "-inf" (JSON has none of these; Python's float() reads them).
+nlohmann::ordered_json number_json(double v);
 
 // Reads `path` (empty when it does not exist). ConfigError only when the
 // path is not a regular file (a FIFO, a device). Damaged lines are listed,

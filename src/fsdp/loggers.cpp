@@ -100,8 +100,7 @@ bool write_all(int fd, const std::string& bytes, int64_t undo_to, int& error) {
   return true;
 }
 
-// A double as a JSON-lines log holds it: a number, or "nan" / "inf" / "-inf".
-static Json number_json(double v) {
+Json number_json(double v) {
   if (std::isfinite(v)) return v;
   return format_number(v);
 }

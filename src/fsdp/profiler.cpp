@@ -51,25 +51,6 @@ void write_trace(const kineto::ProfilerResult& result, const std::string& path) 
 
 }  // namespace
 
-bool profiler_available() {
-  // Whether LibTorch was built with Kineto is its build's macro, not ours;
-  // and one without it still records events (write_trace saves them). Ask
-  // LibTorch once, by starting and stopping an empty profile.
-  static const bool available = [] {
-    if (impl::profilerEnabled()) return true;  // someone profiles: it works
-    try {
-      const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
-      const std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
-      kineto::prepareProfiler(config, activities);
-      kineto::enableProfiler(config, activities);
-      return kineto::disableProfiler() != nullptr;
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return available;
-}
-
 Profiler::~Profiler() {
   if (!running_) return;
   try {

@@ -28,6 +28,12 @@ void bytes_field(std::string& out, int field, const std::string& v) {
   varint(out, v.size());
   out += v;
 }
+// A message of one length-delimited field: field `number` holding `payload`.
+std::string wrap(int number, const std::string& payload) {
+  std::string out;
+  bytes_field(out, number, payload);
+  return out;
+}
 template <class T>
 void little_endian(std::string& out, T v) {
   char b[sizeof(T)];
@@ -56,17 +62,11 @@ std::string event(double wall_time, int64_t step) {
 // hparams plugin's HParamsPluginData (version 0) in
 // SummaryMetadata{plugin_data = 1: PluginData{plugin_name = 1, content = 2}}.
 std::string plugin_summary(const std::string& tag, const std::string& plugin_data) {
-  std::string pd;
-  bytes_field(pd, 1, "hparams");
-  bytes_field(pd, 2, plugin_data);
-  std::string metadata;
-  bytes_field(metadata, 1, pd);
-  std::string value;
-  bytes_field(value, 1, tag);
-  bytes_field(value, 9, metadata);
-  std::string summary;
-  bytes_field(summary, 1, value);
-  return summary;
+  std::string plugin = wrap(1, "hparams");
+  bytes_field(plugin, 2, plugin_data);
+  std::string value = wrap(1, tag);
+  bytes_field(value, 9, wrap(1, plugin));
+  return wrap(1, value);
 }
 
 const std::array<uint32_t, 256>& crc_table() {
@@ -115,13 +115,10 @@ std::string file_version_event(double wall_time) {
 }
 
 std::string scalar_event(double wall_time, int64_t step, const std::string& tag, float value) {
-  std::string v;
-  bytes_field(v, 1, tag);
+  std::string v = wrap(1, tag);
   float_field(v, 2, value);
-  std::string summary;
-  bytes_field(summary, 1, v);
   std::string e = event(wall_time, step);
-  bytes_field(e, 5, summary);
+  bytes_field(e, 5, wrap(1, v));
   return e;
 }
 
@@ -159,33 +156,20 @@ std::vector<std::string> hparams_events(double wall_time, int64_t step, const Hy
       bytes_field(value, 3, std::get<std::string>(v));
       type = 1;
     }
-    std::string info;
-    bytes_field(info, 1, name);
+    std::string info = wrap(1, name);
     int_field(info, 4, type);
     bytes_field(experiment, 4, info);
-    std::string entry;
-    bytes_field(entry, 1, name);
+    std::string entry = wrap(1, name);
     bytes_field(entry, 2, value);
     bytes_field(start, 1, entry);
   }
-  for (const auto& tag : metric_tags) {
-    std::string metric_name;
-    bytes_field(metric_name, 2, tag);
-    std::string info;
-    bytes_field(info, 1, metric_name);
-    bytes_field(experiment, 5, info);
-  }
+  for (const auto& tag : metric_tags) bytes_field(experiment, 5, wrap(1, wrap(2, tag)));
   std::string end;
   int_field(end, 1, status);
-  auto data = [](int field, const std::string& message) {
-    std::string d;
-    bytes_field(d, field, message);
-    return d;
-  };
   std::vector<std::string> out;
-  for (const auto& [tag, content] : {std::pair<std::string, std::string>{"_hparams_/experiment", data(2, experiment)},
-                                     {"_hparams_/session_start_info", data(3, start)},
-                                     {"_hparams_/session_end_info", data(4, end)}}) {
+  for (const auto& [tag, content] : {std::pair<std::string, std::string>{"_hparams_/experiment", wrap(2, experiment)},
+                                     {"_hparams_/session_start_info", wrap(3, start)},
+                                     {"_hparams_/session_end_info", wrap(4, end)}}) {
     std::string e = event(wall_time, step);
     bytes_field(e, 5, plugin_summary(tag, content));
     out.push_back(std::move(e));

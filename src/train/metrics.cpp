@@ -13,12 +13,7 @@ namespace fsdp::train {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// A double as metrics.jsonl holds it: a number, or "nan" / "inf" / "-inf".
-Json number_json(double v) {
-  if (std::isfinite(v)) return v;
-  return format_number(v);
-}
+using detail::number_json;
 
 // The value under `key`: nullopt when absent or not a number (nor one of
 // the strings above).
