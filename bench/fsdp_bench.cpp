@@ -20,15 +20,15 @@
 #include <sstream>
 #include <torch/torch.h>
 
-#include "fsdp/checkpoint.h"
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/core/activation_checkpointing.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/gpt.h"
-#include "fsdp/loggers.h"
-#include "fsdp/profiler.h"
-#include "../src/fsdp/trace_span.h"
+#include "fsdp/observability/loggers.h"
+#include "fsdp/observability/profiler.h"
+#include "../src/core/trace_span.h"
 
 namespace {
 

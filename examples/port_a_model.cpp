@@ -4,7 +4,7 @@
 // Without a launcher it runs as rank 0 of 1.
 #include <fsdp/dist/process_group.h>
 #include <fsdp/fsdp.h>
-#include <fsdp/unit_list.h>
+#include <fsdp/core/unit_list.h>
 #include <torch/torch.h>
 
 #include <iostream>

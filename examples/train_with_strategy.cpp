@@ -2,7 +2,7 @@
 // sharded checkpoint and loads it back. Run:
 //   build/bin/fsdp-run --nproc-per-node 2 -- build/bin/example-strategy [CHECKPOINT_DIR]
 #include <fsdp/models/gpt.h>
-#include <fsdp/strategy.h>
+#include <fsdp/strategy/strategy.h>
 #include <torch/torch.h>
 
 int main(int argc, char** argv) {

@@ -1,79 +1,93 @@
 #!/usr/bin/env python3
 """Checks that fsdp-cpp's modules include only the modules below them
-(docs/architecture.md): every `#include "..."` of a file in include/fsdp/ or
-src/ must name a file of its own module or of a module its module may use,
-and the headers of one module must not include each other in a cycle.
+(docs/architecture.md).
+
+A module is a folder: `include/fsdp/<module>/` holds its public headers and
+`src/<module>/` its implementation and private headers. The one exception is
+the header-only module `error` (`include/fsdp/error.h`). Any other header
+directly in `include/fsdp/` is an umbrella or a forwarding header: it may hold
+only comments, `#pragma` and `#include` lines, and no file of a module may
+include it.
 
     scripts/check_layers.py [REPO]     exit status 0: clean; 1: a violation (listed)
 
-A file that belongs to no module is a violation too: add new files to
-MODULES. KNOWN lists the upward includes that existed when the check was
-introduced (issue 17 removes them); the check fails on any other, and also
-when a known one is gone, so that the list only shrinks.
+Three rules, over every `#include "..."` in include/fsdp/ and src/:
+1. A file includes only files of its own module or of a module its module
+   may use (LAYERS below, lowest first).
+2. No import runs back up inside a module either: a header and the source
+   file of the same name (`x.h`, `x.cpp`, public or private) are one unit,
+   and the units of a module include each other without a cycle. A private
+   helper that includes its module's public header while that header's
+   source includes the helper is such a cycle.
+3. A folder under include/fsdp/ or src/ that LAYERS does not name is a
+   violation: a new module gets its place in LAYERS first.
 """
-import fnmatch
 import os
 import re
 import sys
 
-# Modules, lowest first, each with the files it owns (globs, relative to the
-# repository) and the modules it may include.
-MODULES = [
-    ("error", ["include/fsdp/error.h"], []),
-    ("fault_points", ["src/fsdp/fault_points.*"], []),
-    # The environment reader (fsdp/dist/env.h) is standard-library C++ under
-    # dist's folders, a module of its own so that launch (fsdp-run
-    # --print-env, no LibTorch) can use it; listed before dist, whose globs
-    # would take it.
-    ("env", ["include/fsdp/dist/env.h", "src/dist/env.cpp"], ["error"]),
-    # Metrics loggers (TensorBoard, CSV, JSON lines) and the profiler: files
-    # and LibTorch's own profiler, nothing of FSDP's.
-    ("loggers", ["include/fsdp/loggers.h", "src/fsdp/loggers.cpp", "src/fsdp/logger_files.h", "src/fsdp/json_lines.h",
-                 "src/fsdp/tensorboard_*"], ["error"]),
-    ("profiler", ["include/fsdp/profiler.h", "src/fsdp/profiler.cpp"], ["error"]),
-    ("dist", ["include/fsdp/dist/*", "src/dist/*"], ["error", "env"]),
-    ("launch", ["include/fsdp/launch/*", "src/launch/*"], ["error", "env"]),
-    ("core", ["include/fsdp/fsdp.h", "include/fsdp/unit_list.h", "include/fsdp/detail/unit.h", "src/fsdp/autograd_node.h",
-              "src/fsdp/buffer_pool.*", "src/fsdp/flat_param.*", "src/fsdp/unit.*", "src/fsdp/trace_span.h", "src/fsdp/empty_init.*",
-              "src/fsdp/wrap.cpp", "src/fsdp/utils.cpp"], ["error", "env", "dist"]),
-    ("activation_checkpointing", ["include/fsdp/checkpoint.h", "src/fsdp/checkpoint.cpp"],
-     ["error", "env", "dist", "core"]),
-    ("shard_geometry", ["include/fsdp/sharded_tensor.h", "src/fsdp/sharded_tensor.cpp", "src/fsdp/shard_geometry.*"],
-     ["error", "env", "dist", "core"]),
-    ("state_dict_options", ["include/fsdp/state_dict_options.h", "src/fsdp/state_dict_options.cpp",
-                            "src/fsdp/state_dict_settings.h"],
-     ["error", "env", "dist", "core"]),
-    ("model_index", ["src/fsdp/model_index.*"], ["error", "env", "dist", "core", "shard_geometry", "state_dict_options"]),
-    ("state_dict", ["include/fsdp/state_dict.h", "src/fsdp/state_dict.cpp", "src/fsdp/state_dict_visit.h",
-                    "src/fsdp/gather_state_dict.cpp"],
-     ["error", "env", "dist", "core", "shard_geometry", "state_dict_options", "model_index"]),
-    ("optim_state_dict", ["include/fsdp/optim_state_dict.h", "src/fsdp/optim_state_dict.cpp",
-                          "src/fsdp/optim_state_dict_visit.h", "src/fsdp/optimizer_kinds.*"],
-     ["error", "env", "dist", "core", "shard_geometry", "state_dict_options", "model_index", "state_dict"]),
-    ("checkpoint_files", ["src/fsdp/rank_errors.*", "src/fsdp/torch_pickle.*", "src/fsdp/pickle_writer.*", "src/fsdp/ckpt_*",
-                          "include/fsdp/checkpoint_io.h", "src/fsdp/checkpoint_io.cpp"],
-     ["error", "fault_points", "env", "dist", "core", "shard_geometry", "state_dict_options", "model_index", "state_dict",
-      "optim_state_dict"]),
-    ("strategy", ["include/fsdp/strategy.h", "src/fsdp/strategy.cpp"],
-     ["error", "fault_points", "env", "loggers", "dist", "core", "activation_checkpointing", "shard_geometry", "state_dict_options",
-      "state_dict", "optim_state_dict", "checkpoint_files"]),
-    ("models", ["include/fsdp/models/*", "src/models/*"], ["error", "env", "dist", "core"]),
-    ("train", ["include/fsdp/train/*", "src/train/*"],
-     ["error", "env", "loggers", "profiler", "dist", "core", "activation_checkpointing", "shard_geometry", "state_dict_options", "state_dict",
-      "optim_state_dict", "checkpoint_files", "strategy", "models"]),
+# Modules, lowest first, with the modules each may include. The folder of a
+# module is its name, under include/fsdp/ and under src/.
+LAYERS = [
+    ("error", []),
+    ("fault_points", []),
+    # fsdp-run and the job's environment as launchers describe it
+    # (torchrun, SLURM, MPI): standard library only, no LibTorch.
+    ("launch", ["error"]),
+    # Metrics loggers and the profiler: files and LibTorch's own profiler.
+    ("observability", ["error"]),
+    ("dist", ["error", "launch"]),
+    ("core", ["error", "launch", "dist"]),
+    ("state_dict", ["error", "launch", "dist", "core"]),
+    ("checkpoint", ["error", "fault_points", "launch", "dist", "core", "state_dict"]),
+    ("strategy", ["error", "fault_points", "launch", "observability", "dist", "core", "state_dict", "checkpoint"]),
+    ("models", ["error", "launch", "dist", "core"]),
+    ("train", ["error", "launch", "observability", "dist", "core", "state_dict", "checkpoint", "strategy", "models"]),
 ]
+TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 
-# (from, to): upward includes that predate the check; issue 17 removes them.
-KNOWN = set()
+# Violations that existed when the folders became the modules (issue 31
+# removes them); the check fails on any other, and also when a known one is
+# gone, so that the list only shrinks.
+KNOWN = {
+    "include/fsdp/core/activation_checkpointing.h (core) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "include/fsdp/core/unit_list.h (core) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "include/fsdp/fsdp.h:63: a top-level header holds only includes (an umbrella or forwarding header); code belongs in a module's folder",
+    "include/fsdp/strategy/strategy.h (strategy) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "include/fsdp/train/gpt_trainer.h (train) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "src/checkpoint/state.cpp (checkpoint) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "src/core/empty_init.cpp (core) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "src/core/unit.h (core) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "src/core/utils.cpp (core) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "src/core/wrap.cpp (core) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    "src/models/gpt.cpp (models) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header: include the module's own header",
+    'import back up (a cycle among units, x.h with x.cpp): state_dict:shard_geometry, state_dict:sharded_tensor',
+    'import back up (a cycle among units, x.h with x.cpp): state_dict:state_dict_options, state_dict:state_dict_settings',
+    'import back up (a cycle among units, x.h with x.cpp): checkpoint:checkpoint_io, checkpoint:parts',
+    'import back up (a cycle among units, x.h with x.cpp): state_dict:optim_state_dict, state_dict:optim_state_dict_visit',
+    'import back up (a cycle among units, x.h with x.cpp): observability:logger_files, observability:loggers',
+    'import back up (a cycle among units, x.h with x.cpp): train:gpt_trainer, train:run_directory',
+}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+FORWARDING_LINE = re.compile(r'^\s*(//.*|#\s*pragma\b.*|#\s*include\s+[<"][^>"]+[>"]\s*(//.*)?)?$')
 
 
 def module_of(path):
-    for name, globs, _ in MODULES:
-        if any(fnmatch.fnmatch(path, g) for g in globs):
-            return name
-    return None
+    """(module, unit) of a repository path; module "" for a top-level header, None outside any module."""
+    if path in TOP_LEVEL_MODULES:
+        return TOP_LEVEL_MODULES[path], path
+    parts = path.split("/")
+    if parts[:2] == ["include", "fsdp"]:
+        rest = parts[2:]
+    elif parts[0] == "src":
+        rest = parts[1:]
+    else:
+        return None, None
+    if len(rest) == 1:
+        return "", path  # an umbrella or forwarding header
+    stem = os.path.splitext(rest[-1])[0]
+    return rest[0], rest[0] + ":" + stem
 
 
 def resolve(repo, src, inc):
@@ -85,59 +99,95 @@ def resolve(repo, src, inc):
     return None
 
 
+def find_cycles(edges):
+    """Strongly connected components of more than one node (Tarjan), each as a sorted list."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in edges.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
 def main(repo):
-    allowed = {name: set(deps) | {name} for name, _, deps in MODULES}
+    names = [name for name, _ in LAYERS]
+    allowed = {name: set(deps) | {name} for name, deps in LAYERS}
+    problems = []
+    for name, deps in LAYERS:
+        for d in deps:
+            if d not in names[: names.index(name)]:
+                problems.append(f"LAYERS: {name} uses {d}, which is not listed below it")
     files = []
     for top in ("include/fsdp", "src"):
-        for d, _, names in os.walk(os.path.join(repo, top)):
-            for n in names:
+        for d, dirs, fnames in os.walk(os.path.join(repo, top)):
+            rel = os.path.relpath(d, repo)
+            depth = rel.split("/")
+            if rel != top and len(depth) == len(top.split("/")) + 1 and depth[-1] not in names:
+                problems.append(f"{rel}/: a folder that is no module (add it to LAYERS in scripts/check_layers.py)")
+            for n in fnames:
                 if n.endswith((".h", ".cpp")):
                     files.append(os.path.relpath(os.path.join(d, n), repo))
-    problems, seen_known, edges = [], set(), {}
+    file_edges, unit_edges, count = {}, {}, 0
     for f in sorted(files):
-        mod = module_of(f)
-        if mod is None:
-            problems.append(f"{f}: belongs to no module (add it to MODULES in scripts/check_layers.py)")
-            continue
+        mod, unit = module_of(f)
         with open(os.path.join(repo, f), encoding="utf-8") as fh:
             text = fh.read()
+        if mod == "":
+            for i, line in enumerate(text.split("\n"), 1):
+                if not FORWARDING_LINE.match(line):
+                    problems.append(f"{f}:{i}: a top-level header holds only includes (an umbrella or forwarding header); "
+                                    "code belongs in a module's folder")
+                    break
+            continue
         for inc in INCLUDE.findall(text):
             target = resolve(repo, f, inc)
             if target is None:
                 continue  # a system or third-party header
-            tmod = module_of(target)
-            edges.setdefault(f, set()).add(target)
-            if tmod in allowed[mod]:
+            count += 1
+            tmod, tunit = module_of(target)
+            file_edges.setdefault(f, set()).add(target)
+            if tmod == "":
+                problems.append(f"{f} ({mod}) includes {target}, a top-level umbrella or forwarding header: "
+                                "include the module's own header")
                 continue
-            if (f, target) in KNOWN:
-                seen_known.add((f, target))
-                continue
-            problems.append(f"{f} ({mod}) includes {target} ({tmod}): {mod} may use only {sorted(allowed[mod])}")
-    for gone in sorted(KNOWN - seen_known):
-        problems.append(f"{gone[0]} no longer includes {gone[1]}: remove it from KNOWN in scripts/check_layers.py")
-    # Include cycles among headers (within a module: across modules a cycle
-    # needs an upward include, reported above).
-    state = {}
-
-    def visit(f, stack):
-        state[f] = 1
-        stack.append(f)
-        for t in sorted(edges.get(f, ())):
-            if state.get(t) == 1:
-                problems.append("include cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
-            elif t not in state:
-                visit(t, stack)
-        stack.pop()
-        state[f] = 2
-
-    for f in sorted(edges):
-        if f not in state:
-            visit(f, [])
+            if tmod not in allowed[mod]:
+                problems.append(f"{f} ({mod}) includes {target} ({tmod}): {mod} may use only {sorted(allowed[mod])}")
+            if tunit != unit:
+                unit_edges.setdefault(unit, set()).add(tunit)
+    for comp in find_cycles(file_edges):
+        problems.append("include cycle among files: " + ", ".join(comp))
+    for comp in find_cycles(unit_edges):
+        problems.append("import back up (a cycle among units, x.h with x.cpp): " + ", ".join(comp))
+    seen = {p for p in problems if p in KNOWN}
+    problems = [p for p in problems if p not in KNOWN]
+    problems += [f"no longer found, remove it from KNOWN in scripts/check_layers.py: {k}" for k in sorted(KNOWN - seen)]
     for p in problems:
         print("check_layers: " + p)
     if not problems:
-        print(f"check_layers: {len(files)} files, {sum(len(v) for v in edges.values())} includes: every module "
-              f"includes only those below it ({len(KNOWN)} known exceptions, issue 17)")
+        print(f"check_layers: {len(files)} files in {len(names)} modules, {count} includes: every module includes "
+              f"only those below it, and no unit imports back up ({len(KNOWN)} known exceptions)")
     return 1 if problems else 0
 
 

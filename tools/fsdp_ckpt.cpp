@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
 

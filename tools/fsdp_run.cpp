@@ -1,7 +1,7 @@
 // fsdp-run: torchrun-compatible launcher. See include/fsdp/launch/launcher.h.
 #include <iostream>
 
-#include "fsdp/dist/env.h"
+#include "fsdp/launch/env.h"
 #include "fsdp/error.h"
 #include "fsdp/launch/launcher.h"
 

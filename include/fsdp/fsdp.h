@@ -57,7 +57,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "fsdp/detail/unit.h"
+#include "fsdp/core/detail/forward_call.h"
 #include "fsdp/dist/process_group.h"
 
 namespace torch::optim {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <ostream>
 
-#include "fsdp/dist/env.h"
+#include "fsdp/launch/env.h"
 #include "fsdp/error.h"
 #include "fsdp/launch/launcher.h"
 

@@ -26,13 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
-#include "fsdp/loggers.h"
-#include "fsdp/profiler.h"
-#include "fsdp/strategy.h"
-#include "../fsdp/rank_errors.h"
-#include "../fsdp/trace_span.h"
+#include "fsdp/observability/loggers.h"
+#include "fsdp/observability/profiler.h"
+#include "fsdp/strategy/strategy.h"
+#include "fsdp/dist/rank_errors.h"
+#include "../core/trace_span.h"
 #include "metrics.h"
 #include "progress.h"
 #include "run_directory.h"

@@ -31,7 +31,7 @@
 // turns them back).
 //
 // The checkpoint is the truth, metrics are a log: nothing here may stop a
-// run. The file is written by fsdp::JsonLinesLogger (fsdp/loggers.h): a
+// run. The file is written by fsdp::JsonLinesLogger (fsdp/observability/loggers.h): a
 // write that fails (a full disk) is reported (a warning) and training goes
 // on; a damaged file is repaired on resume, not refused.
 #pragma once
@@ -42,8 +42,8 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/loggers.h"
-#include "../fsdp/json_lines.h"
+#include "fsdp/observability/loggers.h"
+#include "../observability/json_lines.h"
 
 namespace fsdp::train {
 

@@ -24,7 +24,7 @@
 #include <sstream>
 
 #include "fsdp/error.h"
-#include "../fsdp/rank_errors.h"
+#include "fsdp/dist/rank_errors.h"
 
 namespace fsdp::train {
 
@@ -455,7 +455,7 @@ std::vector<std::string> RunDirectory::remove_dead_temporaries() const {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
   // Every writer names its temporary "<final name>.tmp-<save id>"
-  // (src/fsdp/ckpt_files.cpp, AtomicFile); none is alive: the caller holds the lock.
+  // (src/checkpoint/files.cpp, AtomicFile); none is alive: the caller holds the lock.
   auto temporary = [](const fs::path& p) { return p.filename().string().find(".tmp-") != std::string::npos; };
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/models/gpt.h"
-#include "fsdp/strategy.h"
+#include "fsdp/strategy/strategy.h"
 #include "fsdp/train/gpt_trainer.h"
 
 namespace fsdp::train {

@@ -25,7 +25,7 @@
 // count the heap their parser takes (ASan's malloc and free hooks, on the
 // fuzzing thread) and report a finding when its peak exceeds twice the
 // parser's budget for the input's size (torch_pickle.h's parse_budget,
-// ckpt_format.h's json_budget): the budget is an estimate of the
+// format.h's json_budget): the budget is an estimate of the
 // allocator's bytes, and a vector's growth holds its old and new storage at
 // once. The pickle target also checks the bytes the parse charged against
 // the budget itself.
@@ -43,16 +43,16 @@
 #include <iostream>
 #include <string>
 
-#include "../../src/fsdp/ckpt_dcp.h"
-#include "../../src/fsdp/ckpt_format.h"
-#include "../../src/fsdp/ckpt_safetensors.h"
-#include "../../src/fsdp/torch_pickle.h"
+#include "../../src/checkpoint/dcp.h"
+#include "../../src/checkpoint/format.h"
+#include "../../src/checkpoint/safetensors.h"
+#include "../../src/checkpoint/torch_pickle.h"
 #include "../support/index_files.h"
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/state_dict.h"
+#include "fsdp/state_dict/state_dict.h"
 
 namespace fs = std::filesystem;
 using fsdp::testing::read_file;

@@ -11,12 +11,12 @@
 #include <filesystem>
 #include <iostream>
 
-#include "fsdp/checkpoint.h"
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/core/activation_checkpointing.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/gpt.h"
-#include "fsdp/strategy.h"
+#include "fsdp/strategy/strategy.h"
 
 using namespace fsdp;
 namespace fs = std::filesystem;

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "../fsdp/models.h"
+#include "../support/models.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/error.h"
 #include "fsdp/models/gpt.h"

@@ -1,4 +1,4 @@
-"""Opens the checkpoints tests/fsdp/checkpoint_helper_main.cpp wrote, in
+"""Opens the checkpoints tests/checkpoint/checkpoint_helper_main.cpp wrote, in
 Python with PyTorch only: the full one with torch.load (plain and
 weights_only), the sharded one with python/fsdp_checkpoint.py; both must hold
 the same entries, equal tensors, the values saved, and parameters whose sums

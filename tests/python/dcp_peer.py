@@ -1,4 +1,4 @@
-"""The Python side of the DCP interop tests (tests/fsdp/checkpoint_dcp_test.cpp):
+"""The Python side of the DCP interop tests (tests/checkpoint/dcp_test.cpp):
 torch.distributed.checkpoint (DCP) checkpoints written by PyTorch and read by
 fsdp-cpp, and the other way round. SPEC.json lists the C++ model's state:
 [[key, [sizes...], is_buffer], ...]; a Python module with exactly those names

@@ -1,7 +1,7 @@
 """The Python side of the checkpoint interop tests (issue 18), on CPU over Gloo.
 
   interop.py check-full DIR [--lightning]
-      loads DIR/full.pt (written by tests/fsdp/interop_helper_main.cpp) with
+      loads DIR/full.pt (written by tests/checkpoint/interop_helper_main.cpp) with
       torch.load(weights_only=True), checks that its optimizer state has the
       layout and types torch's own AdamW gives, resumes the GPT
       (python/fsdp_gpt.py) under torch FSDP (FSDP.optim_state_dict_to_load) or,

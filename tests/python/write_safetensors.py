@@ -1,6 +1,6 @@
 """Writes module state dicts with Hugging Face's safetensors.torch.save_file
 (the safetensors package, requirements.txt), for
-tests/fsdp/safetensors_python_test.cpp, which loads them into fsdp-cpp models.
+tests/checkpoint/safetensors_python_test.cpp, which loads them into fsdp-cpp models.
 
     write_safetensors.py SPEC.json DIR
 

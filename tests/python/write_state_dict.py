@@ -1,5 +1,5 @@
 """Writes module state dicts with Python's torch.save, for
-tests/fsdp/torch_pickle_test.cpp (RawStateDict.*), which loads them into
+tests/checkpoint/torch_pickle_test.cpp (RawStateDict.*), which loads them into
 fsdp-cpp models.
 
     write_state_dict.py SPEC.json DIR

@@ -22,17 +22,17 @@
 #include <thread>
 #include <tuple>
 
-#include "../fsdp/models.h"
+#include "../support/models.h"
 #include "../support/fault_injection.h"
 #include "../support/sockets.h"
 #include "../support/subprocess.h"
 #include "../support/test_hosts.h"
 #include "../support/thread_ranks.h"
 #include "../support/tmpfs.h"
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/models/gpt.h"
-#include "fsdp/state_dict.h"
+#include "fsdp/state_dict/state_dict.h"
 #include "fsdp/train/gpt_trainer.h"
 
 using namespace fsdp;

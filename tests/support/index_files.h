@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "../../src/fsdp/ckpt_format.h"
+#include "../../src/checkpoint/format.h"
 #include "subprocess.h"
 
 namespace fsdp::testing {

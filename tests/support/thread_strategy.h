@@ -1,7 +1,7 @@
 // Test helper: FSDPStrategy on ranks that are threads of one process.
 #pragma once
 
-#include "fsdp/strategy.h"
+#include "fsdp/strategy/strategy.h"
 
 namespace fsdp::testing {
 

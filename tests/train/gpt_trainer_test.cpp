@@ -31,10 +31,10 @@
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "../support/tmpfs.h"
-#include "fsdp/checkpoint_io.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
-#include "../fsdp/models.h"
+#include "../support/models.h"
 
 using namespace fsdp;
 using namespace fsdp::testing;

@@ -13,7 +13,7 @@
 #include "../support/errors.h"
 #include "../support/subprocess.h"
 #include "fsdp/error.h"
-#include "fsdp/profiler.h"
+#include "fsdp/observability/profiler.h"
 #include "fsdp/train/gpt_trainer.h"
 
 using namespace fsdp;

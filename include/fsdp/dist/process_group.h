@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/dist/env.h"
+#include "fsdp/launch/env.h"
 
 namespace fsdp::dist {
 

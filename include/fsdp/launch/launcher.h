@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/dist/env.h"
+#include "fsdp/launch/env.h"
 
 namespace fsdp::launch {
 

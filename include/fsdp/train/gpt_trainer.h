@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "fsdp/checkpoint_io.h"  // CheckpointFormat
+#include "fsdp/checkpoint/checkpoint_io.h"  // CheckpointFormat
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp.h"  // ShardingStrategy, BackwardPrefetch
 #include "fsdp/models/gpt.h"
@@ -94,7 +94,7 @@ struct TrainConfig {
   // a resume lists the flags it changes in train.log).
   std::string loggers = "tensorboard,jsonl";
   // "A:B": record steps A to B with LibTorch's profiler (Kineto), a Chrome
-  // trace per rank in out/profile/rank_<r>.pt.trace.json (fsdp/profiler.h).
+  // trace per rank in out/profile/rank_<r>.pt.trace.json (fsdp/observability/profiler.h).
   // Empty: no profiling.
   std::string profile_steps;
 };

@@ -1,0 +1,447 @@
+// fsdp/strategy/strategy.h — Lightning Fabric's FSDPStrategy, in C++: one object that
+// sets up the process group, wraps the model with its policies, applies
+// precision and activation checkpointing, checks optimizers, offers the
+// training loop's collectives, and saves and loads checkpoints.
+//
+//   auto strategy = fsdp::FSDPStrategy(fsdp::FSDPStrategyOptions()
+//                                          .auto_wrap_module_types<BlockImpl>()
+//                                          .precision("bf16-mixed")
+//                                          .state_dict_type(fsdp::CheckpointFormat::kSharded));
+//   strategy.setup_environment();                       // [collective] process group from fsdp-run's env
+//   auto model = strategy.setup_module(std::make_shared<NetImpl>());
+//   torch::optim::AdamW opt(model->parameters(), ...);
+//   strategy.setup_optimizer(opt);
+//   ... loss.backward(); strategy.clip_gradients_norm(model, 1.0); opt.step();
+//   strategy.save_checkpoint("ckpt", fsdp::CheckpointState().model("model", model.ptr()).optimizer("opt", opt));
+//
+// Error messages are Lightning Fabric's (lightning/fabric/strategies/fsdp.py)
+// where it has one. Warnings go through c10's warning handler (TORCH_WARN;
+// by default to stderr), from rank 0 only. Metrics go to the loggers of the
+// options (fsdp/observability/loggers.h) through log / log_dict.
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/util/typeid.h>
+#include <torch/arg.h>
+
+#include "fsdp/core/activation_checkpointing.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/observability/loggers.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace fsdp {
+
+// A precision setting by Lightning's name.
+struct PrecisionConfig {
+  std::string name;                             // "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"
+  std::optional<MixedPrecision> mixed;          // "-mixed": FSDP's MixedPrecision (float32 masters)
+  std::optional<at::ScalarType> model_dtype;    // "-true": the whole model in this dtype
+  bool needs_grad_scaler = false;               // "16-mixed"
+};
+// Parses a precision name ("32", "16", "bf16" and "32-true" ... "bf16-true");
+// ConfigError listing the valid names otherwise.
+PrecisionConfig parse_precision(const std::string& name);
+
+// PyTorch's (Sharded)GradScaler for float16 training: scales the loss so
+// that small gradients survive float16, unscales the gradients before the
+// optimizer (or clipping) sees them, and skips the step — on every rank
+// alike — when any rank's shard holds an inf or NaN, backing the scale off.
+class ShardedGradScaler {
+ public:
+  ShardedGradScaler(dist::ProcessGroupPtr group, double init_scale = 65536.0, double growth_factor = 2.0,
+                    double backoff_factor = 0.5, int growth_interval = 2000);
+  // loss * scale.
+  at::Tensor scale(const at::Tensor& loss) const;
+  // [collective] Divides the gradients of the optimizer's parameters by the
+  // scale (once per step) and agrees over the group whether any is not finite.
+  void unscale_(torch::optim::Optimizer& optimizer);
+  // [collective unless unscale_ ran] Unscales if needed, then steps unless a
+  // gradient was not finite. Returns whether it stepped.
+  bool step(torch::optim::Optimizer& optimizer);
+  // Grows the scale after growth_interval clean steps, backs off after a bad one.
+  void update();
+  double get_scale() const { return scale_; }
+
+ private:
+  dist::ProcessGroupPtr group_;
+  double scale_, growth_, backoff_;
+  int interval_, clean_steps_ = 0;
+  bool unscaled_ = false, found_inf_ = false;
+};
+
+// FSDPStrategyOptions::NAME(value) sets fsdp().NAME and returns the
+// strategy's options; NAME() reads fsdp().NAME (Lightning passes these
+// arguments through to FSDP).
+#define FSDP_STRATEGY_PASS_THROUGH(T, name)           \
+ public:                                              \
+  FSDPStrategyOptions& name(T value) {                \
+    fsdp_.name(std::move(value));                     \
+    return *this;                                     \
+  }                                                   \
+  const T& name() const noexcept { return fsdp_.name(); }
+
+// Lightning's FSDPStrategy constructor arguments, with chainable setters in
+// LibTorch's TORCH_ARG idiom (`name(value)` sets and returns *this, `name()`
+// reads). Plain values; setting one is local and cheap (precision and the
+// string overloads parse their name at once: ConfigError for an unknown one).
+class FSDPStrategyOptions {
+ public:
+  FSDPStrategyOptions() { fsdp_.use_orig_params(true); }
+
+  // The FSDP options the model is wrapped with (FSDPOptions's defaults,
+  // except use_orig_params = true, Lightning's). The strategy completes
+  // them at setup_module: process_group unset means the world group (with
+  // device_mesh below: the mesh's groups instead); HYBRID_SHARD without a
+  // mesh shards within a node (hybrid_shard_size = LOCAL_WORLD_SIZE when it
+  // divides the group); device_id unset means the group's CUDA device under
+  // NCCL; mixed_precision is replaced by the one mixed_precision() or
+  // precision() below gives, if any.
+  TORCH_ARG(FSDPOptions, fsdp);
+
+  // Pass-through FSDP options (see FSDPOptions; Lightning's arguments of
+  // the same names).
+  FSDP_STRATEGY_PASS_THROUGH(ShardingStrategy, sharding_strategy)
+  // Parses `name` as parse_sharding_strategy does (case-insensitive).
+  FSDPStrategyOptions& sharding_strategy(const std::string& name);
+  FSDP_STRATEGY_PASS_THROUGH(CPUOffload, cpu_offload)
+  // Lightning's cpu_offload=True / False.
+  FSDPStrategyOptions& cpu_offload(bool on);
+  FSDP_STRATEGY_PASS_THROUGH(AutoWrapPolicy, auto_wrap_policy)
+  // Lightning's auto_wrap_policy={Block, ...}: wrap every module of these types.
+  template <class... ModuleImpls>
+  FSDPStrategyOptions& auto_wrap_module_types() {
+    return auto_wrap_policy(transformer_auto_wrap_policy<ModuleImpls...>());
+  }
+  // FSDP's process_group: the ranks that shard the model (default: the world).
+  FSDP_STRATEGY_PASS_THROUGH(dist::ProcessGroupPtr, process_group)
+  FSDP_STRATEGY_PASS_THROUGH(bool, use_orig_params)
+  FSDP_STRATEGY_PASS_THROUGH(bool, forward_prefetch)
+  FSDP_STRATEGY_PASS_THROUGH(BackwardPrefetch, backward_prefetch)
+  FSDP_STRATEGY_PASS_THROUGH(bool, limit_all_gathers)
+  FSDP_STRATEGY_PASS_THROUGH(bool, sync_module_states)
+  FSDP_STRATEGY_PASS_THROUGH(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules)
+
+ public:
+  // Lightning's precision name ("32-true" by default; see parse_precision,
+  // which checks it here).
+  FSDPStrategyOptions& precision(const std::string& name);
+  const std::string& precision() const noexcept { return precision_; }
+  // An explicit MixedPrecision wins over the precision name's (unset by default).
+  TORCH_ARG(std::optional<MixedPrecision>, mixed_precision);
+  // Which modules run under activation checkpointing (none by default).
+  TORCH_ARG(CheckpointCheck, activation_checkpointing_policy);
+
+ public:
+  // Lightning's activation_checkpointing_policy={Block, ...}.
+  template <class... ModuleImpls>
+  FSDPStrategyOptions& activation_checkpointing_module_types() {
+    return activation_checkpointing_policy(checkpoint_module_types<ModuleImpls...>());
+  }
+  // Deprecated (as in Lightning): use activation_checkpointing_policy.
+  TORCH_ARG(CheckpointCheck, activation_checkpointing);
+  // The format save_checkpoint writes: Lightning's state_dict_type, "full"
+  // (one file) or "sharded" (a directory, the default). A CheckpointFormat
+  // (fsdp/checkpoint/checkpoint_io.h), not an fsdp::StateDictType: the setting decides
+  // the checkpoint's form on disk, and StateDictType::kLocal has none.
+  TORCH_ARG(CheckpointFormat, state_dict_type) = CheckpointFormat::kSharded;
+
+ public:
+  // Lightning's string form: parses "full" / "sharded" (parse_checkpoint_format).
+  FSDPStrategyOptions& state_dict_type(const std::string& name);
+
+ public:
+  // HYBRID_SHARD: a (replicate, shard) mesh; the product must be the world
+  // size (checked at setup_environment). Unset by default.
+  FSDPStrategyOptions& device_mesh(int replicate, int shard);
+  const std::optional<std::pair<int, int>>& device_mesh() const noexcept { return device_mesh_; }
+  // The collectives' timeout; unset (the default): the environment's
+  // (FSDP_TIMEOUT_S) or dist::kDefaultTimeout.
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout);
+  // The backend setup_environment joins with; unset (the default): the
+  // environment's (FSDP_BACKEND, else kAuto).
+  TORCH_ARG(std::optional<dist::Backend>, process_group_backend);
+
+ public:
+  // Lightning's string form: parses "auto", "gloo", "nccl" (dist::parse_backend).
+  FSDPStrategyOptions& process_group_backend(const std::string& name);
+
+ public:
+  // The world group to use instead of joining one from the environment in
+  // setup_environment (ranks as threads, or a group made elsewhere). Unset
+  // by default.
+  TORCH_ARG(dist::ProcessGroupPtr, world);
+  // Set on every rank at setup_environment (default 0).
+  TORCH_ARG(uint64_t, seed) = 0;
+  // Lightning Fabric's loggers=[...]: where log / log_dict write, on rank 0
+  // only. setup_environment opens them there (a log directory that cannot be
+  // written fails every rank then, not at the first log). None by default.
+  TORCH_ARG(std::vector<std::shared_ptr<Logger>>, loggers);
+
+ private:
+  std::string precision_ = "32-true";
+  std::optional<std::pair<int, int>> device_mesh_;
+};
+
+#undef FSDP_STRATEGY_PASS_THROUGH
+
+// What FSDPStrategy::module_init_context returns: while it lives, modules
+// built on this thread are deferred (empty_init, see EmptyInitGuard) and,
+// under a "-true" precision, created in that dtype (Lightning's
+// module_init_context: half the initialisation memory for bf16-true). The
+// dtype is LibTorch's default dtype, which is process-wide (as
+// torch.set_default_dtype): ranks that are threads of one process see it
+// too. It is restored when the context ends.
+class ModuleInitContext {
+ public:
+  ModuleInitContext(bool empty_init, std::optional<at::ScalarType> dtype);
+  ~ModuleInitContext();
+  ModuleInitContext(const ModuleInitContext&) = delete;
+  ModuleInitContext& operator=(const ModuleInitContext&) = delete;
+
+ private:
+  EmptyInitGuard empty_;
+  std::optional<caffe2::TypeMeta> previous_dtype_;
+};
+
+class FSDPStrategy {
+ public:
+  // Validates the options (ConfigError with Lightning's messages: hybrid
+  // sharding without a policy, group or mesh; process_group with
+  // device_mesh; a mesh without HYBRID_SHARD; both checkpointing options).
+  // Unknown names (precision, state_dict_type, backend, sharding strategy)
+  // are refused earlier, by the options' setters.
+  explicit FSDPStrategy(FSDPStrategyOptions options = {});
+
+  // [collective] Joins the job described by the environment (fsdp-run /
+  // torchrun variables; none set: a single process, rank 0 of 1), with the
+  // options' backend and timeout, seeds LibTorch's (process-wide) default
+  // generator with the options' seed, and builds the device mesh. A world
+  // group given in the options is used instead of joining; so is the one another strategy of this process joined while it
+  // is still held (as Lightning reuses an initialised default group; its
+  // backend and timeout stay) — ConfigError if the environment's rank or
+  // world size disagree with it.
+  void setup_environment();
+
+  dist::ProcessGroup& group() const;
+  int global_rank() const;
+  int world_size() const;
+  // Where this rank computes: the group's device (CPU for Gloo, this rank's
+  // CUDA device for NCCL; setup_module moves the model there). Move each
+  // batch here before the forward. CPU before setup_environment().
+  at::Device root_device() const;
+  bool is_global_zero() const { return global_rank() == 0; }
+  // Lightning's distributed_sampler_kwargs: give them to
+  // torch::data::samplers::DistributedRandomSampler / DistributedSequentialSampler.
+  struct SamplerArgs {
+    size_t num_replicas;
+    size_t rank;
+  };
+  SamplerArgs distributed_sampler_kwargs() const;
+  const PrecisionConfig& precision() const { return precision_; }
+  CheckpointFormat state_dict_type() const { return options_.state_dict_type(); }
+  // The effective FSDP settings, as Lightning's attributes of the same names:
+  // the sharding strategy, the MixedPrecision the model is wrapped with (an
+  // explicit mixed_precision, else the precision name's; none for "-true"
+  // and "32"), and the CPU offload.
+  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy(); }
+  std::optional<MixedPrecision> mixed_precision_config() const;
+  CPUOffload cpu_offload() const { return options_.cpu_offload(); }
+  // Lightning's module_sharded_context: the FSDP options this strategy wraps
+  // with (sharding strategy, mixed precision, CPU offload, groups, device,
+  // pass-through options), without its auto-wrap policy, for wrapping
+  // submodules by hand:
+  //   block = strategy.wrap(block);   // or FullyShardedDataParallel<M>(m, strategy.module_sharded_options())
+  // then setup_module(model) wraps the root around them. Local; requires
+  // setup_environment.
+  FSDPOptions module_sharded_options() const;
+  // [collective] FullyShardedDataParallel<M>(module, module_sharded_options()).
+  template <class ModuleImpl>
+  Unit<ModuleImpl> wrap(std::shared_ptr<ModuleImpl> module) const {
+    FullyShardedDataParallel<ModuleImpl> wrapped(std::move(module), module_sharded_options());
+    return wrapped;
+  }
+
+  // Lightning's module_init_context(empty_init): build the model while the
+  // returned context lives. empty_init=true: every fsdp::Unit<M>(args...)
+  // built on this thread holds no memory until setup_module materialises it,
+  // unit by unit, right before sharding it — peak memory during setup is the
+  // shards plus about one unit, with the values of an eager build (see
+  // EmptyInitGuard in fsdp/fsdp.h). Under "bf16-true" / "16-true" the
+  // parameters are created in that dtype (see ModuleInitContext). Local.
+  ModuleInitContext module_init_context(bool empty_init = true) const {
+    return ModuleInitContext(empty_init, precision_.model_dtype);
+  }
+
+  // [collective] Wraps `module` (FSDP with the options and the auto-wrap
+  // policy), then applies activation checkpointing. A model that already has
+  // checkpointed layers keeps them (warning).
+  // Manual wrapping: when submodules are already FSDP units (wrapped by hand,
+  // e.g. with wrap() above; members or Sequential elements), the policy is
+  // ignored (warning) and only the root is wrapped around them, owning the
+  // parameters no unit holds. DIFFERENCE FROM LIGHTNING, on purpose:
+  // Lightning leaves such a root unwrapped, so parameters outside the units
+  // would neither be sharded nor have their gradients reduced (ranks would
+  // drift apart), and clip_gradients_norm / no_backward_sync would refuse the
+  // model; with the root wrapped, manual wrapping trains and checkpoints as
+  // auto-wrapping does. A root that is itself a unit is left as it is.
+  template <class ModuleImpl>
+  Unit<ModuleImpl> setup_module(std::shared_ptr<ModuleImpl> module) {
+    if (auto options = begin_setup(module)) {
+      FullyShardedDataParallel<ModuleImpl> wrapped(module, *options);
+    }
+    after_wrap(module);
+    return Unit<ModuleImpl>(module);
+  }
+  template <class ModuleImpl>
+  Unit<ModuleImpl> setup_module(const torch::nn::ModuleHolder<ModuleImpl>& module) {
+    return setup_module(module.ptr());
+  }
+  // [local] With use_orig_params=false, checks that `optimizer` steps the
+  // parameters of a model this strategy set up (fsdp::check_optimizer:
+  // Lightning's "does not seem to reference any FSDP parameters" error);
+  // with use_orig_params=true it checks nothing, as Lightning.
+  void setup_optimizer(const torch::optim::Optimizer& optimizer) const;
+  // Lightning's joint setup: the optimizers must have been built on the
+  // model's parameters and use_orig_params must be true (its error otherwise).
+  template <class ModuleImpl>
+  Unit<ModuleImpl> setup_module_and_optimizers(std::shared_ptr<ModuleImpl> module,
+                                               const std::vector<torch::optim::Optimizer*>& optimizers) {
+    check_joint_setup();
+    auto wrapped = setup_module(std::move(module));
+    for (auto* o : optimizers) setup_optimizer(*o);
+    return wrapped;
+  }
+
+  // Collectives over the whole world, for the training loop.
+  // [collective] Reduces `tensor` in place over the world and returns it
+  // (default: the mean, dist::ReduceOp::kAvg).
+  at::Tensor all_reduce(const at::Tensor& tensor, dist::ReduceOp op = dist::ReduceOp::kAvg) const;
+  // Lightning's reduce_op string: "mean" (or "avg"), "sum", "max", parsed by
+  // dist::parse_reduce_op (ConfigError listing them for another name).
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op) const;
+  void barrier() const;  // [collective]
+  // [collective] Rank `src`'s bytes / string / value on every rank.
+  std::string broadcast(const std::string& data, int src = 0) const;
+  template <class T, class = std::enable_if_t<std::is_trivially_copyable_v<T>>>
+  T broadcast_value(const T& value, int src = 0) const {
+    std::string bytes(reinterpret_cast<const char*>(&value), sizeof(T));
+    bytes = broadcast(bytes, src);
+    T out;
+    std::memcpy(&out, bytes.data(), sizeof(T));
+    return out;
+  }
+  // Prints `message` (plus newline) on rank 0 only.
+  void print(const std::string& message) const;
+
+  // Lightning's fabric.log / fabric.log_dict: rank 0 hands the metrics to
+  // every logger of the options; other ranks do nothing. Local (no
+  // collective): log a value every rank agrees on (all_reduce it first) or
+  // rank 0's own. `step` nullopt: each logger counts its calls. A logger's
+  // failed write is a warning, never an error.
+  void log(const std::string& name, double value, std::optional<int64_t> step = std::nullopt) const;
+  void log_dict(const Metrics& metrics, std::optional<int64_t> step = std::nullopt) const;
+  // Lightning's fabric.logger (the first logger; nullptr without one) and fabric.loggers.
+  std::shared_ptr<Logger> logger() const;
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return options_.loggers(); }
+
+  // [collective] Clips the model's gradients to max_norm (FSDP's
+  // clip_grad_norm_); unscales them first under a gradient scaler. TypeError
+  // text of Lightning if the root is not FSDP-wrapped.
+  at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
+                                 double norm_type = 2.0) const;
+  // The same, unscaling `optimizer`'s gradients first when a gradient scaler is in use.
+  at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, torch::optim::Optimizer& optimizer,
+                                 double max_norm, double norm_type = 2.0) const;
+  // Lightning's clip_gradients_value: clamps every gradient of `optimizer`'s
+  // parameters to [-clip_value, clip_value], unscaling them first under a
+  // gradient scaler. Local: an element's clamp needs no other element, so
+  // clamping each rank's shard is clamping the full gradient. ConfigError
+  // for a clip_value that is not positive.
+  void clip_gradients_value(torch::optim::Optimizer& optimizer, double clip_value) const;
+  // Lightning's backward: loss.backward(), the loss scaled first under
+  // "16-mixed" (its gradient scaler). Local; the unit hooks it triggers are
+  // collectives.
+  void backward(const at::Tensor& loss) const;
+  // Lightning's optimizer_step: optimizer.step(); under "16-mixed" [collective]
+  // unscales (unless clip_gradients_norm did), skips the step when a gradient
+  // is not finite on any rank, and updates the scale. Returns whether it stepped.
+  bool optimizer_step(torch::optim::Optimizer& optimizer) const;
+  // The gradient scaler of "16-mixed" (null for other precisions); made by
+  // setup_environment. Use scaler->scale(loss).backward(), scaler->step(opt),
+  // scaler->update().
+  ShardedGradScaler* grad_scaler() const { return scaler_.get(); }
+  // Gradient accumulation without communication (FSDP's no_sync); Lightning's
+  // error if the root is not FSDP-wrapped.
+  std::unique_ptr<NoSync> no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const;
+
+  // [collective] Checkpoints in the options' state_dict_type (kFull: one
+  // file, kSharded: a directory); see fsdp/checkpoint_io.h. Errors as Lightning's.
+  void save_checkpoint(const std::string& path, const CheckpointState& state,
+                       std::function<bool(const std::string&, const std::string&)> filter = nullptr) const;
+  std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
+                                                         bool strict = true) const;
+  // [collective] The model of a single-file (full) checkpoint into `module`
+  // (Lightning's module-only load, which Fabric's load_raw calls): an
+  // fsdp-cpp full checkpoint, or a raw torch.save(model.state_dict()) file
+  // (see fsdp::load_checkpoint in checkpoint_io.h); a sharded checkpoint's
+  // directory is refused with Lightning's message (load it through a
+  // CheckpointState).
+  void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
+                       bool strict = true) const;
+  // Lightning: "Loading a single optimizer object from a checkpoint is not
+  // supported yet with the FSDP strategy."
+  void load_checkpoint(const std::string& path, torch::optim::Optimizer& optimizer) const;
+
+ private:
+  // Checks the set-up, converts a "-true" precision's model, and returns the
+  // options to wrap the root with: the policy's, or none (warning when a
+  // policy is set) if submodules are already FSDP units; nullopt when the
+  // root itself is already one.
+  std::optional<FSDPOptions> begin_setup(const std::shared_ptr<torch::nn::Module>& module);
+  FSDPOptions fsdp_options() const;
+  void after_wrap(const std::shared_ptr<torch::nn::Module>& module);
+  void check_joint_setup() const;
+  void require_group(const char* what) const;
+
+  FSDPStrategyOptions options_;
+  PrecisionConfig precision_;
+  dist::ProcessGroupPtr group_;
+  std::optional<dist::DeviceMesh> mesh_;
+  // The models setup_module set up, for setup_optimizer (not kept alive).
+  std::vector<std::weak_ptr<torch::nn::Module>> models_;
+  std::shared_ptr<ShardedGradScaler> scaler_;
+};
+
+// Named strategies, so that an application can pick one from its command
+// line: "fsdp" and "fsdp_cpu_offload" are registered.
+class StrategyRegistry {
+ public:
+  using Factory = std::function<FSDPStrategyOptions()>;
+  static StrategyRegistry& instance();
+  // ConfigError if `name` is taken.
+  void register_strategy(const std::string& name, Factory factory, const std::string& description);
+  // ConfigError listing the registered names if `name` is unknown.
+  FSDPStrategyOptions options(const std::string& name) const;
+  FSDPStrategy get(const std::string& name) const { return FSDPStrategy(options(name)); }
+  std::vector<std::string> names() const;
+  const std::string& description(const std::string& name) const;
+
+ private:
+  StrategyRegistry();
+  std::map<std::string, std::pair<Factory, std::string>> entries_;
+};
+
+}  // namespace fsdp

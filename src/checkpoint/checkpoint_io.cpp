@@ -1,0 +1,162 @@
+// Saving checkpoints (fsdp/checkpoint/checkpoint_io.h): the format chosen, a checkpoint
+// of the other format replaced crash-safely, async saves kept until
+// wait_for_checkpoint. The writers, the loader and the tools are the other
+// ckpt_*.cpp files of the module (parts.h).
+#include "fsdp/checkpoint/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "dcp.h"
+#include "parts.h"
+#include "../fault_points/fault_points.h"
+#include "fsdp/error.h"
+
+namespace fsdp {
+
+namespace ck = detail::ckpt;
+namespace fs = std::filesystem;
+
+const char* to_string(CheckpointFormat format) {
+  return format == CheckpointFormat::kFull ? "full" : "sharded";
+}
+
+CheckpointFormat parse_checkpoint_format(const std::string& name, const std::string& what) {
+  std::string n;
+  for (char c : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto f : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
+    if (n == to_string(f)) return f;
+  }
+  throw ConfigError("Unknown " + what + ": " + name + " (expected one of \"full\", \"sharded\")");
+}
+
+namespace detail {
+
+namespace {
+
+std::mutex& pending_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<const dist::ProcessGroup*, PendingSave>& pending_saves() {
+  static std::map<const dist::ProcessGroup*, PendingSave> p;
+  return p;
+}
+
+}  // namespace
+
+void set_pending_save(dist::ProcessGroup& group, PendingSave save) {
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  pending_saves()[&group] = std::move(save);
+}
+
+}  // namespace detail
+
+namespace {
+
+bool is_sharded_checkpoint(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && (fs::is_regular_file(fs::path(path) / ck::kDcpMetadataFile, ec) ||
+                                        fs::is_regular_file(fs::path(path) / ck::kIndexFile, ec));
+}
+
+// Removes what a killed replacement left beside `path`: not a checkpoint.
+void remove_stale_replacements(const std::string& path) {
+  std::error_code ec;
+  const fs::path target(path);
+  const std::string stale = target.filename().string() + ".fsdp-new-";
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    if (e.path().filename().string().rfind(stale, 0) == 0) fs::remove_all(e.path(), ec);
+  }
+}
+
+// [collective: broadcast from rank 0] Whether `path` holds a checkpoint of
+// the other format than `format` (rank 0 looks, and clears stale replacements).
+bool other_format_at(const std::string& path, CheckpointFormat format, dist::ProcessGroup& group) {
+  std::string other;
+  if (group.rank() == 0) {
+    remove_stale_replacements(path);
+    std::error_code ec;
+    const bool full = format == CheckpointFormat::kFull;
+    if (full ? is_sharded_checkpoint(path) : (fs::exists(path, ec) && !fs::is_directory(path, ec))) other = "1";
+  }
+  return !group.broadcast_bytes(other, 0).empty();
+}
+
+// Swaps what `a` and `b` name, atomically (a file and a directory included:
+// Linux's renameat2 RENAME_EXCHANGE), then syncs their directory.
+void exchange_paths(const std::string& a, const std::string& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0) {
+    const int err = errno;
+    throw Error("save_checkpoint: cannot swap " + a + " and " + b + " in one step (renameat2 RENAME_EXCHANGE: " +
+                std::strerror(err) + ")" +
+                (err == EINVAL || err == ENOSYS ? ": this file system cannot; remove the old checkpoint first" : ""));
+  }
+  ck::sync_dir(fs::path(b).parent_path().empty() ? "." : fs::path(b).parent_path().string());
+}
+
+// [collective] Replaces the checkpoint of the other format at `path`: the
+// new one is saved complete beside it, swapped in atomically, and only then
+// is the old one removed. An interruption leaves one of the two at `path`,
+// whole.
+void replace_other_format(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
+                          const CheckpointOptions& options) {
+  if (options.async_save()) {
+    throw ConfigError("save_checkpoint: " + path + " holds a checkpoint of the other format; replacing it is done "
+                      "synchronously: save with async_save=false (or to another path)");
+  }
+  const std::string staging = path + ".fsdp-new-" + group.broadcast_bytes(ck::new_save_id(), 0);
+  save_checkpoint(staging, state, group, options);  // [collective] complete and committed there
+  detail::Failure error;
+  if (group.rank() == 0) {
+    error = detail::capture([&] {
+      detail::fault_point("replace-before-exchange", 0);
+      exchange_paths(staging, path);  // the commit point: `path` is the new checkpoint
+      detail::fault_point("replace-after-exchange", 0);
+      fs::remove_all(staging);  // the old one, now under the staging name
+    });
+  }
+  detail::agree(group, error, "save_checkpoint: replacing " + path);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const CheckpointState& state, dist::ProcessGroup& group,
+                     const CheckpointOptions& options) {
+  auto model = detail::the_fsdp_model(state, "save").second;
+  wait_for_checkpoint(group);  // one save at a time
+  if (other_format_at(path, options.format(), group)) {  // [collective]
+    replace_other_format(path, state, group, options);
+  } else if (options.format() == CheckpointFormat::kFull) {
+    detail::save_full(path, state, model, group, options);
+  } else {
+    detail::save_sharded(path, state, model, group, options);
+  }
+}
+
+void wait_for_checkpoint(dist::ProcessGroup& group) {
+  detail::PendingSave pending;
+  {
+    std::lock_guard<std::mutex> lock(detail::pending_mutex());
+    auto it = detail::pending_saves().find(&group);
+    if (it == detail::pending_saves().end()) return;
+    pending = std::move(it->second);
+    detail::pending_saves().erase(it);
+  }
+  pending.write.get();
+  pending.commit();
+}
+
+bool checkpoint_pending(const dist::ProcessGroup& group) {
+  std::lock_guard<std::mutex> lock(detail::pending_mutex());
+  return detail::pending_saves().count(&group) > 0;
+}
+
+}  // namespace fsdp

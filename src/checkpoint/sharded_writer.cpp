@@ -1,0 +1,325 @@
+// The sharded format's writer: a DCP checkpoint (docs/checkpoint-format.md),
+// in three steps: stage [collective: who writes which piece], write [local:
+// this rank's data file of DCP items], commit [collective: rank 0 writes
+// meta.pt, fsdp-cpp's index and last .metadata, the commit point]. An async
+// save runs the write in the background and commits at wait_for_checkpoint.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <tuple>
+
+#include "dcp.h"
+#include "parts.h"
+#include "../fault_points/fault_points.h"
+#include "fsdp/error.h"
+#include "pickle_writer.h"
+#include "torch_pickle.h"
+
+namespace fsdp::detail {
+
+namespace ck = ckpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A piece this rank writes: its record (chunk filled in by the write) and its data.
+struct Piece {
+  ck::PieceRecord record;
+  at::Tensor tensor;
+};
+
+struct ShardedJob {
+  std::string path, save_id, file_name;
+  int rank = 0, world = 1;
+  std::vector<ck::EntryRecord> entries;
+  std::vector<Piece> owned;  // the pieces this rank writes
+  // The write's outcome: the written pieces' records, or its failure.
+  std::vector<ck::PieceRecord> written;
+  std::vector<ck::DcpItem> bytes_written;  // rank 0: the values and parameter groups
+  Failure write_failure;
+};
+
+// DCP's name is __<rank>_0.distcp; the save id keeps the previous save's
+// files intact until the commit (DCP's reader opens the names .metadata lists).
+std::string data_file_name(const std::string& save_id, int rank) {
+  return "__" + std::to_string(rank) + "_" + save_id + ".distcp";
+}
+
+std::string saving(const std::string& path) { return "save_checkpoint: saving " + path; }
+
+Piece make_piece(const std::string& key, at::ScalarType dtype, std::vector<int64_t> shape, std::vector<int64_t> offsets,
+                 const at::Tensor& tensor) {
+  Piece p{{key, dtype, std::move(shape), {}}, tensor};
+  p.record.chunk.offsets = std::move(offsets);
+  p.record.chunk.sizes = tensor.sizes().vec();
+  p.record.chunk.nbytes = static_cast<int64_t>(tensor.numel() * static_cast<int64_t>(c10::elementSize(dtype)));
+  return p;
+}
+
+// This rank's pieces of the state: views of its shards, no gather. Its
+// failure goes to `error`, for the agreement that follows.
+std::vector<Piece> local_pieces(ShardedJob& job, const CheckpointState& state,
+                                const std::shared_ptr<torch::nn::Module>& fsdp_model, const CheckpointOptions& options,
+                                Failure& error) {
+  std::vector<Piece> pieces;
+  auto put = [&](const std::string& key, const StateValue& v) {
+    if (std::holds_alternative<at::Tensor>(v)) {
+      const auto& t = std::get<at::Tensor>(v);
+      pieces.push_back(make_piece(key, t.scalar_type(), t.sizes().vec(), std::vector<int64_t>(t.sizes().size(), 0), t));
+      return;
+    }
+    const auto& st = std::get<ShardedTensor>(v);
+    for (const auto& s : st.local_shards) {
+      pieces.push_back(make_piece(key, st.dtype, st.global_shape, s.offsets, s.tensor));
+    }
+  };
+  error = capture([&] { job.entries = visit_state(state, fsdp_model, StateDictType::kSharded, options, put); });
+  return pieces;
+}
+
+// [collective: all_gather] Who writes what: a box held by several ranks
+// (replicas, tensors every rank has) is written by the lowest one. copy: a
+// snapshot of each owned piece (async: training goes on).
+void claim_pieces(ShardedJob& job, std::vector<Piece> pieces, Failure error, dist::ProcessGroup& group, bool copy) {
+  std::vector<ck::PieceRecord> mine;
+  for (const auto& p : pieces) mine.push_back(p.record);
+  const std::string payload = ck::encode_pieces(mine);
+  // Pieces the others could not decode fail here, on every rank alike.
+  if (error.empty()) error = capture([&] { ck::decode_pieces(payload, "this rank's pieces"); });
+  const auto everyone = gather_agreed(group, payload, error, saving(job.path));
+  using Box = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>;
+  auto box = [](const ck::PieceRecord& r) { return Box{r.key, r.chunk.offsets, r.chunk.sizes}; };
+  std::set<Box> taken;  // the boxes of lower ranks
+  for (int r = 0; r < group.rank(); ++r) {
+    const std::string where = "rank " + std::to_string(r) + "'s pieces";
+    for (const auto& x : ck::decode_pieces(everyone[static_cast<size_t>(r)], where)) taken.insert(box(x));
+  }
+  for (auto& p : pieces) {
+    if (!taken.insert(box(p.record)).second) continue;
+    if (copy) p.tensor = p.tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    job.owned.push_back(std::move(p));
+  }
+}
+
+// [collective] The job of a save at `path`: the directory made, a save id
+// agreed, this rank's pieces claimed.
+ShardedJob stage(const std::string& path, const CheckpointState& state,
+                 const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
+                 const CheckpointOptions& options) {
+  Failure error;  // (a file at `path` was replaced by save_checkpoint)
+  if (group.rank() == 0) error = capture([&] { fs::create_directories(path); });
+  agree(group, error, "save_checkpoint: creating " + path);
+  ShardedJob job;
+  job.path = path;
+  job.rank = group.rank();
+  job.world = group.size();
+  job.save_id = group.broadcast_bytes(ck::new_save_id(), 0);
+  job.file_name = data_file_name(job.save_id, job.rank);
+  auto pieces = local_pieces(job, state, fsdp_model, options, error);
+  claim_pieces(job, std::move(pieces), error, group, /*copy=*/options.async_save());
+  return job;
+}
+
+// [local] Writes this rank's data file, synced before the index can name it;
+// keeps the outcome in the job.
+// Appends a piece to the data file as a DCP item; its record (with where
+// its bytes are) goes to job.written.
+void write_piece(ShardedJob& job, ck::AtomicFile& file, Piece& p) {
+  const at::Tensor t = p.tensor.detach().cpu().contiguous();
+  ck::Chunk& c = p.record.chunk;
+  c.file = job.file_name;
+  c.nbytes = static_cast<int64_t>(t.numel() * t.element_size());
+  c.crc = ck::crc32(t.data_ptr(), static_cast<size_t>(c.nbytes));
+  pickle::Writer pkl;
+  pkl.tensor("0", pickle::storage_class(t.scalar_type()), t.sizes().vec());
+  const ck::WrittenItem item = ck::write_dcp_item(file, job.file_name, pkl.finish(), t.data_ptr(), c.nbytes);
+  c.offset = item.data_offset;
+  p.record.item_offset = item.storage.offset;
+  p.record.item_length = item.storage.length;
+  job.written.push_back(p.record);
+}
+
+// Rank 0's bytes items (values, parameter groups), first in its file as DCP puts them.
+void write_bytes_items(ShardedJob& job, ck::AtomicFile& file) {
+  if (job.rank != 0) return;
+  for (auto& [item, pkl] : ck::dcp_bytes_items(job.entries)) {
+    item.bytes = ck::write_dcp_item(file, job.file_name, pkl, nullptr, 0).storage;
+    job.bytes_written.push_back(std::move(item));
+  }
+}
+
+void write_data(ShardedJob& job) {
+  job.write_failure = capture([&] {
+    ck::AtomicFile file((fs::path(job.path) / job.file_name).string());
+    write_bytes_items(job, file);
+    for (Piece& p : job.owned) {
+      write_piece(job, file, p);
+      if (job.written.size() == 1) fault_point("sharded-mid-data", job.rank);
+    }
+    file.commit();
+  });
+}
+
+// The index of every rank's written pieces.
+ck::Index index_of(const ShardedJob& job, const std::vector<std::string>& written) {
+  ck::Index ix;
+  ix.kind = ck::Index::Kind::kSharded;
+  ix.world_size = job.world;
+  ix.save_id = job.save_id;
+  ix.entries = job.entries;
+  for (int r = 0; r < job.world; ++r) ix.files.push_back(data_file_name(job.save_id, r));
+  for (size_t r = 0; r < written.size(); ++r) {
+    for (const auto& p : ck::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) ck::add_piece(ix, p);
+  }
+  return ix;
+}
+
+// DCP's Metadata of the index: every tensor's chunks with their items, and
+// the bytes items rank 0 wrote.
+ck::DcpMetadata metadata_of(const ShardedJob& job, const ck::Index& ix, const std::vector<std::string>& written) {
+  std::map<std::string, ck::DcpItem> tensors;
+  for (size_t r = 0; r < written.size(); ++r) {
+    for (const auto& p : ck::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) {
+      ck::DcpItem& it = tensors[p.key];
+      it.dtype = p.dtype;
+      it.shape = p.shape;
+      it.chunks.push_back({p.chunk.offsets, p.chunk.sizes, {p.chunk.file, p.item_offset, p.item_length}});
+    }
+  }
+  ck::DcpMetadata md;
+  md.save_id = job.save_id;
+  md.items = job.bytes_written;
+  for (const auto& key : ix.tensor_order) {
+    ck::DcpItem it = std::move(tensors.at(key));
+    ck::set_dcp_key(ix.entries, key, it);
+    md.items.push_back(std::move(it));
+  }
+  return md;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  ck::AtomicFile f(path);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
+}
+
+// Writes meta.pt (under its temporary name), fsdp-cpp's index and last
+// .metadata: the commit point (the new .metadata replaces the old one
+// atomically); then renames meta.pt into place, and removes the previous
+// save's data files, no longer referenced, earlier layouts' files and the
+// temporaries of saves that were killed. meta.pt is renamed only after the
+// commit because readers hold it against .metadata (Lightning reads its
+// values from meta.pt): a save killed before its commit leaves the previous
+// save's meta.pt, which agrees with the previous .metadata, in place. (A kill
+// in the instant between the two renames leaves the new .metadata with the
+// old meta.pt: the values disagree, and readers refuse it by name.)
+// `values`: the tensor values, which rank 0 holds (it claims every replicated piece).
+void commit_index(const std::string& path, const ck::Index& ix, const ck::DcpMetadata& md,
+                  const std::map<std::string, at::Tensor>& values) {
+  const fs::path dir(path);
+  ck::AtomicFile meta((dir / ck::kLightningMetaFile).string());
+  {
+    std::vector<at::Tensor> tensors;
+    const std::string pkl = ck::lightning_meta_pickle(ix.entries, values, tensors);
+    std::vector<ck::RecordBytes> records;
+    for (const auto& t : tensors) records.push_back({t.data_ptr(), static_cast<int64_t>(t.numel() * t.element_size())});
+    ck::write_torch_save(meta, ck::kLightningMetaFile, pkl, records);
+  }
+  const std::string metadata = ck::dcp_metadata_bytes(md);
+  ck::Index own = ix;  // fsdp_index.json also checks .metadata
+  own.has_metadata_crc = true;
+  own.metadata_crc = ck::crc32(metadata.data(), metadata.size());
+  write_file((dir / ck::kDcpIndexFile).string(), ck::to_json(own));
+  ck::AtomicFile commit((dir / ck::kDcpMetadataFile).string());
+  commit.write(metadata.data(), metadata.size());
+  fault_point("sharded-before-index", 0);
+  commit.commit();
+  meta.commit();
+  fault_point("sharded-after-index", 0);
+  static const std::regex stale(
+      "data-.*\\.bin(\\.tmp-.*)?|index\\.json(\\.tmp-.*)?|__.*\\.distcp(\\.tmp-.*)?|"
+      "(\\.metadata|fsdp_index\\.json|meta\\.pt)\\.tmp-.*");
+  for (const auto& f : fs::directory_iterator(path)) {
+    const std::string name = f.path().filename().string();
+    if (std::regex_match(name, stale) && std::find(ix.files.begin(), ix.files.end(), name) == ix.files.end()) {
+      fs::remove(f.path());
+    }
+  }
+}
+
+// [collective] Every rank's written pieces to rank 0, which commits the
+// index; on any failure, every rank removes its data file and throws. (A
+// rank 0 that dies after the commit fails the broadcast: the data file,
+// referenced by the new index, stays.)
+void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
+  Failure failed;
+  const auto written = gather_outcomes(group, ck::encode_pieces(job.written), job.write_failure, failed);
+  if (group.rank() == 0 && failed.empty()) {
+    failed = capture([&] {
+      const ck::Index ix = index_of(job, written);
+      std::map<std::string, at::Tensor> values;
+      for (const auto& e : ix.entries) {
+        if (e.type != ck::EntryType::kTensor) continue;
+        for (const auto& p : job.owned) {
+          if (p.record.key == e.name) values[e.name] = p.tensor;
+        }
+      }
+      commit_index(job.path, ix, metadata_of(job, ix, written), values);
+    });
+  }
+  failed = failure_from(group, 0, failed);
+  if (failed.empty()) return;
+  std::error_code ec;
+  fs::remove(fs::path(job.path) / job.file_name, ec);  // never referenced by an index
+  rethrow(failed, "save_checkpoint: saving " + job.path + " failed (the previous checkpoint there is intact): ");
+}
+
+}  // namespace
+
+void copy_to_sharded(const Source& src, const std::string& path) {
+  fs::create_directories(path);
+  ShardedJob job;
+  job.path = path;
+  job.save_id = ck::new_save_id();
+  job.file_name = data_file_name(job.save_id, 0);
+  job.entries = src.ix.entries;
+  {
+    ck::AtomicFile file((fs::path(path) / job.file_name).string());
+    write_bytes_items(job, file);
+    for (const auto& key : src.ix.tensor_order) {  // one tensor in memory at a time
+      const auto& t = src.tensor(key);
+      Piece p = make_piece(key, t.dtype, t.shape, std::vector<int64_t>(t.shape.size(), 0), src.read_whole(key));
+      write_piece(job, file, p);
+    }
+    file.commit();
+  }
+  const std::vector<std::string> written{ck::encode_pieces(job.written)};
+  const ck::Index ix = index_of(job, written);
+  std::map<std::string, at::Tensor> values;  // for meta.pt
+  for (const auto& e : ix.entries) {
+    if (e.type == ck::EntryType::kTensor) values[e.name] = src.read_whole(e.name);
+  }
+  commit_index(path, ix, metadata_of(job, ix, written), values);
+}
+
+void save_sharded(const std::string& path, const CheckpointState& state,
+                  const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
+                  const CheckpointOptions& options) {
+  auto job = std::make_shared<ShardedJob>(stage(path, state, fsdp_model, group, options));
+  if (!options.async_save()) {
+    write_data(*job);
+    commit_save(*job, group);
+    return;
+  }
+  PendingSave pending;
+  pending.write = std::async(std::launch::async, [job] { write_data(*job); });
+  pending.commit = [job, g = &group] { commit_save(*job, *g); };
+  set_pending_save(group, std::move(pending));
+}
+
+}  // namespace fsdp::detail

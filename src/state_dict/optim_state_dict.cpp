@@ -1,0 +1,466 @@
+// Optimizer state dicts keyed by parameter names, full or sharded.
+#include "fsdp/state_dict/optim_state_dict.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim.h>
+
+#include <algorithm>
+#include <unordered_set>
+#include <utility>
+
+#include "fsdp/error.h"
+#include "model_index.h"
+#include "optim_state_dict_visit.h"
+#include "optimizer_kinds.h"
+#include "shard_geometry.h"
+#include "../core/unit.h"
+
+namespace fsdp {
+
+using namespace detail;
+using torch::optim::OptimizerParamState;
+using Kind = OptimizerKind;
+
+namespace {
+
+// One tensor the optimizer steps, and what it is in the model.
+struct OptParam {
+  at::Tensor tensor;
+  UnitState* unit = nullptr;         // a unit's flat shard (param null) or an original parameter's shard
+  const ParamInfo* param = nullptr;  // the original parameter (use_orig_params)
+  std::string name;                  // plain parameters and original parameters
+};
+
+// The model's names for the optimizer's tensors.
+struct Naming {
+  ModelIndex idx;
+  std::unordered_map<const ParamInfo*, std::string> owned;      // first name of each original parameter
+  std::unordered_map<const c10::TensorImpl*, std::string> plain;  // parameters outside units
+  std::unordered_map<const c10::TensorImpl*, UnitState*> flat;  // flat shards
+  std::unordered_map<std::string, size_t> position;             // keys in the model's state-dict order
+
+  explicit Naming(const std::shared_ptr<torch::nn::Module>& model) : idx(index_model(model)) {
+    std::vector<Item> items;
+    walk(*model, "", idx, StateDictType::kFull, items);
+    for (const auto& item : items) {
+      position.emplace(item.key, position.size());
+      if (item.kind == Item::kOwned) owned.emplace(item.param, item.key);
+      if (item.kind == Item::kParam) plain.emplace(item.tensor.unsafeGetTensorImpl(), item.key);
+    }
+    for (const auto& u : idx.units) flat[u->flat_shard().unsafeGetTensorImpl()] = u.get();
+  }
+
+  OptParam classify(const at::Tensor& t) const {
+    const auto* impl = t.unsafeGetTensorImpl();
+    OptParam p;
+    p.tensor = t;
+    if (auto it = flat.find(impl); it != flat.end()) {
+      p.unit = it->second;
+      return p;
+    }
+    if (auto it = idx.by_impl.find(impl); it != idx.by_impl.end()) {
+      p.unit = it->second.unit;
+      p.param = it->second.param;
+      p.name = owned.at(p.param);
+      return p;
+    }
+    if (auto it = plain.find(impl); it != plain.end()) {
+      p.name = it->second;
+      return p;
+    }
+    throw ConfigError("optim_state_dict: the optimizer steps a tensor of shape " + shape_str(t.sizes()) +
+                      " that is not a parameter of the model (build the optimizer on model->parameters() after "
+                      "wrapping)");
+  }
+
+  // The parameter names an optimizer tensor stands for.
+  std::vector<std::string> names(const OptParam& p) const {
+    if (p.unit && !p.param) {
+      std::vector<std::string> out;
+      for (const auto& q : p.unit->params()) out.push_back(owned.at(&q));
+      return out;
+    }
+    return {p.name};
+  }
+};
+
+std::vector<std::vector<OptParam>> classify_all(const Naming& naming, const torch::optim::Optimizer& opt) {
+  std::vector<std::vector<OptParam>> groups;
+  for (const auto& g : opt.param_groups()) {
+    groups.emplace_back();
+    for (const auto& t : g.params()) groups.back().push_back(naming.classify(t));
+  }
+  return groups;
+}
+
+// PyTorch's form of a step count: a 0-dim float32 tensor (exact up to 2^24).
+at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(static_cast<double>(step), at::kFloat); }
+
+// FULL: the state of one unit's parameters, gathered over its shard group.
+void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, UnitState& u,
+                 const std::vector<OptParam>& in_optimizer, bool emit, bool to_cpu, bool copy, const StateSink& out) {
+  // The unit's parameters the optimizer holds state for, in unit order.
+  std::vector<const ParamInfo*> ps;
+  std::vector<OptimizerParamState*> states;
+  const bool flat = !in_optimizer.front().param;
+  OptimizerParamState* flat_state = flat ? state_of(opt, in_optimizer.front().tensor) : nullptr;
+  for (const auto& q : u.params()) {
+    if (flat) {
+      ps.push_back(&q);
+      states.push_back(flat_state);
+      continue;
+    }
+    for (const auto& op : in_optimizer) {
+      if (op.param == &q) {
+        ps.push_back(&q);
+        states.push_back(state_of(opt, op.tensor));
+      }
+    }
+  }
+  const size_t nf = kind.fields.size();
+  const int64_t width = static_cast<int64_t>(nf) + 1;
+  // Per parameter: whether each field is present, then step + 1 (0: none).
+  at::Tensor info = at::zeros({static_cast<int64_t>(ps.size()) * width}, at::kDouble);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!states[i]) continue;
+    for (size_t f = 0; f < nf; ++f) {
+      if (kind.get(*states[i], kind.fields[f]).defined()) info[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)] = 1.0;
+    }
+    if (kind.has_step) info[static_cast<int64_t>(i) * width + width - 1] = static_cast<double>(kind.get_step(*states[i]) + 1);
+  }
+  const auto& group = u.config().shard_group;
+  const bool sharded = u.shard_size() > 1;
+  at::Tensor all_info = info;
+  if (sharded) {  // [collective] presence and steps of every rank
+    all_info = at::empty({info.numel() * u.shard_size()}, info.options());
+    group->all_gather(all_info, info).wait();
+  }
+  at::Tensor merged = all_info.view({-1, info.numel()}).amax(0);  // any rank's flag, largest step
+  const at::Tensor& shard = u.flat_shard();
+  // One field at a time, so that one unit-sized buffer is alive.
+  for (size_t f = 0; f < nf; ++f) {
+    bool any = false;
+    for (size_t i = 0; i < ps.size(); ++i) any |= merged[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)].item<double>() > 0;
+    if (!any) continue;  // the field exists nowhere (e.g. max_exp_avg_sq without amsgrad)
+    // This rank's part, laid out like the flat shard: the flat parameter's
+    // state tensor itself, or the original parameters' states put in place.
+    at::Tensor local;
+    if (flat && flat_state && kind.get(*flat_state, kind.fields[f]).defined()) {
+      local = kind.get(*flat_state, kind.fields[f]).detach().reshape({-1});
+    } else {
+      local = at::zeros({shard.numel()}, shard.options().requires_grad(false));
+      for (size_t i = 0; i < ps.size() && !flat; ++i) {
+        if (!states[i]) continue;
+        at::Tensor t = kind.get(*states[i], kind.fields[f]);
+        if (!t.defined()) continue;
+        auto [lo, hi] = local_range(u, *ps[i]);
+        if (hi > lo) local.narrow(0, shard_index(u, *ps[i], lo), hi - lo).copy_(t.reshape({-1}));
+      }
+    }
+    at::Tensor full = local;
+    if (sharded) {  // [collective] one gather per unit and field
+      full = at::empty({u.padded_numel()}, local.options());
+      group->all_gather_unbuffered(full, local);
+    }
+    if (!emit) continue;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (merged[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)].item<double>() == 0) continue;
+      at::Tensor view = param_view(full, *ps[i]);
+      out(naming.owned.at(ps[i]) + "." + kind.fields[f], offload(copy ? view.clone() : view, to_cpu));
+    }
+  }
+  if (!emit || !kind.has_step) return;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const double step = merged[static_cast<int64_t>(i) * width + width - 1].item<double>();
+    if (step > 0) out(naming.owned.at(ps[i]) + ".step", step_tensor(static_cast<int64_t>(step) - 1));
+  }
+}
+
+// SHARDED, or FULL for a parameter outside every unit: this rank's state of one optimizer tensor.
+void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, const OptParam& op,
+                 bool full, bool to_cpu, const StateSink& out) {
+  OptimizerParamState* st = state_of(opt, op.tensor);
+  if (!st) return;
+  std::vector<const ParamInfo*> ps;
+  if (op.unit && !op.param) {
+    for (const auto& q : op.unit->params()) ps.push_back(&q);
+  } else {
+    ps.push_back(op.param);  // null for a plain parameter
+  }
+  for (const ParamInfo* p : ps) {
+    const std::string name = p ? naming.owned.at(p) : op.name;
+    for (const auto& f : kind.fields) {
+      at::Tensor t = kind.get(*st, f);
+      if (!t.defined()) continue;
+      t = t.detach();
+      if (!op.unit) {  // whole on every rank
+        out(name + "." + f, offload(full ? t.clone() : t, to_cpu));
+        continue;
+      }
+      ShardedTensor value{p->shape, t.scalar_type(), {}};
+      if (!op.param) {
+        value.local_shards = local_shards(*op.unit, *p, t);
+      } else {
+        auto [lo, hi] = local_range(*op.unit, *p);
+        value.local_shards = range_pieces(p->shape, lo, hi, t.reshape({-1}));
+      }
+      for (auto& s : value.local_shards) s.tensor = offload(s.tensor, to_cpu);
+      out(name + "." + f, std::move(value));
+    }
+    if (kind.has_step) out(name + ".step", step_tensor(kind.get_step(*st)));
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
+                                                   const torch::optim::Optimizer& optimizer, const StateSink& sink,
+                                                   bool copy) {
+  if (!model) throw ConfigError("optim_state_dict: the model is null");
+  const Kind kind = kind_of(optimizer);
+  Naming naming(model);
+  check_idle(naming.idx, "optim_state_dict");
+  auto [type, config] = model_type(naming.idx);
+  if (type == StateDictType::kLocal) {
+    throw ConfigError("optim_state_dict: LOCAL_STATE_DICT has no optimizer form: use FULL_STATE_DICT or "
+                      "SHARDED_STATE_DICT (StateDictTypeGuard)");
+  }
+  const bool full = type == StateDictType::kFull;
+  const bool to_cpu = offload_of(config);
+  bool emit = true;
+  if (full && std::get<FullStateDictConfig>(config).rank0_only && !naming.idx.units.empty()) {
+    emit = naming.idx.units.front()->world_rank() == 0;
+  }
+  const auto groups = classify_all(naming, optimizer);
+  std::vector<OptimParamGroup> out;
+  std::unordered_set<const UnitState*> done;
+  for (const auto& group : groups) {
+    for (const auto& op : group) {
+      if (!full || !op.unit) {
+        if (emit || !full) local_state(kind, optimizer, naming, op, full, to_cpu, sink);
+        continue;
+      }
+      if (!done.insert(op.unit).second) continue;
+      std::vector<OptParam> of_unit;  // every optimizer tensor of this unit
+      for (const auto& g : groups) {
+        for (const auto& x : g) {
+          if (x.unit == op.unit) of_unit.push_back(x);
+        }
+      }
+      gather_unit(kind, optimizer, naming, *op.unit, of_unit, emit, to_cpu, copy, sink);
+    }
+  }
+  if (!emit) return out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    OptimParamGroup pg;
+    for (const auto& op : groups[g]) {
+      for (auto& n : naming.names(op)) pg.params.push_back(n);
+    }
+    pg.options = kind.read(optimizer.param_groups()[g].options());
+    out.push_back(std::move(pg));
+  }
+  return out;
+}
+
+std::vector<std::vector<std::string>> optimizer_param_names(const std::shared_ptr<torch::nn::Module>& model,
+                                                           const torch::optim::Optimizer& optimizer) {
+  const Naming naming(model);
+  std::vector<std::vector<std::string>> out;
+  for (const auto& group : classify_all(naming, optimizer)) {
+    auto& names = out.emplace_back();
+    for (const auto& p : group) {
+      for (auto& n : naming.names(p)) names.push_back(std::move(n));
+    }
+    std::sort(names.begin(), names.end(),
+              [&](const std::string& a, const std::string& b) { return naming.position.at(a) < naming.position.at(b); });
+  }
+  return out;
+}
+
+}  // namespace detail
+
+OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
+                                const torch::optim::Optimizer& optimizer) {
+  OptimStateDict out;
+  out.param_groups = visit_optim_state_dict(model, optimizer, [&](const std::string& key, StateValue v) {
+    out.state.insert(key, std::move(v));
+  });
+  return out;
+}
+
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+// load_optim_state_dict, step 1: the state's parameter groups name the
+// optimizer's parameters (as sets: use_orig_params and flat parameters list
+// the same names in other orders).
+void validate_groups(const OptimStateDict& state, const Naming& naming, const std::vector<std::vector<OptParam>>& groups,
+                     std::vector<std::string>& errors) {
+  if (state.param_groups.size() != groups.size()) {
+    errors.push_back("the state has " + std::to_string(state.param_groups.size()) +
+                     " parameter groups, the optimizer " + std::to_string(groups.size()));
+    return;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<std::string> names;
+    for (const auto& op : groups[g]) {
+      for (auto& n : naming.names(op)) names.push_back(n);
+    }
+    auto want = state.param_groups[g].params;
+    std::sort(names.begin(), names.end());
+    std::sort(want.begin(), want.end());
+    if (names != want) {
+      errors.push_back("param_groups[" + std::to_string(g) + "] holds [" + join(state.param_groups[g].params) +
+                       "] but the optimizer's group holds [" + join(names) + "]");
+    }
+  }
+}
+
+// One optimizer tensor's new state (null: it has none in the checkpoint).
+struct Staged {
+  StateKey key;
+  std::unique_ptr<OptimizerParamState> state;
+};
+
+// load_optim_state_dict, step 2: builds the new state of each optimizer
+// tensor from `state` (this rank's part of it), recording every key it
+// expects in `expected` and every problem in `errors`. Writes nothing.
+class Planner {
+ public:
+  Planner(const Kind& kind, const Naming& naming, const OptimStateDict& state, std::vector<std::string>& errors)
+      : kind_(kind), naming_(naming), state_(state), errors_(errors) {}
+
+  Staged stage(const OptParam& op) {
+    auto st = kind_.make();
+    bool any = false;
+    std::vector<const ParamInfo*> ps;
+    if (op.unit && !op.param) {
+      for (const auto& q : op.unit->params()) ps.push_back(&q);
+    } else {
+      ps.push_back(op.param);  // null for a parameter outside every unit
+    }
+    auto name_of = [&](const ParamInfo* p) { return p ? naming_.owned.at(p) : op.name; };
+    for (const auto& f : kind_.fields) {
+      bool present = false;
+      for (const ParamInfo* p : ps) {
+        expected_.insert(name_of(p) + "." + f);
+        present |= state_.state.contains(name_of(p) + "." + f);
+      }
+      if (!present) continue;
+      at::Tensor dst = at::zeros_like(op.tensor.detach());
+      for (const ParamInfo* p : ps) {
+        const std::string key = name_of(p) + "." + f;
+        if (!state_.state.contains(key)) {
+          errors_.push_back("missing " + key + " (other parameters of its flat parameter have '" + f + "')");
+        } else if (!p) {
+          fill(key, op.tensor.sizes().vec(), 0, op.tensor.numel(), dst.view({-1}));
+        } else {
+          auto [lo, hi] = local_range(*op.unit, *p);
+          at::Tensor slot =
+              op.param ? dst.view({-1}) : dst.narrow(0, hi > lo ? shard_index(*op.unit, *p, lo) : 0, hi - lo);
+          fill(key, p->shape, lo, hi, slot);
+        }
+      }
+      kind_.set(*st, f, dst);
+      any = true;
+    }
+    if (kind_.has_step) {
+      for (const ParamInfo* p : ps) {
+        const std::string key = name_of(p) + ".step";
+        expected_.insert(key);
+        if (any && state_.state.contains(key)) set_step(key, *st);
+      }
+    }
+    return {state_key(op.tensor), any ? std::move(st) : nullptr};
+  }
+
+  // Keys of the state that no optimizer tensor expects.
+  void check_unexpected() {
+    std::vector<std::string> unexpected;
+    for (const auto& [key, v] : state_.state) {
+      if (!expected_.count(key)) unexpected.push_back(key);
+    }
+    if (!unexpected.empty()) errors_.push_back("unexpected key(s): " + join(unexpected));
+  }
+
+ private:
+  // This rank's elements [lo, hi) of the state tensor at `key` into `dst`.
+  void fill(const std::string& key, const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& dst) {
+    const StateValue& v = state_.state.at(key);
+    if (value_shape(v) != shape) {
+      errors_.push_back("size mismatch for " + key + ": " + shape_str(value_shape(v)) + " in the state, " +
+                        shape_str(shape) + " in the model");
+    } else if (hi > lo && !copy_range(v, shape, lo, hi, dst)) {
+      errors_.push_back("the ShardedTensor at '" + key + "' does not hold the elements [" + std::to_string(lo) +
+                        ", " + std::to_string(hi) + ") this rank needs (saved with another sharding: gather it first)");
+    }
+  }
+
+  void set_step(const std::string& key, OptimizerParamState& st) {
+    const StateValue& v = state_.state.at(key);
+    if (!std::holds_alternative<at::Tensor>(v) || std::get<at::Tensor>(v).numel() != 1) {
+      errors_.push_back("'" + key + "' must be a tensor of one element (the step count)");
+      return;
+    }
+    kind_.set_step(st, std::get<at::Tensor>(v).item<int64_t>());
+  }
+
+  const Kind& kind_;
+  const Naming& naming_;
+  const OptimStateDict& state_;
+  std::vector<std::string>& errors_;
+  std::unordered_set<std::string> expected_;
+};
+
+// load_optim_state_dict, step 3: installs the staged states and the groups' options.
+void apply(torch::optim::Optimizer& optimizer, const Kind& kind, std::vector<Staged>& staged,
+           const OptimStateDict& state) {
+  for (auto& [key, st] : staged) {
+    if (st) {
+      optimizer.state()[key] = std::move(st);
+    } else {
+      optimizer.state().erase(key);
+    }
+  }
+  for (size_t g = 0; g < state.param_groups.size(); ++g) {
+    kind.write(optimizer.param_groups()[g].options(), state.param_groups[g].options);
+  }
+}
+
+}  // namespace
+
+void load_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
+                           const OptimStateDict& state) {
+  if (!model) throw ConfigError("load_optim_state_dict: the model is null");
+  const Kind kind = kind_of(optimizer);
+  Naming naming(model);
+  check_idle(naming.idx, "load_optim_state_dict");
+  for (auto& u : naming.idx.units) u->follow_module_to();
+  const auto groups = classify_all(naming, optimizer);
+  std::vector<std::string> errors;
+  validate_groups(state, naming, groups, errors);
+  at::NoGradGuard no_grad;
+  Planner planner(kind, naming, state, errors);
+  std::vector<Staged> staged;
+  for (const auto& group : groups) {
+    for (const auto& op : group) staged.push_back(planner.stage(op));
+  }
+  planner.check_unexpected();
+  if (!errors.empty()) {
+    std::string msg = "load_optim_state_dict (" + kind.name + "):";
+    for (const auto& e : errors) msg += "\n\t" + e;
+    throw ConfigError(msg);
+  }
+  apply(optimizer, kind, staged, state);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,133 @@
+// Where each part of a unit's parameters lives on this rank (shard_geometry.h).
+#include "shard_geometry.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "../core/unit.h"
+
+namespace fsdp::detail {
+
+int64_t product(const std::vector<int64_t>& v) {
+  int64_t n = 1;
+  for (int64_t x : v) n *= x;
+  return n;
+}
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+// This rank's range [lo, hi) of parameter p, relative to p.
+std::pair<int64_t, int64_t> local_range(const UnitState& u, const ParamInfo& p) {
+  if (u.shard_size() == 1) return {0, p.numel};
+  const int64_t lo = std::max(p.offset, u.shard_begin());
+  const int64_t hi = std::min(p.offset + p.numel, u.shard_begin() + u.shard_numel());
+  return {lo - p.offset, std::max(hi, lo) - p.offset};
+}
+
+
+// Where p's element `rel` lives in the unit's flat shard.
+int64_t shard_index(const UnitState& u, const ParamInfo& p, int64_t rel) {
+  return p.offset + rel - (u.shard_size() == 1 ? 0 : u.shard_begin());
+}
+
+
+// The boxes of elements [lo, hi) of a tensor of `shape`, cut from `flat`.
+std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& flat) {
+  std::vector<Shard> out;
+  int64_t cursor = 0;
+  for (auto& [offsets, sizes] : flat_range_boxes(shape, lo, hi)) {
+    const int64_t n = product(sizes);
+    out.push_back(Shard{offsets, flat.narrow(0, cursor, n).view(sizes)});
+    cursor += n;
+  }
+  return out;
+}
+
+// This rank's pieces of p: views of the shard.
+std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p, const at::Tensor& shard_like) {
+  auto [lo, hi] = local_range(u, p);
+  if (hi <= lo) return {};  // no element of p on this rank
+  const at::Tensor flat = (shard_like.defined() ? shard_like : u.flat_shard()).detach();
+  const int64_t first = shard_index(u, p, lo);
+  return range_pieces(p.shape, lo, hi, flat.narrow(0, first, hi - lo));
+}
+
+// The unpadded part of the unit's flat shard, as a sharded flat parameter.
+ShardedTensor local_flat(const UnitState& u) {
+  ShardedTensor st;
+  st.global_shape = {u.numel()};
+  st.dtype = u.flat_shard().scalar_type();
+  const int64_t begin = u.shard_size() == 1 ? 0 : u.shard_begin();
+  const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel(), u.numel() - begin));
+  if (u.shard_size() == 1) {
+    st.local_shards.push_back(Shard{{0}, u.flat_shard().detach().narrow(0, 0, u.numel())});
+  } else if (n > 0) {
+    st.local_shards.push_back(Shard{{begin}, u.flat_shard().detach().narrow(0, 0, n)});
+  }
+  return st;
+}
+
+std::vector<int64_t> value_shape(const StateValue& v) {
+  if (std::holds_alternative<at::Tensor>(v)) return std::get<at::Tensor>(v).sizes().vec();
+  return std::get<ShardedTensor>(v).global_shape;
+}
+
+// Copies what `value` holds of the global tensor's elements [lo, hi) (flat,
+// relative to the tensor of `shape`) into `dst` (those elements, flat).
+// Returns false if `value` does not hold all of them.
+bool copy_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi, at::Tensor dst) {
+  if (hi <= lo) return true;
+  if (std::holds_alternative<at::Tensor>(value)) {
+    dst.copy_(std::get<at::Tensor>(value).reshape({-1}).narrow(0, lo, hi - lo));
+    return true;
+  }
+  const auto& st = std::get<ShardedTensor>(value);
+  int64_t cursor = 0, copied = 0;
+  for (auto& [offsets, sizes] : flat_range_boxes(shape, lo, hi)) {
+    const int64_t n = product(sizes);
+    at::Tensor target = dst.narrow(0, cursor, n).view(sizes);
+    copied += copy_overlap(target, offsets, st.local_shards);
+    cursor += n;
+  }
+  return copied == hi - lo;
+}
+
+bool intersect(const std::vector<int64_t>& a_offsets, at::IntArrayRef a_sizes, const std::vector<int64_t>& b_offsets,
+               at::IntArrayRef b_sizes, std::vector<std::pair<int64_t, int64_t>>& out) {
+  const size_t nd = a_sizes.size();
+  if (a_offsets.size() != nd || b_offsets.size() != nd || b_sizes.size() != nd) return false;
+  out.clear();
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t lo = std::max(a_offsets[d], b_offsets[d]);
+    const int64_t hi = std::min(a_offsets[d] + a_sizes[d], b_offsets[d] + b_sizes[d]);
+    if (hi <= lo) return false;
+    out.emplace_back(lo, hi);
+  }
+  return true;
+}
+
+bool holds_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi) {
+  if (hi <= lo || std::holds_alternative<at::Tensor>(value)) return true;
+  const auto& shards = std::get<ShardedTensor>(value).local_shards;
+  int64_t held = 0;
+  std::vector<std::pair<int64_t, int64_t>> common;
+  for (auto& [offsets, sizes] : flat_range_boxes(shape, lo, hi)) {
+    for (const auto& s : shards) {
+      if (!intersect(offsets, sizes, s.offsets, s.tensor.sizes(), common)) continue;
+      int64_t n = 1;
+      for (const auto& [a, b] : common) n *= b - a;
+      held += n;
+    }
+  }
+  return held == hi - lo;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,54 @@
+// src/state_dict/shard_geometry.h — where each part of a unit's parameters lives
+// on this rank: the rank's range of a parameter inside the unit's flat
+// shard, its pieces as boxes of the parameter, and copying a range out of a
+// state dict value. Private to the library; local (no collective).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/state_dict/sharded_tensor.h"
+
+namespace fsdp::detail {
+
+class UnitState;
+struct ParamInfo;
+
+// The number of elements of a shape (1 for a 0-dim shape).
+int64_t product(const std::vector<int64_t>& v);
+// "[2, 3]".
+std::string shape_str(at::IntArrayRef shape);
+
+// The intersection of box (a_offsets, a_sizes) with box (b_offsets,
+// b_sizes), one [lo, hi) per dimension (global coordinates); false if they
+// do not meet or differ in their number of dimensions.
+bool intersect(const std::vector<int64_t>& a_offsets, at::IntArrayRef a_sizes, const std::vector<int64_t>& b_offsets,
+               at::IntArrayRef b_sizes, std::vector<std::pair<int64_t, int64_t>>& out);
+
+// This rank's range [lo, hi) of parameter p (relative to p; empty: lo == hi).
+std::pair<int64_t, int64_t> local_range(const UnitState& u, const ParamInfo& p);
+// Where p's element `rel` lives in the unit's flat shard.
+int64_t shard_index(const UnitState& u, const ParamInfo& p, int64_t rel);
+// The boxes of elements [lo, hi) of a tensor of `shape`, cut from `flat`
+// (which holds exactly those elements, in order): views of `flat`.
+std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& flat);
+// This rank's pieces of p: views of the shard (or of `shard_like`, a tensor
+// laid out like it, e.g. optimizer state of the flat parameter).
+std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p, const at::Tensor& shard_like = {});
+// The unpadded part of the unit's flat shard, as a sharded flat parameter.
+ShardedTensor local_flat(const UnitState& u);
+
+// The global shape of a state dict value.
+std::vector<int64_t> value_shape(const StateValue& v);
+// Copies what `value` holds of elements [lo, hi) of the tensor of `shape`
+// (flat) into `dst` (those elements, flat); false if it does not hold all.
+bool copy_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi, at::Tensor dst);
+// Whether `value` holds all of elements [lo, hi) of the tensor of `shape`
+// (what copy_range would copy), without copying: box arithmetic only.
+bool holds_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi);
+
+}  // namespace fsdp::detail

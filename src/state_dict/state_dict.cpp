@@ -1,0 +1,344 @@
+// Model state dicts: FULL, LOCAL and SHARDED, saving and loading.
+#include "fsdp/state_dict/state_dict.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <unordered_set>
+
+#include "fsdp/error.h"
+#include "model_index.h"
+#include "shard_geometry.h"
+#include "state_dict_visit.h"
+#include "../core/unit.h"
+
+namespace fsdp {
+
+using namespace detail;
+
+void StateDict::insert(const std::string& key, StateValue value) {
+  if (contains(key)) throw ConfigError("StateDict: key '" + key + "' is already present");
+  index_[key] = entries_.size();
+  entries_.emplace_back(key, std::move(value));
+}
+
+void StateDict::set(const std::string& key, StateValue value) {
+  auto it = index_.find(key);
+  if (it == index_.end()) {
+    insert(key, std::move(value));
+  } else {
+    entries_[it->second].second = std::move(value);
+  }
+}
+
+const StateValue& StateDict::at(const std::string& key) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) throw ConfigError("StateDict: no key '" + key + "'");
+  return entries_[it->second].second;
+}
+
+bool StateDict::is_sharded(const std::string& key) const { return std::holds_alternative<ShardedTensor>(at(key)); }
+
+const at::Tensor& StateDict::tensor(const std::string& key) const {
+  const auto& v = at(key);
+  if (!std::holds_alternative<at::Tensor>(v)) {
+    throw ConfigError("StateDict: '" + key + "' is a ShardedTensor, not a tensor (gather_state_dict makes it one)");
+  }
+  return std::get<at::Tensor>(v);
+}
+
+const ShardedTensor& StateDict::sharded(const std::string& key) const {
+  const auto& v = at(key);
+  if (!std::holds_alternative<ShardedTensor>(v)) {
+    throw ConfigError("StateDict: '" + key + "' is a tensor, not a ShardedTensor");
+  }
+  return std::get<ShardedTensor>(v);
+}
+
+void StateDict::erase(const std::string& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  entries_.erase(entries_.begin() + static_cast<long>(it->second));
+  index_.clear();
+  for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].first] = i;
+}
+
+std::vector<std::string> StateDict::keys() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e.first);
+  return out;
+}
+
+StateDict map_tensors(const StateDict& state, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  StateDict out;
+  for (const auto& [key, v] : state) {
+    if (std::holds_alternative<at::Tensor>(v)) {
+      out.insert(key, fn(std::get<at::Tensor>(v)));
+    } else {
+      ShardedTensor st = std::get<ShardedTensor>(v);
+      for (auto& s : st.local_shards) s.tensor = fn(s.tensor);
+      out.insert(key, std::move(st));
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Saving: the walk's keys, a unit's entries right after its gather.
+
+namespace detail {
+
+std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
+                                          const StateSink& sink, bool copy) {
+  if (!model) throw ConfigError("state_dict: the model is null");
+  ModelIndex idx = index_model(model);
+  check_idle(idx, "state_dict");
+  for (auto& u : idx.units) u->follow_module_to();
+  auto [type, config] = model_type(idx);
+  const bool to_cpu = offload_of(config);
+  std::vector<Item> items;
+  walk(*model, prefix, idx, type, items);
+
+  bool emit_units = true, emit_plain = true;
+  if (type == StateDictType::kFull && std::get<FullStateDictConfig>(config).rank0_only && !idx.units.empty()) {
+    const bool rank0 = idx.units.front()->world_rank() == 0;
+    emit_units = rank0;
+    emit_plain = rank0 || !idx.unit_at.count(model.get());  // a non-FSDP root's own parts stay on every rank
+  }
+
+  std::vector<std::string> keys;
+  // FULL: a unit is gathered when its first key comes up, and all its keys
+  // are handed over then, so that one unit is alive at a time.
+  std::unordered_map<const UnitState*, std::vector<const Item*>> unit_items;
+  for (const auto& item : items) {
+    if (item.kind == Item::kOwned) unit_items[item.unit].push_back(&item);
+  }
+  std::unordered_set<const UnitState*> done;
+  at::NoGradGuard no_grad;
+  for (const auto& item : items) {
+    switch (item.kind) {
+      case Item::kFlat: {
+        ShardedTensor st = local_flat(*item.unit);
+        for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
+        sink(item.key, std::move(st));
+        break;
+      }
+      case Item::kOwned: {
+        const UnitState& u = *item.unit;
+        const ParamInfo& p = *item.param;
+        if (type == StateDictType::kSharded) {
+          ShardedTensor st{p.shape, u.flat_shard().scalar_type(), local_shards(u, p)};
+          for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
+          sink(item.key, std::move(st));
+          break;
+        }
+        if (!done.insert(&u).second) break;  // handed over with the unit's first key
+        at::Tensor flat = u.gather_master();  // [collective] one all-gather per unit
+        if (!emit_units) break;
+        std::unordered_map<const ParamInfo*, at::Tensor> full;  // tied parameters: one tensor, every name
+        for (const Item* it : unit_items.at(&u)) {
+          auto f = full.find(it->param);
+          if (f == full.end()) {
+            at::Tensor view = param_view(flat, *it->param);
+            f = full.emplace(it->param, offload(copy ? view.clone() : view, to_cpu)).first;
+          }
+          sink(it->key, f->second);
+        }
+        break;
+      }
+      case Item::kParam:
+        if (emit_plain) sink(item.key, offload(item.tensor.detach(), to_cpu));
+        break;
+      case Item::kBuffer: {
+        if (!emit_plain) break;
+        auto cast = idx.cast_buffers.find(item.tensor.unsafeGetTensorImpl());
+        at::Tensor b = cast == idx.cast_buffers.end() ? item.tensor : item.tensor.to(cast->second);
+        sink(item.key, offload(b, to_cpu));
+        break;
+      }
+    }
+    const bool emitted = item.kind == Item::kOwned ? emit_units : item.kind == Item::kFlat || emit_plain;
+    if (emitted) keys.push_back(item.key);
+  }
+  return keys;
+}
+
+}  // namespace detail
+
+StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix) {
+  std::unordered_map<std::string, StateValue> values;
+  auto keys = visit_state_dict(model, prefix, [&](const std::string& key, StateValue v) { values.emplace(key, std::move(v)); });
+  StateDict out;
+  for (const auto& key : keys) out.insert(key, std::move(values.at(key)));
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Loading: validate, plan, apply.
+
+namespace {
+
+// load_state_dict, step 1: the keys and shapes of `state` against the
+// model's; every problem is reported at once in one ConfigError.
+void validate(const std::vector<Item>& items, const StateDict& state, bool strict, StateDictType type,
+              const std::string& model_name) {
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::unordered_set<std::string> expected;
+  for (const auto& item : items) {
+    expected.insert(item.key);
+    if (!state.contains(item.key)) {
+      missing.push_back(item.key);
+      continue;
+    }
+    const StateValue& v = state.at(item.key);
+    std::vector<int64_t> want;
+    switch (item.kind) {
+      case Item::kFlat: want = {item.unit->numel()}; break;
+      case Item::kOwned: want = item.param->shape; break;
+      default: want = item.tensor.sizes().vec();
+    }
+    if (value_shape(v) != want) {
+      mismatched.push_back("size mismatch for " + item.key + ": copying a param with shape " +
+                           shape_str(value_shape(v)) + " from checkpoint, the shape in current model is " +
+                           shape_str(want) + ".");
+    } else if (item.kind == Item::kFlat && !std::holds_alternative<ShardedTensor>(v)) {
+      mismatched.push_back("'" + item.key + "' must be the ShardedTensor of a LOCAL_STATE_DICT");
+    }
+  }
+  for (const auto& [key, v] : state) {
+    if (!expected.count(key)) unexpected.push_back(key);
+  }
+  if (mismatched.empty() && (!strict || (missing.empty() && unexpected.empty()))) return;
+  std::string msg = "load_state_dict (" + std::string(to_string(type)) + "): Error(s) in loading state_dict for " +
+                    model_name + ":";
+  auto list = [&](const char* what, const std::vector<std::string>& keys) {
+    if (keys.empty()) return;
+    msg += std::string("\n\t") + what + " key(s) in state_dict: ";
+    for (size_t i = 0; i < keys.size(); ++i) msg += (i ? ", \"" : "\"") + keys[i] + "\"";
+    msg += ".";
+  };
+  if (strict) {
+    list("Missing", missing);
+    list("Unexpected", unexpected);
+  }
+  for (const auto& m : mismatched) msg += "\n\t" + m;
+  throw ConfigError(msg);
+}
+
+// One copy of a load: elements [lo, hi) of the tensor of `shape` that
+// `value` holds, into `dst` (those elements, flat); `whole`: a plain tensor
+// copied as it is into `dst` (the model's tensor, in shape).
+struct Copy {
+  const StateValue* value;
+  std::vector<int64_t> shape;
+  int64_t lo = 0, hi = 0;
+  at::Tensor dst;
+  bool whole = false;
+};
+
+ConfigError not_covered(const std::string& key, int64_t lo, int64_t hi) {
+  return ConfigError("load_state_dict: the ShardedTensor at '" + key + "' does not hold the elements [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) +
+                     ") this rank needs: it was saved with another sharding; gather it (gather_state_dict) or "
+                     "load a FULL_STATE_DICT");
+}
+
+// A LOCAL state dict is one rank's shard: it loads only into the same
+// sharding (world size and rank), never partly. "[lo, hi)" per piece.
+std::string flat_boxes(const std::vector<Shard>& shards) {
+  std::string out;
+  for (const auto& s : shards) {
+    const int64_t lo = s.offsets.size() == 1 ? s.offsets[0] : -1;  // -1: not a box of a flat parameter
+    out += "[" + std::to_string(lo) + ", " + std::to_string(lo + s.tensor.numel()) + ")";
+  }
+  return out.empty() ? std::string("no elements") : out;
+}
+
+// load_state_dict, step 2: what to copy where on this rank. ConfigError
+// (before anything is written) when a value does not hold what this rank
+// needs.
+std::vector<Copy> plan(const std::vector<Item>& items, const StateDict& state) {
+  std::vector<Copy> copies;
+  for (const auto& item : items) {
+    if (!state.contains(item.key)) continue;
+    const StateValue* v = &state.at(item.key);
+    const size_t first = copies.size();
+    switch (item.kind) {
+      case Item::kFlat: {
+        ShardedTensor mine = local_flat(*item.unit);
+        const auto& theirs = std::get<ShardedTensor>(*v).local_shards;
+        if (flat_boxes(theirs) != flat_boxes(mine.local_shards)) {
+          throw ConfigError("load_state_dict: the LOCAL_STATE_DICT entry '" + item.key + "' holds the elements " +
+                            flat_boxes(theirs) + " of the flat parameter, but this rank's shard is " +
+                            flat_boxes(mine.local_shards) +
+                            ": it was saved with another sharding (world size or rank); a LOCAL state dict loads "
+                            "only where it was saved — gather it (gather_state_dict) or load a FULL_STATE_DICT or "
+                            "SHARDED_STATE_DICT");
+        }
+        for (auto& s : mine.local_shards) {
+          copies.push_back({v, {item.unit->numel()}, s.offsets[0], s.offsets[0] + s.tensor.numel(), s.tensor});
+        }
+        break;
+      }
+      case Item::kOwned: {
+        const UnitState& u = *item.unit;
+        const ParamInfo& p = *item.param;
+        auto [lo, hi] = local_range(u, p);
+        if (hi <= lo) break;  // no element of it on this rank
+        copies.push_back({v, p.shape, lo, hi, u.flat_shard().detach().narrow(0, shard_index(u, p, lo), hi - lo)});
+        break;
+      }
+      default: {
+        const at::Tensor t = item.tensor.detach();
+        if (std::holds_alternative<at::Tensor>(*v)) {
+          copies.push_back({v, t.sizes().vec(), 0, t.numel(), t, /*whole=*/true});
+        } else if (t.numel() > 0) {
+          copies.push_back({v, t.sizes().vec(), 0, t.numel(), t.view({-1})});
+        }
+      }
+    }
+    for (size_t i = first; i < copies.size(); ++i) {
+      const Copy& c = copies[i];
+      if (!c.whole && !holds_range(*c.value, c.shape, c.lo, c.hi)) throw not_covered(item.key, c.lo, c.hi);
+    }
+  }
+  return copies;
+}
+
+// load_state_dict, step 3: the copies, all checked.
+void apply(const std::vector<Copy>& copies) {
+  at::NoGradGuard no_grad;
+  for (const auto& c : copies) {
+    if (c.whole) {
+      c.dst.copy_(std::get<at::Tensor>(*c.value));
+    } else {
+      copy_range(*c.value, c.shape, c.lo, c.hi, c.dst);
+    }
+  }
+}
+
+}  // namespace
+
+void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state, bool strict) {
+  if (!model) throw ConfigError("load_state_dict: the model is null");
+  ModelIndex idx = index_model(model);
+  check_idle(idx, "load_state_dict");
+  for (const auto& u : idx.units) {
+    if (u->awaiting_backward()) {
+      throw ConfigError("load_state_dict: a forward of the FSDP unit at module " + u->module()->name() +
+                        " is waiting for its backward; run backward first (or the forward under "
+                        "torch::NoGradGuard) — loading now would be lost or corrupt the gradients");
+    }
+  }
+  for (auto& u : idx.units) {
+    u->follow_module_to();
+    u->reshard();  // full parameters left from a forward without backward are rebuilt from the shards
+  }
+  auto [type, config] = model_type(idx);
+  std::vector<Item> items;
+  walk(*model, "", idx, type, items);
+  validate(items, state, strict, type, model->name());
+  apply(plan(items, state));
+}
+
+}  // namespace fsdp

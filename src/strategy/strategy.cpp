@@ -1,0 +1,517 @@
+// The strategy layer: Lightning Fabric's FSDPStrategy in C++.
+#include "fsdp/strategy/strategy.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+
+#include "fsdp/launch/env.h"
+#include "fsdp/error.h"
+#include "../core/empty_init.h"
+#include "../fault_points/fault_points.h"
+#include "fsdp/dist/rank_errors.h"
+#include "../core/trace_span.h"
+#include "../core/unit.h"
+
+namespace fsdp {
+
+PrecisionConfig parse_precision(const std::string& name) {
+  PrecisionConfig p;
+  std::string n = name;
+  if (n == "32") n = "32-true";
+  if (n == "16") n = "16-mixed";
+  if (n == "bf16") n = "bf16-mixed";
+  p.name = n;
+  if (n == "32-true") return p;
+  if (n == "16-mixed") {
+    p.mixed = MixedPrecision{at::kHalf, at::kHalf, at::kHalf};
+    p.needs_grad_scaler = true;
+    return p;
+  }
+  if (n == "bf16-mixed") {
+    p.mixed = MixedPrecision{at::kBFloat16, at::kBFloat16, at::kBFloat16};
+    return p;
+  }
+  if (n == "16-true") {
+    p.model_dtype = at::kHalf;
+    return p;
+  }
+  if (n == "bf16-true") {
+    p.model_dtype = at::kBFloat16;
+    return p;
+  }
+  throw ConfigError("precision '" + name +
+                    "' is not supported: expected one of \"32-true\", \"16-mixed\", \"bf16-mixed\", \"16-true\", "
+                    "\"bf16-true\" (or \"32\", \"16\", \"bf16\")");
+}
+
+// ---------------------------------------------------------------------------
+// Gradient scaler.
+
+ShardedGradScaler::ShardedGradScaler(dist::ProcessGroupPtr group, double init_scale, double growth_factor,
+                                     double backoff_factor, int growth_interval)
+    : group_(std::move(group)),
+      scale_(init_scale),
+      growth_(growth_factor),
+      backoff_(backoff_factor),
+      interval_(growth_interval) {
+  if (!(init_scale > 0) || !(growth_factor > 1) || !(backoff_factor > 0 && backoff_factor < 1) || growth_interval < 1) {
+    throw ConfigError("ShardedGradScaler: expected init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+                      "growth_interval >= 1");
+  }
+}
+
+at::Tensor ShardedGradScaler::scale(const at::Tensor& loss) const { return loss * scale_; }
+
+void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (unscaled_) return;
+  at::NoGradGuard no_grad;
+  // One 0-dim "found a non-finite gradient" flag per device, kept on that
+  // device: no read back to the host per parameter (on CUDA each would be a
+  // synchronisation); one per device at the end.
+  std::vector<at::Tensor> found;
+  for (auto& g : optimizer.param_groups()) {
+    for (auto& p : g.params()) {
+      if (!p.grad().defined()) continue;
+      p.mutable_grad().mul_(1.0 / scale_);
+      if (p.grad().numel() == 0) continue;
+      at::Tensor bad = at::isfinite(p.grad()).all().logical_not();
+      auto it = std::find_if(found.begin(), found.end(), [&](const at::Tensor& f) { return f.device() == bad.device(); });
+      if (it == found.end()) {
+        found.push_back(bad);
+      } else {
+        *it = it->logical_or(bad);
+      }
+    }
+  }
+  at::Tensor flag = at::zeros({1}, at::kFloat);
+  for (const auto& f : found) flag = at::maximum(flag, f.to(at::kCPU, at::kFloat).reshape({1}));
+  if (group_ && group_->size() > 1) group_->all_reduce(flag, dist::ReduceOp::kMax).wait();  // [collective]
+  found_inf_ = flag.item<float>() > 0;
+  unscaled_ = true;
+}
+
+bool ShardedGradScaler::step(torch::optim::Optimizer& optimizer) {
+  unscale_(optimizer);
+  if (found_inf_) return false;
+  optimizer.step();
+  return true;
+}
+
+void ShardedGradScaler::update() {
+  if (found_inf_) {
+    scale_ *= backoff_;
+    clean_steps_ = 0;
+  } else if (++clean_steps_ >= interval_) {
+    scale_ *= growth_;
+    clean_steps_ = 0;
+  }
+  unscaled_ = false;
+  found_inf_ = false;
+}
+
+// ---------------------------------------------------------------------------
+// Options.
+
+FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(const std::string& name) {
+  return sharding_strategy(parse_sharding_strategy(name));
+}
+FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(bool on) { return cpu_offload(CPUOffload{on}); }
+FSDPStrategyOptions& FSDPStrategyOptions::precision(const std::string& name) {
+  parse_precision(name);  // fails early for unknown names
+  precision_ = name;
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::state_dict_type(const std::string& name) {
+  return state_dict_type(parse_checkpoint_format(name, "state_dict_type"));
+}
+FSDPStrategyOptions& FSDPStrategyOptions::device_mesh(int replicate, int shard) {
+  device_mesh_ = std::make_pair(replicate, shard);
+  return *this;
+}
+FSDPStrategyOptions& FSDPStrategyOptions::process_group_backend(const std::string& name) {
+  return process_group_backend(dist::parse_backend(name, "process_group_backend"));
+}
+
+// ---------------------------------------------------------------------------
+// The strategy.
+
+FSDPStrategy::FSDPStrategy(FSDPStrategyOptions options) : options_(std::move(options)) {
+  precision_ = parse_precision(options_.precision());
+  if (options_.process_group() && options_.device_mesh()) {
+    throw ConfigError("The arguments `FSDPStrategy(process_group=..., device_mesh=...)` are mutually exclusive."
+                      "Pass only one of them.");
+  }
+  if (options_.sharding_strategy() == ShardingStrategy::kHybridShard && !options_.auto_wrap_policy() &&
+      !options_.process_group() && !options_.device_mesh()) {
+    throw ConfigError("The hybrid sharding strategy requires you to pass at least one of the parameters: "
+                      "`auto_wrap_policy`, `process_group` tuple, or `device_mesh`.");
+  }
+  if (options_.device_mesh() && options_.sharding_strategy() != ShardingStrategy::kHybridShard) {
+    throw ConfigError("FSDPStrategy: device_mesh (" + std::to_string(options_.device_mesh()->first) + ", " +
+                      std::to_string(options_.device_mesh()->second) +
+                      ") is only valid with the HYBRID_SHARD sharding strategy, not " +
+                      to_string(options_.sharding_strategy()));
+  }
+  if (options_.activation_checkpointing_policy() && options_.activation_checkpointing()) {
+    throw ConfigError("You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the "
+                      "latter.");
+  }
+  if (options_.activation_checkpointing()) {
+    TORCH_WARN("fsdp: FSDPStrategyOptions::activation_checkpointing is deprecated, use "
+               "activation_checkpointing_policy instead.");
+  }
+}
+
+void FSDPStrategy::setup_environment() {
+  if (options_.world()) {
+    group_ = options_.world();
+  } else {
+    // The world group this process joined from its environment, while any
+    // strategy still holds it: a second strategy uses it (as Lightning uses
+    // an initialised default group) instead of joining again.
+    static std::mutex joined_mutex;
+    static std::weak_ptr<dist::ProcessGroup> joined;
+    const dist::DistEnv env = dist::read_dist_env();
+    std::lock_guard<std::mutex> lock(joined_mutex);
+    if (auto existing = joined.lock()) {
+      if (existing->rank() != env.rank || existing->size() != env.world_size) {
+        throw ConfigError("FSDPStrategy::setup_environment: this process already joined the world group as rank " +
+                          std::to_string(existing->rank()) + " of " + std::to_string(existing->size()) +
+                          ", but the environment now says rank " + std::to_string(env.rank) + " of " +
+                          std::to_string(env.world_size) + ": expected the same rank and world size");
+      }
+      group_ = existing;
+    } else {
+      dist::InitOptions o = dist::InitOptions::from_env(env);
+      if (options_.timeout()) o.timeout = *options_.timeout();
+      if (options_.process_group_backend()) o.backend = *options_.process_group_backend();
+      group_ = dist::init_process_group(o);
+      joined = group_;
+    }
+  }
+  torch::manual_seed(options_.seed());  // the same on every rank
+  if (precision_.needs_grad_scaler) scaler_ = std::make_shared<ShardedGradScaler>(group_);
+  if (options_.device_mesh()) {
+    const auto [replicate, shard] = *options_.device_mesh();
+    if (replicate * shard != group_->size()) {
+      throw ConfigError("FSDPStrategy: device_mesh (" + std::to_string(replicate) + ", " + std::to_string(shard) +
+                        ") has " + std::to_string(replicate * shard) + " ranks but the world size is " +
+                        std::to_string(group_->size()) + ": their product must equal the world size");
+    }
+    mesh_ = dist::init_device_mesh(group_, replicate, shard);
+  }
+  // [collective when there are loggers] Rank 0 opens them; its error stops every rank.
+  if (!options_.loggers().empty()) {
+    const auto failure = detail::capture([&] {
+      if (!is_global_zero()) return;
+      for (const auto& logger : options_.loggers()) {
+        if (!logger) throw ConfigError("FSDPStrategyOptions::loggers: a logger is null");
+        logger->open();
+      }
+    });
+    detail::agree_from(*group_, 0, failure, "FSDPStrategy::setup_environment: ");
+  }
+}
+
+void FSDPStrategy::require_group(const char* what) const {
+  if (!group_) {
+    throw ConfigError(std::string("FSDPStrategy::") + what +
+                      ": call setup_environment() first (it joins the process group)");
+  }
+}
+
+dist::ProcessGroup& FSDPStrategy::group() const {
+  require_group("group");
+  return *group_;
+}
+at::Device FSDPStrategy::root_device() const { return group_ ? group_->device() : at::Device(at::kCPU); }
+int FSDPStrategy::global_rank() const { return group_ ? group_->rank() : 0; }
+int FSDPStrategy::world_size() const { return group_ ? group_->size() : 1; }
+
+FSDPStrategy::SamplerArgs FSDPStrategy::distributed_sampler_kwargs() const {
+  return {static_cast<size_t>(world_size()), static_cast<size_t>(global_rank())};
+}
+
+FSDPOptions FSDPStrategy::fsdp_options() const {
+  FSDPOptions o = options_.fsdp();
+  if (auto mixed = mixed_precision_config()) o.mixed_precision(*mixed);
+  // Lightning's device_id=root_device.index: a CUDA group gets the model on its device.
+  if (!o.device_id() && group_ && group_->device().is_cuda()) o.device_id(group_->device());
+  if (mesh_) {
+    o.device_mesh(*mesh_);
+  } else {
+    if (!o.process_group()) o.process_group(group_);
+    if (o.sharding_strategy() == ShardingStrategy::kHybridShard) {
+      // Lightning's default: shard within a node, replicate across nodes.
+      int local = 0;
+      try {
+        const auto env = dist::read_dist_env();
+        if (env.launched) local = env.local_world_size;  // else not launched: one node
+      } catch (const ConfigError&) {
+        // a partial launcher environment: one node
+      }
+      const int size = o.process_group()->size();
+      o.hybrid_shard_size(local > 0 && size % local == 0 ? local : size);
+    }
+  }
+  return o;
+}
+
+std::optional<FSDPOptions> FSDPStrategy::begin_setup(const std::shared_ptr<torch::nn::Module>& module) {
+  require_group("setup_module");
+  if (!module) throw ConfigError("FSDPStrategy::setup_module: the module is null");
+  if (((precision_.mixed && precision_.mixed->param_dtype == at::kHalf) || precision_.model_dtype == at::kHalf) &&
+      !float16_compute_available(group_->device().type())) {
+    throw ConfigError("FSDPStrategy: precision '" + precision_.name + "' computes in float16, which this LibTorch " +
+                      TORCH_VERSION + " has no " + c10::DeviceTypeName(group_->device().type()) +
+                      " kernels for (matmul, tanh, ...): use \"bf16-mixed\" or \"bf16-true\", LibTorch 2.x, or a "
+                      "CUDA build");
+  }
+  if (precision_.model_dtype) detail::module_to(*module, std::nullopt, *precision_.model_dtype);
+  const auto units = fsdp_modules(module);
+  if (units.empty()) return fsdp_options();
+  if (options_.auto_wrap_policy() && is_global_zero()) {
+    TORCH_WARN("fsdp: A FSDP `auto_wrap_policy` is set, but the model is already wrapped. The policy will be "
+               "ignored.");
+  }
+  if (units.front().second == module) return std::nullopt;  // the root is a unit already
+  return module_sharded_options();  // manual wrapping: the root around the user's units
+}
+
+ModuleInitContext::ModuleInitContext(bool empty_init, std::optional<at::ScalarType> dtype) : empty_(empty_init) {
+  if (dtype) {
+    previous_dtype_ = c10::get_default_dtype();
+    c10::set_default_dtype(c10::scalarTypeToTypeMeta(*dtype));
+  }
+}
+
+ModuleInitContext::~ModuleInitContext() {
+  if (previous_dtype_) c10::set_default_dtype(*previous_dtype_);
+}
+
+FSDPOptions FSDPStrategy::module_sharded_options() const {
+  require_group("module_sharded_options");
+  return fsdp_options().auto_wrap_policy(nullptr);
+}
+
+std::optional<MixedPrecision> FSDPStrategy::mixed_precision_config() const {
+  if (options_.mixed_precision()) return options_.mixed_precision();
+  return precision_.mixed;
+}
+
+void FSDPStrategy::after_wrap(const std::shared_ptr<torch::nn::Module>& module) {
+  models_.push_back(module);
+  const CheckpointCheck& policy = options_.activation_checkpointing_policy() ? options_.activation_checkpointing_policy()
+                                                                             : options_.activation_checkpointing();
+  if (!policy) return;
+  for (const auto& m : module->modules(/*include_self=*/true)) {
+    if (is_checkpointed(*m)) {
+      if (is_global_zero()) {
+        TORCH_WARN("fsdp: FSDP checkpointing is configured, but the model already contains checkpointed layers. "
+                   "Checkpointing will be ignored.");
+      }
+      return;
+    }
+  }
+  apply_activation_checkpointing(module, policy);
+}
+
+void FSDPStrategy::setup_optimizer(const torch::optim::Optimizer& optimizer) const {
+  if (options_.use_orig_params()) return;  // the optimizer holds the original parameters either way
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (const auto& m : models_) {
+    if (auto model = m.lock()) models.push_back(std::move(model));
+  }
+  check_optimizer(models, optimizer);
+}
+
+void FSDPStrategy::check_joint_setup() const {
+  if (!options_.use_orig_params()) {
+    throw ConfigError("You set `FSDPStrategy(use_orig_params=False)` but this is not supported when setting the model "
+                      "and optimizer up jointly. Either set it to `True` or set the objects up in this order: Create "
+                      "the model, call `setup_module`, create the optimizer, call `setup_optimizer`.");
+  }
+}
+
+at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, dist::ReduceOp op) const {
+  require_group("all_reduce");
+  group_->all_reduce(tensor, op).wait();
+  return tensor;
+}
+
+at::Tensor FSDPStrategy::all_reduce(const at::Tensor& tensor, const std::string& op) const {
+  return all_reduce(tensor, dist::parse_reduce_op(op, "FSDPStrategy::all_reduce"));
+}
+
+void FSDPStrategy::backward(const at::Tensor& loss) const { (scaler_ ? scaler_->scale(loss) : loss).backward(); }
+
+bool FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) const {
+  detail::fault_point("optimizer-step", global_rank());  // docs/reliability.md
+  detail::ScopedSpan span("optimizer.step");
+  if (!scaler_) {
+    optimizer.step();
+    return true;
+  }
+  const bool stepped = scaler_->step(optimizer);
+  scaler_->update();
+  return stepped;
+}
+
+void FSDPStrategy::barrier() const {
+  if (group_) group_->barrier();
+}
+
+std::string FSDPStrategy::broadcast(const std::string& data, int src) const {
+  if (!group_) return data;
+  return group_->broadcast_bytes(data, src);
+}
+
+void FSDPStrategy::print(const std::string& message) const {
+  if (is_global_zero()) std::cout << message << std::endl;
+}
+
+void FSDPStrategy::log(const std::string& name, double value, std::optional<int64_t> step) const {
+  log_dict({{name, value}}, step);
+}
+
+void FSDPStrategy::log_dict(const Metrics& metrics, std::optional<int64_t> step) const {
+  if (!is_global_zero()) return;
+  for (const auto& logger : options_.loggers()) {
+    if (logger) logger->log_metrics(metrics, step);
+  }
+}
+
+std::shared_ptr<Logger> FSDPStrategy::logger() const {
+  return options_.loggers().empty() ? nullptr : options_.loggers().front();
+}
+
+namespace {
+
+// Lightning's isinstance(module, FullyShardedDataParallel): the module itself is a unit.
+bool is_wrapped_root(const std::shared_ptr<torch::nn::Module>& module) {
+  if (!module) return false;
+  auto slot = detail::find_slot(module.get());
+  return slot && slot->unit;
+}
+
+}  // namespace
+
+at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
+                                             double norm_type) const {
+  if (!is_wrapped_root(module)) {
+    throw ConfigError("Gradient clipping with FSDP is only possible if the module passed to "
+                      "`FSDPStrategy.clip_gradients_norm` is wrapped in `FullyShardedDataParallel`. Got: " +
+                      (module ? module->name() : std::string("null")) + ".");
+  }
+  return clip_grad_norm_(module, max_norm, norm_type);
+}
+
+at::Tensor FSDPStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module,
+                                             torch::optim::Optimizer& optimizer, double max_norm,
+                                             double norm_type) const {
+  if (scaler_) scaler_->unscale_(optimizer);
+  return clip_gradients_norm(module, max_norm, norm_type);
+}
+
+void FSDPStrategy::clip_gradients_value(torch::optim::Optimizer& optimizer, double clip_value) const {
+  if (!(clip_value > 0)) {
+    throw ConfigError("FSDPStrategy::clip_gradients_value: clip_value must be positive, got " +
+                      std::to_string(clip_value));
+  }
+  if (scaler_) scaler_->unscale_(optimizer);
+  at::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.grad().defined()) p.mutable_grad().clamp_(-clip_value, clip_value);
+    }
+  }
+}
+
+std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const {
+  if (!is_wrapped_root(module)) {
+    throw ConfigError("Blocking backward sync is only possible if the module passed to "
+                      "`FSDPStrategy.no_backward_sync` is wrapped in `FullyShardedDataParallel`. Got: " +
+                      (module ? module->name() : std::string("null")) + ".");
+  }
+  return std::make_unique<NoSync>(module);
+}
+
+void FSDPStrategy::save_checkpoint(const std::string& path, const CheckpointState& state,
+                                   std::function<bool(const std::string&, const std::string&)> filter) const {
+  require_group("save_checkpoint");
+  fsdp::save_checkpoint(path, state, *group_, CheckpointOptions(options_.state_dict_type()).filter(std::move(filter)));
+}
+
+std::map<std::string, CheckpointValue> FSDPStrategy::load_checkpoint(const std::string& path, CheckpointState& state,
+                                                                     bool strict) const {
+  require_group("load_checkpoint");
+  return fsdp::load_checkpoint(path, state, *group_, strict);
+}
+
+void FSDPStrategy::load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
+                                   bool strict) const {
+  require_group("load_checkpoint");
+  std::error_code ec;
+  if (std::filesystem::is_directory(broadcast(path), ec)) {  // Lightning: rank 0's path for everyone
+    throw ConfigError("Failed to load checkpoint directly into the model. The given path must be a single file "
+                      "containing the full state dict: " + path);
+  }
+  fsdp::load_checkpoint(path, module, *group_, strict);
+}
+
+void FSDPStrategy::load_checkpoint(const std::string&, torch::optim::Optimizer&) const {
+  throw ConfigError("Loading a single optimizer object from a checkpoint is not supported yet with the FSDP strategy.");
+}
+
+// ---------------------------------------------------------------------------
+// Registry.
+
+StrategyRegistry::StrategyRegistry() {
+  register_strategy("fsdp", [] { return FSDPStrategyOptions(); }, "Fully Sharded Data Parallel (FSDP) training");
+  register_strategy("fsdp_cpu_offload", [] { return FSDPStrategyOptions().cpu_offload(true); },
+                    "Fully Sharded Data Parallel (FSDP) training with Full Sharding and CPU Offloading");
+}
+
+StrategyRegistry& StrategyRegistry::instance() {
+  static StrategyRegistry r;
+  return r;
+}
+
+void StrategyRegistry::register_strategy(const std::string& name, Factory factory, const std::string& description) {
+  if (entries_.count(name)) throw ConfigError("StrategyRegistry: a strategy named '" + name + "' is already registered");
+  entries_[name] = {std::move(factory), description};
+}
+
+FSDPStrategyOptions StrategyRegistry::options(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    std::string known;
+    for (const auto& [n, e] : entries_) known += (known.empty() ? "" : ", ") + n;
+    throw ConfigError("StrategyRegistry: no strategy named '" + name + "': registered are " + known);
+  }
+  return it->second.first();
+}
+
+std::vector<std::string> StrategyRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, e] : entries_) out.push_back(n);
+  return out;
+}
+
+const std::string& StrategyRegistry::description(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw ConfigError("StrategyRegistry: no strategy named '" + name + "'");
+  return it->second.second;
+}
+
+}  // namespace fsdp
