@@ -6,7 +6,7 @@
 
 #include "parts.h"
 #include "fsdp/error.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/utils.h"
 #include "fsdp/state_dict/optim_state_dict.h"
 #include "../state_dict/model_index.h"
 #include "../state_dict/optim_state_dict_visit.h"

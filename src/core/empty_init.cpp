@@ -12,7 +12,7 @@
 #include <string>
 
 #include "fsdp/error.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/fully_sharded_data_parallel.h"
 
 namespace fsdp {
 namespace detail {

@@ -15,7 +15,8 @@
 #include "trace_span.h"
 #include "fsdp/core/detail/forward_call.h"
 #include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/fully_sharded_data_parallel.h"
+#include "fsdp/core/stats.h"
 
 namespace fsdp::detail {
 

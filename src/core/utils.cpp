@@ -1,10 +1,13 @@
-// no_sync, summon_full_params and clip_grad_norm_ over a wrapped model.
+// The utilities over a wrapped model (fsdp/core/utils.h): no_sync,
+// summon_full_params, clip_grad_norm_, the optimizer check, and the memory
+// and runtime statistics.
 #include <ATen/ATen.h>
 
 #include <torch/optim/optimizer.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -13,7 +16,7 @@
 #include <unordered_set>
 
 #include "fsdp/error.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/utils.h"
 #include "unit.h"
 
 namespace fsdp {
@@ -155,6 +158,43 @@ double resident_memory_mib() {
   if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
   std::fclose(f);
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+namespace {
+std::shared_ptr<detail::RootShared> shared_of(const std::shared_ptr<torch::nn::Module>& model) {
+  for (auto& u : detail::units_of(model)) {
+    if (u->shared()) return u->shared();
+  }
+  return nullptr;
+}
+}  // namespace
+
+RuntimeStats runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
+  auto shared = shared_of(model);
+  return shared ? shared->stats : RuntimeStats{};
+}
+
+void reset_runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
+  auto shared = shared_of(model);
+  if (!shared) return;
+  RuntimeStats& st = shared->stats;
+  const int gathers = st.all_gathers_in_flight, reductions = st.reductions_in_flight;
+  st = RuntimeStats{};
+  st.all_gathers_in_flight = st.peak_all_gathers_in_flight = gathers;
+  st.reductions_in_flight = st.peak_reductions_in_flight = reductions;
+}
+
+MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module) {
+  MemoryStats s;
+  for (auto& [path, m] : fsdp_modules(module)) {
+    auto unit = detail::find_slot(m.get())->unit;
+    const int64_t item = unit->flat_shard().element_size();
+    s.sharded_param_bytes += unit->flat_shard().numel() * item;
+    s.unsharded_param_bytes += unit->live_full_param_bytes();
+    s.grad_bytes += unit->live_grad_bytes();
+    s.largest_unit_bytes = std::max(s.largest_unit_bytes, unit->padded_numel() * item);
+  }
+  return s;
 }
 
 }  // namespace fsdp

@@ -1,75 +1,21 @@
-// Wrapping: the slot registry, auto-wrap policies, interposition on
-// Sequential elements, parameter ownership, and the tree-level utilities.
+// Wrapping: the slot registry, interposition on Sequential elements,
+// parameter ownership, and the tree-level walks (fsdp_modules, full_parameters).
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <algorithm>
-#include <cctype>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "fsdp/error.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/fully_sharded_data_parallel.h"
+#include "fsdp/core/utils.h"
 #include "empty_init.h"
 #include "unit.h"
 
 namespace fsdp {
-
-const char* to_string(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::kFullShard: return "FULL_SHARD";
-    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::kNoShard: return "NO_SHARD";
-    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
-  }
-  return "?";
-}
-
-namespace {
-// `name` in upper case, '-' as '_': the form the tables below compare.
-std::string canonical_name(const std::string& name) {
-  std::string n;
-  for (char c : name) n += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return n;
-}
-}  // namespace
-
-ShardingStrategy parse_sharding_strategy(const std::string& name) {
-  const std::string n = canonical_name(name);
-  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
-                 ShardingStrategy::kHybridShard}) {
-    if (n == to_string(s)) return s;
-  }
-  throw ConfigError("sharding strategy '" + name +
-                    "' is unknown: expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
-}
-
-const char* to_string(BackwardPrefetch when) {
-  switch (when) {
-    case BackwardPrefetch::kNone: return "NONE";
-    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
-    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
-  }
-  return "?";
-}
-
-BackwardPrefetch parse_backward_prefetch(const std::string& name) {
-  const std::string n = canonical_name(name);
-  for (auto w : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
-    // The command line's short names: the part after "BACKWARD_".
-    if (n == to_string(w) || "BACKWARD_" + n == to_string(w)) return w;
-  }
-  throw ConfigError("backward prefetch '" + name +
-                    "' is unknown: expected one of BACKWARD_PRE (or pre), BACKWARD_POST (or post), NONE (or none)");
-}
-
-AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
-  return [min_num_params](const torch::nn::Module&, const std::string&, int64_t unwrapped) {
-    return unwrapped >= min_num_params;
-  };
-}
 
 namespace detail {
 namespace {
@@ -510,43 +456,6 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::share
     out.emplace_back(item.key(), p.detach().clone());
   }
   return out;
-}
-
-namespace {
-std::shared_ptr<detail::RootShared> shared_of(const std::shared_ptr<torch::nn::Module>& model) {
-  for (auto& u : detail::units_of(model)) {
-    if (u->shared()) return u->shared();
-  }
-  return nullptr;
-}
-}  // namespace
-
-RuntimeStats runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
-  auto shared = shared_of(model);
-  return shared ? shared->stats : RuntimeStats{};
-}
-
-void reset_runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
-  auto shared = shared_of(model);
-  if (!shared) return;
-  RuntimeStats& st = shared->stats;
-  const int gathers = st.all_gathers_in_flight, reductions = st.reductions_in_flight;
-  st = RuntimeStats{};
-  st.all_gathers_in_flight = st.peak_all_gathers_in_flight = gathers;
-  st.reductions_in_flight = st.peak_reductions_in_flight = reductions;
-}
-
-MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module) {
-  MemoryStats s;
-  for (auto& [path, m] : fsdp_modules(module)) {
-    auto unit = detail::find_slot(m.get())->unit;
-    const int64_t item = unit->flat_shard().element_size();
-    s.sharded_param_bytes += unit->flat_shard().numel() * item;
-    s.unsharded_param_bytes += unit->live_full_param_bytes();
-    s.grad_bytes += unit->live_grad_bytes();
-    s.largest_unit_bytes = std::max(s.largest_unit_bytes, unit->padded_numel() * item);
-  }
-  return s;
 }
 
 }  // namespace fsdp

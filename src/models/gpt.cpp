@@ -11,7 +11,7 @@
 #include <cmath>
 
 #include "fsdp/error.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/fully_sharded_data_parallel.h"
 
 namespace fsdp::models {
 

@@ -21,7 +21,7 @@
 #include <functional>
 #include <memory>
 
-#include "fsdp/fsdp.h"
+#include "fsdp/core/fully_sharded_data_parallel.h"
 
 namespace fsdp {
 

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "fsdp/error.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/fully_sharded_data_parallel.h"
 
 namespace fsdp {
 

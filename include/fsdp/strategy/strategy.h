@@ -35,7 +35,8 @@
 #include "fsdp/core/activation_checkpointing.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/dist/process_group.h"
-#include "fsdp/fsdp.h"
+#include "fsdp/core/fully_sharded_data_parallel.h"
+#include "fsdp/core/utils.h"
 #include "fsdp/observability/loggers.h"
 
 namespace torch::optim {

@@ -1,0 +1,118 @@
+// fsdp/core/utils.h — what one does with a wrapped model besides training
+// it: its units, full parameters, no_sync, summon_full_params, gradient
+// clipping, the optimizer check, memory and runtime statistics, and two
+// questions to the machine (float16 kernels, resident memory). Each call says
+// whether it is a [collective] (every rank, same order) or [local].
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/options.h"  // SummonOptions
+#include "fsdp/core/stats.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+namespace fsdp::detail {
+class UnitState;  // one FSDP unit (src/core/unit.h)
+}
+
+namespace fsdp {
+
+// [local] The FSDP units in `module`'s tree, pre-order, as (path, module) pairs.
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> fsdp_modules(
+    const std::shared_ptr<torch::nn::Module>& module);
+
+// [collective] The full (unsharded) value of every parameter of the model,
+// keyed by its name in the unwrapped model (tied parameters under each name),
+// as copies on every rank. For tests, evaluation and export.
+std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::shared_ptr<torch::nn::Module>& module);
+
+// [local] Gradient accumulation without communication, like PyTorch's
+// model.no_sync(): backward passes inside the scope keep each unit's full
+// (unreduced) gradient; the first backward after it reduces the sum. Do not
+// step the optimizer inside the scope. Costs one full gradient buffer per unit.
+class NoSync {
+ public:
+  explicit NoSync(const std::shared_ptr<torch::nn::Module>& model);
+  ~NoSync();
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<detail::UnitState>> units_;
+};
+
+// Scoped full parameters, like PyTorch's summon_full_params: inside the scope
+// every original parameter holds its full value (tensors of the original
+// shapes). Construction is a [collective] (an all-gather per unit);
+// destruction is local. Running forward or backward, or summoning again,
+// inside the scope is a ConfigError. Parameters that already live whole
+// (NO_SHARD, world 1) are used in place and never freed.
+class SummonFullParams {
+ public:
+  SummonFullParams(const std::shared_ptr<torch::nn::Module>& model, SummonOptions options = {});
+  ~SummonFullParams();
+  SummonFullParams(const SummonFullParams&) = delete;
+  SummonFullParams& operator=(const SummonFullParams&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<detail::UnitState>> units_;
+  SummonOptions options_;
+};
+
+// [collective] Clips the gradients of the whole model so that their global
+// norm (over all shards, of order `norm_type`: any p > 0, or INFINITY) is at
+// most max_norm, and returns that norm as computed before clipping, like
+// torch.nn.utils.clip_grad_norm_ on the unsharded model. Call after
+// backward, before the optimizer step. A non-finite norm (an inf or NaN
+// gradient on any rank): with error_if_nonfinite, every rank throws
+// fsdp::Error with PyTorch's message and the gradients are left as they are;
+// without it (the default, as in PyTorch) the gradients are scaled by it
+// anyway (inf becomes NaN) and the non-finite norm is returned.
+at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type = 2.0,
+                           bool error_if_nonfinite = false);
+
+// [local] Checks that `optimizer` steps the wrapped model's parameters. An
+// optimizer built before wrapping (with use_orig_params=false) references the
+// original parameters, which FSDP no longer trains: throws ConfigError
+// "The optimizer does not seem to reference any FSDP parameters. HINT: Make
+// sure to create the optimizer after setting up the model." (Lightning's words).
+void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer);
+// [local] The same for several models: `optimizer` must step parameters of
+// at least one of them (ConfigError as above otherwise, also for no models).
+void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                     const torch::optim::Optimizer& optimizer);
+
+// [local] Bytes this rank holds right now for the model's FSDP units (MemoryStats).
+MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module);
+
+// [local] What the FSDP runtime did on this rank for one wrapped model since
+// its first forward (or the last reset_runtime_stats): RuntimeStats.
+// All zero for a model that has not run forward yet (or has no unit).
+RuntimeStats runtime_stats(const std::shared_ptr<torch::nn::Module>& model);
+// Sets the counters and peaks to zero (what is in flight now stays counted).
+void reset_runtime_stats(const std::shared_ptr<torch::nn::Module>& model);
+
+// [local] Whether this LibTorch computes in float16 on `device_type`: the
+// kernels a transformer needs (matmul, GELU, tanh, softmax, layer norm,
+// cross-entropy) run on a tiny float16 tensor. CPU LibTorch 2.x has them,
+// 1.13 has none. The first call per device type costs a few milliseconds;
+// later calls return the cached answer.
+bool float16_compute_available(at::DeviceType device_type);
+
+// [local] This process's resident memory right now, in MiB (from
+// /proc/self/statm; 0 where that does not exist).
+double resident_memory_mib();
+
+}  // namespace fsdp
