@@ -138,13 +138,15 @@ std::string checkpoint_bench(fsdp::dist::ProcessGroup& pg, const std::shared_ptr
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdp-bench: GPT training step time, throughput, memory and traffic per sharding strategy"};
-  std::string strategy = "FULL_SHARD";
+  // The defaults of the FSDP settings are FSDPOptions' (fsdp/core/options.h), the only ones.
+  const fsdp::FSDPOptions defaults;
+  std::string strategy = fsdp::to_string(defaults.sharding_strategy());
   fsdp::models::GPTConfig cfg;
   int64_t batch = 8;
   int steps = 5, warmup = 2;
-  int reductions_in_flight = fsdp::FSDPOptions().max_reductions_in_flight();
+  int reductions_in_flight = defaults.max_reductions_in_flight();
   bool eager_init = false;
-  bool use_orig = false, forward_prefetch = fsdp::FSDPOptions().forward_prefetch(), bf16 = false, trace_memory = false, checkpointing = false;
+  bool use_orig = defaults.use_orig_params(), forward_prefetch = defaults.forward_prefetch(), bf16 = false, trace_memory = false, checkpointing = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
   app.add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
@@ -325,6 +327,9 @@ int main(int argc, char** argv) {
          << ",\"peak_reductions_in_flight\":" << rt.peak_reductions_in_flight
          << ",\"max_reductions_in_flight\":" << reductions_in_flight
          << ",\"forward_prefetch\":" << (forward_prefetch ? "true" : "false")
+         << ",\"backward_prefetch\":\"" << fsdp::to_string(defaults.backward_prefetch()) << "\""
+         << ",\"limit_all_gathers\":" << (defaults.limit_all_gathers() ? "true" : "false")
+         << ",\"use_orig_params\":" << (use_orig ? "true" : "false")
          << ",\"all_gather_wait_s_per_step\":" << rt.all_gather_wait_s / std::max(1, warmup + steps)
          << ",\"reduction_wait_s_per_step\":" << rt.reduction_wait_s / std::max(1, warmup + steps) << "}";
       js << ",\"bytes_sent_per_step\":" << bytes_per_step << ",\"loss\":" << last_loss << checkpoint_json << "}";

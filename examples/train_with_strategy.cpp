@@ -2,6 +2,7 @@
 // sharded checkpoint and loads it back. Run:
 //   build/bin/fsdp-run --nproc-per-node 2 -- build/bin/example-strategy [CHECKPOINT_DIR]
 #include <fsdp/models/gpt.h>
+#include <fsdp/strategy/registry.h>
 #include <fsdp/strategy/strategy.h>
 #include <torch/torch.h>
 

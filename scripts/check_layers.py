@@ -18,7 +18,8 @@ Three rules, over every `#include "..."` in include/fsdp/ and src/:
    file of the same name (`x.h`, `x.cpp`, public or private) are one unit,
    and the units of a module include each other without a cycle. A private
    helper that includes its module's public header while that header's
-   source includes the helper is such a cycle.
+   source includes the helper is such a cycle. A private `x_impl.h` is the
+   private half of unit x (its pimpl), not a unit of its own.
 3. A folder under include/fsdp/ or src/ that LAYERS does not name is a
    violation: a new module gets its place in LAYERS first.
 """
@@ -46,18 +47,6 @@ LAYERS = [
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 
-# Violations that existed when the folders became the modules (issue 31
-# removes them); the check fails on any other, and also when a known one is
-# gone, so that the list only shrinks.
-KNOWN = {
-    'import back up (a cycle among units, x.h with x.cpp): state_dict:shard_geometry, state_dict:sharded_tensor',
-    'import back up (a cycle among units, x.h with x.cpp): state_dict:state_dict_options, state_dict:state_dict_settings',
-    'import back up (a cycle among units, x.h with x.cpp): checkpoint:checkpoint_io, checkpoint:parts',
-    'import back up (a cycle among units, x.h with x.cpp): state_dict:optim_state_dict, state_dict:optim_state_dict_visit',
-    'import back up (a cycle among units, x.h with x.cpp): observability:logger_files, observability:loggers',
-    'import back up (a cycle among units, x.h with x.cpp): train:gpt_trainer, train:run_directory',
-}
-
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 FORWARDING_LINE = re.compile(r'^\s*(//.*|#\s*pragma\b.*|#\s*include\s+[<"][^>"]+[>"]\s*(//.*)?)?$')
 
@@ -76,6 +65,8 @@ def module_of(path):
     if len(rest) == 1:
         return "", path  # an umbrella or forwarding header
     stem = os.path.splitext(rest[-1])[0]
+    if stem.endswith("_impl"):  # x_impl.h: the private half of unit x (its Impl, as in the pimpl idiom)
+        stem = stem[: -len("_impl")]
     return rest[0], rest[0] + ":" + stem
 
 
@@ -169,14 +160,17 @@ def main(repo):
         problems.append("include cycle among files: " + ", ".join(comp))
     for comp in find_cycles(unit_edges):
         problems.append("import back up (a cycle among units, x.h with x.cpp): " + ", ".join(comp))
-    seen = {p for p in problems if p in KNOWN}
-    problems = [p for p in problems if p not in KNOWN]
-    problems += [f"no longer found, remove it from KNOWN in scripts/check_layers.py: {k}" for k in sorted(KNOWN - seen)]
+    return report("check_layers", problems, f"{len(files)} files in {len(names)} modules, {count} includes: every "
+                  "module includes only those below it, and no unit imports back up")
+
+
+def report(tool, problems, summary):
+    """Prints each problem, or `summary` when there is none, after `tool: `;
+    the exit status: 1 with problems, else 0. (scripts/check_readme_snippets.py uses it too.)"""
     for p in problems:
-        print("check_layers: " + p)
+        print(f"{tool}: {p}")
     if not problems:
-        print(f"check_layers: {len(files)} files in {len(names)} modules, {count} includes: every module includes "
-              f"only those below it, and no unit imports back up ({len(KNOWN)} known exceptions)")
+        print(f"{tool}: {summary}")
     return 1 if problems else 0
 
 

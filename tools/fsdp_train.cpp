@@ -57,13 +57,19 @@ int main(int argc, char** argv) {
                "loss.svg and the checkpoints of its run; anything else there stays, named (a new run into a used "
                "--out is refused otherwise)")
       ->excludes(resume);
-  // Enums by name, parsed (and named in errors) below.
-  std::string state_dict_type = fsdp::to_string(c.state_dict_type), sharding = fsdp::to_string(c.sharding_strategy),
-              backward_prefetch = "pre";
+  // The strategy's settings: read into these (their defaults are the
+  // strategy's, c.strategy's), and set on c.strategy below, enums parsed and
+  // named in errors there.
+  fsdp::FSDPStrategyOptions& so = c.strategy;
+  std::string state_dict_type = fsdp::to_string(so.state_dict_type()), sharding = fsdp::to_string(so.sharding_strategy()),
+              backward_prefetch = fsdp::to_string(so.backward_prefetch()), precision = so.precision(), mesh;
+  bool checkpointing = fsdp::train::activation_checkpointing(so), cpu_offload = so.cpu_offload().offload_params,
+       forward_prefetch = so.forward_prefetch(), no_limit = !so.limit_all_gathers();
+  uint64_t seed = so.seed();
   app.add_option("--state-dict-type", state_dict_type, "checkpoint format: full or sharded")->capture_default_str();
   app.add_option("--sharding-strategy", sharding, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
       ->capture_default_str();
-  app.add_option("--precision", c.precision,
+  app.add_option("--precision", precision,
                  "32-true, bf16-mixed, bf16-true, 16-mixed, 16-true (16-*: made for CUDA; on CPU only with "
                  "LibTorch 2.x, with a warning)")
       ->capture_default_str();
@@ -72,9 +78,9 @@ int main(int argc, char** argv) {
                  "a step whose loss is NaN or inf: stop (before updating the weights; --resume continues from the "
                  "last checkpoint) or skip its optimizer step and go on")
       ->capture_default_str();
-  app.add_flag("--activation-checkpointing", c.activation_checkpointing, "recompute each block's activations in backward");
-  app.add_flag("--cpu-offload", c.cpu_offload, "keep shards on CPU (no-op on CPU builds)");
-  app.add_option("--seed", c.seed, "data and initialisation seed")->capture_default_str();
+  app.add_flag("--activation-checkpointing", checkpointing, "recompute each block's activations in backward");
+  app.add_flag("--cpu-offload", cpu_offload, "keep shards on CPU (no-op on CPU builds)");
+  app.add_option("--seed", seed, "data and initialisation seed")->capture_default_str();
   bool eager_init = false;
   app.add_flag("--eager-init", eager_init,
                "build the whole model on every rank before sharding (default: each block gets its memory when "
@@ -88,12 +94,14 @@ int main(int argc, char** argv) {
   app.add_option("--profile-steps", c.profile_steps,
                  "A:B: record steps A to B with LibTorch's profiler; a Chrome trace per rank in "
                  "--out/profile/rank_<r>.pt.trace.json");
-  app.add_option("--mesh", c.mesh, "R,S: HYBRID_SHARD over R replicas of S-rank shard groups (R*S = world)");
-  app.add_flag("--forward-prefetch,!--no-forward-prefetch", c.forward_prefetch,
+  app.add_option("--mesh", mesh, "R,S: HYBRID_SHARD over R replicas of S-rank shard groups (R*S = world)");
+  app.add_flag("--forward-prefetch,!--no-forward-prefetch", forward_prefetch,
                "gather the next unit while this one computes (default: on)");
   app.add_option("--backward-prefetch", backward_prefetch, "pre, post or none")->capture_default_str();
-  bool no_limit = false;
   app.add_flag("--no-limit-all-gathers", no_limit, "let prefetching gather more than two units at once");
+  bool print_config = false;
+  app.add_flag("--print-config", print_config,
+               "print the configuration these flags make (JSON: the run's settings and the strategy's) and exit");
 
   auto* gen = app.add_subcommand("generate", "continue a prompt with a trained checkpoint");
   std::string checkpoint, prompt = "the ";
@@ -108,8 +116,8 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", go.seed, "sampling seed")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    auto world = fsdp::dist::init_process_group_from_env();
     if (gen->parsed()) {
+      auto world = fsdp::dist::init_process_group_from_env();
       {
         const char* end = tokens.data() + tokens.size();
         const auto [ptr, ec] = std::from_chars(tokens.data(), end, go.tokens);
@@ -141,18 +149,28 @@ int main(int argc, char** argv) {
         throw fsdp::ConfigError(std::string(flag) + ": " + e.what());
       }
     };
-    c.state_dict_type = named("--state-dict-type", [&] { return fsdp::parse_checkpoint_format(state_dict_type); });
-    c.sharding_strategy = named("--sharding-strategy", [&] { return fsdp::parse_sharding_strategy(sharding); });
-    c.backward_prefetch = named("--backward-prefetch", [&] { return fsdp::parse_backward_prefetch(backward_prefetch); });
+    so.state_dict_type(named("--state-dict-type", [&] { return fsdp::parse_checkpoint_format(state_dict_type); }));
+    so.sharding_strategy(named("--sharding-strategy", [&] { return fsdp::parse_sharding_strategy(sharding); }));
+    so.backward_prefetch(named("--backward-prefetch", [&] { return fsdp::parse_backward_prefetch(backward_prefetch); }));
+    named("--precision", [&] { return &so.precision(precision); });
+    if (!mesh.empty()) {
+      const auto [replicate, shard] = fsdp::train::parse_mesh(mesh);  // names --mesh in its error
+      so.sharding_strategy(fsdp::ShardingStrategy::kHybridShard).device_mesh(replicate, shard);
+    }
+    if (checkpointing) so.activation_checkpointing_module_types<fsdp::models::GPTBlockImpl>();
+    so.cpu_offload(cpu_offload).seed(seed).forward_prefetch(forward_prefetch).limit_all_gathers(!no_limit);
     c.on_nonfinite_loss = named("--on-nonfinite-loss", [&] { return fsdp::train::parse_nonfinite_loss(on_nonfinite); });
-    c.limit_all_gathers = !no_limit;
     c.empty_init = !eager_init;
     c.model = fsdp::train::preset(c.preset);
     if (dim) c.model.dim = dim;
     if (layers) c.model.layers = layers;
     if (heads) c.model.heads = heads;
     if (context) c.model.context = context;
-    fsdp::train::train(c, world);
+    if (print_config) {
+      std::cout << fsdp::train::config_json(c) << std::endl;
+      return 0;
+    }
+    fsdp::train::train(c, fsdp::dist::init_process_group_from_env());
     return 0;
   } catch (const c10::Error& e) {
     return fail(e.what_without_backtrace());  // no LibTorch stack trace

@@ -1,7 +1,7 @@
 // Saving checkpoints (fsdp/checkpoint/checkpoint_io.h): the format chosen, a checkpoint
 // of the other format replaced crash-safely, async saves kept until
 // wait_for_checkpoint. The writers, the loader and the tools are the other
-// ckpt_*.cpp files of the module (parts.h).
+// files of the module (parts.h).
 #include "fsdp/checkpoint/checkpoint_io.h"
 
 #include <fcntl.h>
@@ -20,7 +20,6 @@
 
 namespace fsdp {
 
-namespace ck = detail::ckpt;
 namespace fs = std::filesystem;
 
 const char* to_string(CheckpointFormat format) {
@@ -62,8 +61,8 @@ namespace {
 
 bool is_sharded_checkpoint(const std::string& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) && (fs::is_regular_file(fs::path(path) / ck::kDcpMetadataFile, ec) ||
-                                        fs::is_regular_file(fs::path(path) / ck::kIndexFile, ec));
+  return fs::is_directory(path, ec) && (fs::is_regular_file(fs::path(path) / detail::checkpoint::kDcpMetadataFile, ec) ||
+                                        fs::is_regular_file(fs::path(path) / detail::checkpoint::kIndexFile, ec));
 }
 
 // Removes what a killed replacement left beside `path`: not a checkpoint.
@@ -99,7 +98,7 @@ void exchange_paths(const std::string& a, const std::string& b) {
                 std::strerror(err) + ")" +
                 (err == EINVAL || err == ENOSYS ? ": this file system cannot; remove the old checkpoint first" : ""));
   }
-  ck::sync_dir(fs::path(b).parent_path().empty() ? "." : fs::path(b).parent_path().string());
+  detail::checkpoint::sync_dir(fs::path(b).parent_path().empty() ? "." : fs::path(b).parent_path().string());
 }
 
 // [collective] Replaces the checkpoint of the other format at `path`: the
@@ -112,18 +111,18 @@ void replace_other_format(const std::string& path, const CheckpointState& state,
     throw ConfigError("save_checkpoint: " + path + " holds a checkpoint of the other format; replacing it is done "
                       "synchronously: save with async_save=false (or to another path)");
   }
-  const std::string staging = path + ".fsdp-new-" + group.broadcast_bytes(ck::new_save_id(), 0);
+  const std::string staging = path + ".fsdp-new-" + group.broadcast_bytes(detail::checkpoint::new_save_id(), 0);
   save_checkpoint(staging, state, group, options);  // [collective] complete and committed there
-  detail::Failure error;
+  dist::Failure error;
   if (group.rank() == 0) {
-    error = detail::capture([&] {
+    error = dist::capture([&] {
       detail::fault_point("replace-before-exchange", 0);
       exchange_paths(staging, path);  // the commit point: `path` is the new checkpoint
       detail::fault_point("replace-after-exchange", 0);
       fs::remove_all(staging);  // the old one, now under the staging name
     });
   }
-  detail::agree(group, error, "save_checkpoint: replacing " + path);
+  dist::agree(group, error, "save_checkpoint: replacing " + path);
 }
 
 }  // namespace

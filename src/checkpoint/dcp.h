@@ -13,7 +13,7 @@
 
 #include "format.h"
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 constexpr const char* kDcpMetadataFile = ".metadata";  // DCP's commit marker
 constexpr const char* kLightningMetaFile = "meta.pt";   // Lightning's values (torch.save of a dict)
@@ -125,4 +125,4 @@ std::vector<std::pair<DcpItem, std::string>> dcp_bytes_items(const std::vector<E
 std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries,
                                   const std::map<std::string, at::Tensor>& tensors, std::vector<at::Tensor>& records);
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

@@ -11,7 +11,7 @@
 #include "fsdp/error.h"
 #include "torch_pickle.h"
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 namespace {
 
@@ -412,4 +412,4 @@ std::optional<Index> lightning_meta(const std::string& dir) {
   return ix;
 }
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

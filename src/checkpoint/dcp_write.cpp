@@ -12,7 +12,7 @@
 #include "pickle_writer.h"
 #include "torch_pickle.h"
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 WrittenItem write_torch_save(AtomicFile& file, const std::string& file_name, const std::string& pkl,
                              const std::vector<RecordBytes>& records) {
@@ -227,9 +227,9 @@ std::string dcp_metadata_bytes(const DcpMetadata& md) {
   return w.finish();
 }
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 namespace {
 
@@ -356,4 +356,4 @@ std::string lightning_meta_pickle(const std::vector<EntryRecord>& entries,
   return w.finish();
 }
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

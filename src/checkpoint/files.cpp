@@ -18,7 +18,7 @@
 #include "format.h"
 #include "fsdp/error.h"
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 namespace {
 
@@ -348,4 +348,4 @@ std::string read_chunk(const Chunk& chunk, const std::string& key, const FullRea
   return bytes;
 }
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

@@ -15,7 +15,7 @@
 
 #include "fsdp/error.h"
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 using Json = nlohmann::ordered_json;
 
@@ -599,4 +599,4 @@ void add_piece(Index& index, const PieceRecord& piece) {
   it->second.chunks.push_back(piece.chunk);
 }
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

@@ -25,7 +25,7 @@ namespace caffe2::serialize {
 class PyTorchStreamReader;
 }
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 constexpr int kVersion = 1;           // the format version this build writes and the newest it reads
 constexpr const char* kIndexFile = "index.json";         // sharded: the commit marker
@@ -234,4 +234,4 @@ std::vector<std::pair<std::string, std::function<void(pickle::Writer&)>>> python
 // {"state": {param: {field: tensor}}, "param_groups": [...]}.
 std::string full_pickle(const Index& index, const std::map<std::string, std::string>& record_of);
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

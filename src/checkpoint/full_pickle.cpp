@@ -8,7 +8,7 @@
 #include "pickle_writer.h"
 #include "torch_pickle.h"
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 namespace {
 
@@ -207,4 +207,4 @@ std::string full_pickle(const Index& index, const std::map<std::string, std::str
   return FullPickler(index, record_of).write();
 }
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "dcp.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "parts.h"
 #include "fsdp/error.h"
 #include "fsdp/state_dict/optim_state_dict.h"
@@ -26,17 +27,16 @@ namespace fsdp {
 
 namespace detail {
 
-namespace ck = ckpt;
 namespace fs = std::filesystem;
 
-const ck::EntryRecord* Source::entry(const std::string& name) const {
+const checkpoint::EntryRecord* Source::entry(const std::string& name) const {
   for (const auto& e : ix.entries) {
     if (e.name == name) return &e;
   }
   return nullptr;
 }
 
-const ck::TensorEntry& Source::tensor(const std::string& key) const {
+const checkpoint::TensorEntry& Source::tensor(const std::string& key) const {
   auto it = ix.tensors.find(key);
   if (it == ix.tensors.end()) {
     throw ConfigError("checkpoint: " + where + ": the index lists '" + key + "' in an entry but has no tensor for it");
@@ -65,17 +65,17 @@ int64_t Source::fill(const std::string& key, std::vector<Shard>& targets) const 
       needed |= overlap;
     }
     if (!needed) continue;
-    std::string bytes = ck::read_chunk(c, key, full.get(), dir);
+    std::string bytes = checkpoint::read_chunk(c, key, full.get(), dir);
     at::Tensor src = at::from_blob(bytes.data(), c.sizes, at::TensorOptions().dtype(t.dtype));
     for (auto& target : targets) covered += copy_overlap(target.tensor, target.offsets, {Shard{c.offsets, src}});
   }
   return covered;
 }
 
-const ck::EntryRecord& Source::the_model(const std::string& caller) const {
-  const ck::EntryRecord* model = nullptr;
+const checkpoint::EntryRecord& Source::the_model(const std::string& caller) const {
+  const checkpoint::EntryRecord* model = nullptr;
   for (const auto& e : ix.entries) {
-    if (e.type != ck::EntryType::kModel) continue;
+    if (e.type != checkpoint::EntryType::kModel) continue;
     if (model) {
       throw ConfigError(caller + ": " + path + " holds several models; load it with a CheckpointState naming one");
     }
@@ -104,29 +104,29 @@ namespace {
 }
 
 std::string read_small(const std::string& path) {
-  const int64_t size = ck::file_size(path);
+  const int64_t size = checkpoint::file_size(path);
   if (size > (int64_t{1} << 30)) throw ConfigError("checkpoint: " + path + " is implausibly large");
-  return ck::read_range(path, 0, size);
+  return checkpoint::read_range(path, 0, size);
 }
 
-bool same_value(const ck::EntryRecord& a, const ck::EntryRecord& b) {
+bool same_value(const checkpoint::EntryRecord& a, const checkpoint::EntryRecord& b) {
   if (a.type != b.type) return false;
-  if (a.type == ck::EntryType::kFloat) {
+  if (a.type == checkpoint::EntryType::kFloat) {
     const double x = std::get<double>(a.value), y = std::get<double>(b.value);
     return x == y || (std::isnan(x) && std::isnan(y));
   }
   return a.value == b.value;
 }
 
-std::string value_in(const ck::EntryRecord& e) {
-  if (e.type == ck::EntryType::kTensor) return "a tensor";
-  if (e.type == ck::EntryType::kStr) return "the string '" + ck::value_text(e).substr(0, 60) + "'";
-  return std::string("the ") + ck::entry_type_name(e.type) + " " + ck::value_text(e);
+std::string value_in(const checkpoint::EntryRecord& e) {
+  if (e.type == checkpoint::EntryType::kTensor) return "a tensor";
+  if (e.type == checkpoint::EntryType::kStr) return "the string '" + checkpoint::value_text(e).substr(0, 60) + "'";
+  return std::string("the ") + checkpoint::entry_type_name(e.type) + " " + checkpoint::value_text(e);
 }
 
 // A tensor value of `a` and `b` (the same name): dtype, shape and bytes.
 std::string tensor_difference(const Source& a, const Source& b, const std::string& name) {
-  const ck::TensorEntry &x = a.tensor(name), &y = b.tensor(name);
+  const checkpoint::TensorEntry &x = a.tensor(name), &y = b.tensor(name);
   if (x.dtype != y.dtype || x.shape != y.shape) {
     return std::string("a tensor of dtype ") + c10::toString(x.dtype) + " and shape " + shape_str(x.shape) +
            " in " + a.where + ", of dtype " + c10::toString(y.dtype) + " and shape " + shape_str(y.shape) +
@@ -145,30 +145,30 @@ std::string tensor_difference(const Source& a, const Source& b, const std::strin
 // only meta.pt holds join an index built from .metadata (`built`): Lightning
 // keeps them there alone.
 void check_lightning_meta(Source& s, bool built) {
-  std::optional<ck::Index> meta = ck::lightning_meta(s.dir);
+  std::optional<checkpoint::Index> meta = checkpoint::lightning_meta(s.dir);
   if (!meta) return;
   Source m;
   m.path = s.path;
   m.dir = s.dir;
-  m.where = (fs::path(s.dir) / ck::kLightningMetaFile).string();
+  m.where = (fs::path(s.dir) / checkpoint::kLightningMetaFile).string();
   m.ix = std::move(*meta);
   for (const auto& e : m.ix.entries) {
-    const ck::EntryRecord* own = s.entry(e.name);
+    const checkpoint::EntryRecord* own = s.entry(e.name);
     if (!own) {
       if (!built) continue;
       s.ix.entries.push_back(e);
-      if (e.type == ck::EntryType::kTensor) {
+      if (e.type == checkpoint::EntryType::kTensor) {
         s.ix.tensor_order.push_back(e.name);
         s.ix.tensors[e.name] = m.ix.tensors.at(e.name);
-        if (std::find(s.ix.files.begin(), s.ix.files.end(), ck::kLightningMetaFile) == s.ix.files.end()) {
-          s.ix.files.push_back(ck::kLightningMetaFile);
+        if (std::find(s.ix.files.begin(), s.ix.files.end(), checkpoint::kLightningMetaFile) == s.ix.files.end()) {
+          s.ix.files.push_back(checkpoint::kLightningMetaFile);
         }
       }
       continue;
     }
     if (own->is_state_dict()) continue;  // a model or optimizer, not a value
     std::string difference;
-    if (own->type == ck::EntryType::kTensor && e.type == ck::EntryType::kTensor) {
+    if (own->type == checkpoint::EntryType::kTensor && e.type == checkpoint::EntryType::kTensor) {
       difference = tensor_difference(s, m, e.name);
     } else if (!same_value(*own, e)) {
       difference = value_in(*own) + " in " + s.where + ", " + value_in(e) + " in " + m.where;
@@ -185,17 +185,17 @@ void check_lightning_meta(Source& s, bool built) {
 // this save (same save id), else the index built from .metadata; then
 // Lightning's meta.pt against it (check_lightning_meta).
 void open_dcp(Source& s) {
-  const std::string metadata = (fs::path(s.path) / ck::kDcpMetadataFile).string();
+  const std::string metadata = (fs::path(s.path) / checkpoint::kDcpMetadataFile).string();
   const std::string metadata_bytes = read_small(metadata);
-  const ck::DcpMetadata md = ck::parse_dcp_metadata(metadata_bytes, metadata);
-  const std::string own = (fs::path(s.path) / ck::kDcpIndexFile).string();
+  const checkpoint::DcpMetadata md = checkpoint::parse_dcp_metadata(metadata_bytes, metadata);
+  const std::string own = (fs::path(s.path) / checkpoint::kDcpIndexFile).string();
   s.dir = s.path;
-  if (ck::file_size(own) >= 0) {
-    ck::Index ix = ck::parse_index(read_small(own), own);
-    if (ix.kind == ck::Index::Kind::kSharded && !md.save_id.empty() && ix.save_id == md.save_id) {
-      const uint32_t crc = ck::crc32(metadata_bytes.data(), metadata_bytes.size());
+  if (checkpoint::file_size(own) >= 0) {
+    checkpoint::Index ix = checkpoint::parse_index(read_small(own), own);
+    if (ix.kind == checkpoint::Index::Kind::kSharded && !md.save_id.empty() && ix.save_id == md.save_id) {
+      const uint32_t crc = checkpoint::crc32(metadata_bytes.data(), metadata_bytes.size());
       if (ix.has_metadata_crc && ix.metadata_crc != crc) {
-        throw ConfigError("checkpoint: checksum mismatch in " + metadata + ": " + ck::kDcpIndexFile +
+        throw ConfigError("checkpoint: checksum mismatch in " + metadata + ": " + checkpoint::kDcpIndexFile +
                           " records its CRC-32 as " + std::to_string(ix.metadata_crc) + ", its bytes have " +
                           std::to_string(crc) + " (the file is damaged; PyTorch would read wrong chunks from it)");
       }
@@ -215,12 +215,12 @@ void open_dcp(Source& s) {
     for (const auto& f : ix.files) {
       if (named.count(f)) {
         throw ConfigError("checkpoint: " + metadata + " names the data file " + f + " of save " + ix.save_id + " (" +
-                          ck::kDcpIndexFile + ") but its save id is '" + md.save_id + "': the file is damaged");
+                          checkpoint::kDcpIndexFile + ") but its save id is '" + md.save_id + "': the file is damaged");
       }
     }
   }
   s.where = metadata;
-  s.ix = ck::dcp_index(md, s.path);
+  s.ix = checkpoint::dcp_index(md, s.path);
   check_lightning_meta(s, /*built=*/true);
 }
 
@@ -228,14 +228,14 @@ void open_dcp(Source& s) {
 // (index.json of kind "sharded" and data-*.bin files).
 void open_sharded(Source& s) {
   std::error_code ec;
-  for (const char* name : {ck::kDcpMetadataFile, ck::kIndexFile, ck::kDcpIndexFile}) {
+  for (const char* name : {checkpoint::kDcpMetadataFile, checkpoint::kIndexFile, checkpoint::kDcpIndexFile}) {
     const fs::path p = fs::path(s.path) / name;
     if (fs::exists(fs::symlink_status(p, ec)) && !fs::is_regular_file(p, ec)) {
       throw ConfigError("checkpoint: " + p.string() + " is not a regular file; refusing to read it");
     }
   }
-  if (fs::is_regular_file(fs::path(s.path) / ck::kDcpMetadataFile, ec)) return open_dcp(s);
-  const fs::path index = fs::path(s.path) / ck::kIndexFile;
+  if (fs::is_regular_file(fs::path(s.path) / checkpoint::kDcpMetadataFile, ec)) return open_dcp(s);
+  const fs::path index = fs::path(s.path) / checkpoint::kIndexFile;
   if (!fs::is_regular_file(index, ec)) {
     for (const auto& f : fs::directory_iterator(s.path, ec)) {
       const std::string name = f.path().filename().string();
@@ -249,8 +249,8 @@ void open_sharded(Source& s) {
     not_a_checkpoint(s.path, "a directory without .metadata or index.json");
   }
   s.where = index.string();
-  s.ix = ck::parse_index(read_small(s.where), s.where);
-  if (s.ix.kind != ck::Index::Kind::kSharded) {
+  s.ix = checkpoint::parse_index(read_small(s.where), s.where);
+  if (s.ix.kind != checkpoint::Index::Kind::kSharded) {
     throw ConfigError("checkpoint: " + s.where + ": a directory's index must be of kind \"sharded\"");
   }
   s.dir = s.path;
@@ -260,21 +260,21 @@ void open_sharded(Source& s) {
 // accept_raw, a module's state dict; with accept_raw, a safetensors file.
 void open_file(Source& s, bool accept_raw) {
   const std::string& path = s.path;
-  const int64_t size = ck::file_size(path);
-  const std::string head = ck::read_range(path, 0, std::min<int64_t>(size, 64));
+  const int64_t size = checkpoint::file_size(path);
+  const std::string head = checkpoint::read_range(path, 0, std::min<int64_t>(size, 64));
   // By content (a name ending in .safetensors gets the safetensors reader's
   // errors when its content is not right).
-  if (ck::looks_like_safetensors(head, size) || (accept_raw && fs::path(path).extension() == ".safetensors")) {
+  if (checkpoint::looks_like_safetensors(head, size) || (accept_raw && fs::path(path).extension() == ".safetensors")) {
     if (!accept_raw) {
       not_a_checkpoint(path, "a safetensors file, which holds a model's weights only: it loads with "
                              "load_checkpoint(path, module)");
     }
-    s.safetensors = std::make_unique<ck::SafetensorsHeader>(ck::read_safetensors_header(path));
+    s.safetensors = std::make_unique<checkpoint::SafetensorsHeader>(checkpoint::read_safetensors_header(path));
     s.where = path;
     return;
   }
   try {
-    s.full = std::make_unique<ck::FullReader>(path);
+    s.full = std::make_unique<checkpoint::FullReader>(path);
   } catch (const ConfigError& e) {
     // torch.save(..., _use_new_zipfile_serialization=False): a bare pickle
     // that starts with the legacy format's magic number (a LONG1 of 10 bytes).
@@ -285,7 +285,7 @@ void open_file(Source& s, bool accept_raw) {
     }
     not_a_checkpoint(path, e.what());
   }
-  if (accept_raw && !s.full->has(ck::kFullIndexRecord) && s.full->has("data.pkl")) {
+  if (accept_raw && !s.full->has(checkpoint::kFullIndexRecord) && s.full->has("data.pkl")) {
     if (s.full->has("constants.pkl")) {
       throw ConfigError("load_checkpoint: " + path + " is a TorchScript archive (torch.jit.save, or torch::save of a "
                         "module), not a state dict: load it with torch::load(module, path), or save "
@@ -295,7 +295,7 @@ void open_file(Source& s, bool accept_raw) {
     s.where = path + " (record data.pkl)";
     return;
   }
-  if (!s.full->has(ck::kFullIndexRecord)) {
+  if (!s.full->has(checkpoint::kFullIndexRecord)) {
     if (!s.full->has("data.pkl") || s.full->has("constants.pkl")) {
       not_a_checkpoint(path, "a zip file that is neither a checkpoint nor a torch.save file");
     }
@@ -303,9 +303,9 @@ void open_file(Source& s, bool accept_raw) {
     index_pickled(s);  // written by PyTorch or Lightning
     return;
   }
-  s.where = path + " (record " + ck::kFullIndexRecord + ")";
-  s.ix = ck::parse_index(s.full->read(ck::kFullIndexRecord), s.where);
-  if (s.ix.kind != ck::Index::Kind::kFull) {
+  s.where = path + " (record " + checkpoint::kFullIndexRecord + ")";
+  s.ix = checkpoint::parse_index(s.full->read(checkpoint::kFullIndexRecord), s.where);
+  if (s.ix.kind != checkpoint::Index::Kind::kFull) {
     throw ConfigError("checkpoint: " + s.where + ": a file's index must be of kind \"full\"");
   }
 }
@@ -366,7 +366,7 @@ ShardedTensor read_pieces(const Source& src, const std::string& key, const std::
 
 void load_model(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
                 bool strict) {
-  const ck::EntryRecord* rec = src.entry(entry);
+  const checkpoint::EntryRecord* rec = src.entry(entry);
   StateDict sd;
   std::set<std::string> wanted;
   for (auto& [key, shape, boxes] : local_boxes(model)) {
@@ -395,7 +395,7 @@ struct RawTensors {
   std::map<std::string, const pickle::TensorRef*> by_key;
   std::vector<std::string> order;
 };
-RawTensors raw_tensors(const ck::FullReader& zip, const pickle::Value& root) {
+RawTensors raw_tensors(const checkpoint::FullReader& zip, const pickle::Value& root) {
   using Kind = pickle::Value::Kind;
   if (root.kind != Kind::kDict) {
     throw ConfigError("load_checkpoint: " + zip.path() + " holds " + pickle::describe(root) +
@@ -469,7 +469,7 @@ void load_flat_model(const FlatTensors& tensors, const std::shared_ptr<torch::nn
 // PyTorch's parameter ids (optimizer.state_dict()) -> the names of the
 // parameters they stand for: group by group, the i-th id of a group is the
 // group's i-th parameter in the model's order (optimizer_param_names).
-std::map<std::string, std::string> names_of_ids(const Source& src, const ck::EntryRecord& rec,
+std::map<std::string, std::string> names_of_ids(const Source& src, const checkpoint::EntryRecord& rec,
                                                 const std::shared_ptr<torch::nn::Module>& model,
                                                 const torch::optim::Optimizer& optimizer) {
   const auto names = optimizer_param_names(model, optimizer);
@@ -498,17 +498,17 @@ std::map<std::string, std::string> names_of_ids(const Source& src, const ck::Ent
 void load_raw_model(const Source& src, const std::shared_ptr<torch::nn::Module>& model, bool strict) {
   FlatTensors flat;
   if (src.safetensors) {
-    const ck::SafetensorsHeader& h = *src.safetensors;
-    std::map<std::string, const ck::SafetensorsTensor*> by_key;
+    const checkpoint::SafetensorsHeader& h = *src.safetensors;
+    std::map<std::string, const checkpoint::SafetensorsTensor*> by_key;
     for (const auto& t : h.tensors) {
       flat.order.push_back({t.name, {t.shape, t.dtype}});
       by_key[t.name] = &t;
     }
-    flat.read = [&](const std::string& key) { return ck::read_safetensors_tensor(src.path, h, *by_key.at(key)); };
+    flat.read = [&](const std::string& key) { return checkpoint::read_safetensors_tensor(src.path, h, *by_key.at(key)); };
     load_flat_model(flat, model, strict);
     return;
   }
-  const ck::FullReader& zip = *src.full;
+  const checkpoint::FullReader& zip = *src.full;
   const auto parsed = pickle::parse(zip.read("data.pkl"), src.where);
   const RawTensors tensors = raw_tensors(zip, parsed.root());
   pickle::check_byte_order(zip);
@@ -524,7 +524,7 @@ void load_raw_model(const Source& src, const std::shared_ptr<torch::nn::Module>&
 
 void load_optimizer(const Source& src, const std::string& entry, const std::shared_ptr<torch::nn::Module>& model,
                     torch::optim::Optimizer& optimizer) {
-  const ck::EntryRecord* rec = src.entry(entry);
+  const checkpoint::EntryRecord* rec = src.entry(entry);
   std::map<std::string, LocalBoxes> boxes;
   for (auto& b : local_boxes(model)) boxes.emplace(b.key, std::move(b));
   // Keys by parameter name (PyTorch's ids translated).
@@ -562,8 +562,8 @@ void load_optimizer(const Source& src, const std::string& entry, const std::shar
   load_optim_state_dict(model, optimizer, osd);
 }
 
-CheckpointValue read_value(const Source& src, const ck::EntryRecord& e) {
-  if (e.type == ck::EntryType::kTensor) return src.read_whole(e.name);
+CheckpointValue read_value(const Source& src, const checkpoint::EntryRecord& e) {
+  if (e.type == checkpoint::EntryType::kTensor) return src.read_whole(e.name);
   return std::visit([](const auto& v) { return CheckpointValue(v); }, e.value);
 }
 
@@ -571,7 +571,6 @@ CheckpointValue read_value(const Source& src, const ck::EntryRecord& e) {
 
 }  // namespace detail
 
-namespace ck = detail::ckpt;
 
 namespace {
 
@@ -589,16 +588,16 @@ void check_entries(const detail::Source& src, const CheckpointState& state, bool
   using Kind = CheckpointState::Entry::Kind;
   std::vector<std::string> missing;
   for (const auto& e : state.entries()) {
-    const ck::EntryRecord* rec = src.entry(e.name);
+    const detail::checkpoint::EntryRecord* rec = src.entry(e.name);
     if (!rec) {
       missing.push_back(e.name);
       continue;
     }
-    const bool fits = e.kind == Kind::kModel       ? rec->type == ck::EntryType::kModel
-                      : e.kind == Kind::kOptimizer ? rec->type == ck::EntryType::kOptimizer
+    const bool fits = e.kind == Kind::kModel       ? rec->type == detail::checkpoint::EntryType::kModel
+                      : e.kind == Kind::kOptimizer ? rec->type == detail::checkpoint::EntryType::kOptimizer
                                                    : !rec->is_state_dict();
     if (!fits) {
-      throw ConfigError("load_checkpoint: entry '" + e.name + "' is a " + ck::entry_type_name(rec->type) + " in " +
+      throw ConfigError("load_checkpoint: entry '" + e.name + "' is a " + detail::checkpoint::entry_type_name(rec->type) + " in " +
                         src.path + ", but the state asks for a " +
                         (e.kind == Kind::kModel ? "model" : e.kind == Kind::kOptimizer ? "optimizer" : "value"));
     }
@@ -613,7 +612,7 @@ void check_entries(const detail::Source& src, const CheckpointState& state, bool
 void load_entries(const detail::Source& src, CheckpointState& state, const std::shared_ptr<torch::nn::Module>& model,
                   bool strict) {
   for (const auto& e : state.entries()) {
-    const ck::EntryRecord* rec = src.entry(e.name);
+    const detail::checkpoint::EntryRecord* rec = src.entry(e.name);
     if (!rec) continue;
     if (e.kind == CheckpointState::Entry::kModel) {
       detail::load_model(src, e.name, state.models().at(e.name), strict);
@@ -649,13 +648,13 @@ std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, 
   }
   const auto model = model_of_optimizers(state);
   std::map<std::string, CheckpointValue> leftovers;
-  const detail::Failure error = detail::capture([&] {
+  const dist::Failure error = dist::capture([&] {
     auto src = detail::open_source(path);
     check_entries(*src, state, strict);
     load_entries(*src, state, model, strict);
     leftovers = leftover_values(*src, state);
   });
-  detail::agree(group, error, "load_checkpoint of " + path);
+  dist::agree(group, error, "load_checkpoint of " + path);
   return leftovers;
 }
 
@@ -663,7 +662,7 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
                      dist::ProcessGroup& group, bool strict) {
   if (!module) throw ConfigError("load_checkpoint: the module is null");
   wait_for_checkpoint(group);
-  const detail::Failure error = detail::capture([&] {
+  const dist::Failure error = dist::capture([&] {
     auto src = detail::open_source(path, /*accept_raw=*/true);
     if (src->raw || src->safetensors) {
       detail::load_raw_model(*src, module, strict);
@@ -671,7 +670,7 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
     }
     detail::load_model(*src, src->the_model("load_checkpoint").name, module, strict);
   });
-  detail::agree(group, error, "load_checkpoint of " + path);
+  dist::agree(group, error, "load_checkpoint of " + path);
 }
 
 }  // namespace fsdp

@@ -16,7 +16,6 @@
 
 #include "format.h"
 #include "safetensors.h"
-#include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/state_dict/state_dict.h"
 #include "fsdp/dist/rank_errors.h"
 #include "torch_pickle.h"
@@ -25,7 +24,23 @@ namespace caffe2::serialize {
 class PyTorchStreamWriter;
 }
 
+namespace fsdp {
+class CheckpointState;     // fsdp/checkpoint/checkpoint_io.h, which the module's .cpp files include
+struct CheckpointOptions;
+}  // namespace fsdp
+
 namespace fsdp::detail {
+
+// The module's files agree failures across ranks (fsdp/dist/rank_errors.h)
+// unqualified.
+using dist::agree;
+using dist::agree_from;
+using dist::capture;
+using dist::Failure;
+using dist::failure_from;
+using dist::gather_agreed;
+using dist::gather_outcomes;
+using dist::rethrow;
 
 // ---- The state (state.cpp) ----
 
@@ -42,7 +57,7 @@ using Put = std::function<void(const std::string& tensor_key, const StateValue& 
 // [collective: FULL gathers every unit, on every rank alike] The entries of
 // `state` in order, as state dicts of `type`, each tensor handed to `put`
 // as it comes (no copies); options.filter applied.
-std::vector<ckpt::EntryRecord> visit_state(const CheckpointState& state,
+std::vector<checkpoint::EntryRecord> visit_state(const CheckpointState& state,
                                            const std::shared_ptr<torch::nn::Module>& fsdp_model, StateDictType type,
                                            const CheckpointOptions& options, const Put& put);
 
@@ -68,15 +83,15 @@ class FullFileWriter {
   FullFileWriter(const std::string& path, int world_size);
   ~FullFileWriter();
   void add(const std::string& key, const at::Tensor& tensor);
-  void finish(std::vector<ckpt::EntryRecord> entries);
+  void finish(std::vector<checkpoint::EntryRecord> entries);
   const Failure& error() const { return error_; }
 
  private:
   void keep_first_error(const Failure& e);
   Failure error_;
-  std::unique_ptr<ckpt::AtomicFile> file_;
+  std::unique_ptr<checkpoint::AtomicFile> file_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_;
-  ckpt::Index ix_;
+  checkpoint::Index ix_;
   std::map<std::string, std::string> record_of_;
   int next_ = 0;
 };
@@ -108,8 +123,8 @@ void copy_to_sharded(const Source& src, const std::string& path);
 struct Source {
   std::string path;
   std::string where;  // the index file, for messages
-  ckpt::Index ix;
-  std::unique_ptr<ckpt::FullReader> full;  // full format (and raw)
+  checkpoint::Index ix;
+  std::unique_ptr<checkpoint::FullReader> full;  // full format (and raw)
   std::string dir;                         // sharded format
   bool raw = false;  // a module state dict from torch.save (open_source's accept_raw): `full` only, no index
   // A full checkpoint that PyTorch or Lightning wrote (no fsdp-cpp index):
@@ -117,14 +132,14 @@ struct Source {
   // the zip's storage records, without chunks or checksums.
   std::map<std::string, pickle::TensorRef> pickled;  // by tensor key
   std::set<std::string> numbered;  // optimizer entries keyed by PyTorch's parameter ids (0, 1, ...), not names
-  std::unique_ptr<ckpt::SafetensorsHeader> safetensors;  // a safetensors file (accept_raw): its header, no index
+  std::unique_ptr<checkpoint::SafetensorsHeader> safetensors;  // a safetensors file (accept_raw): its header, no index
 
-  const ckpt::EntryRecord* entry(const std::string& name) const;  // null if absent
+  const checkpoint::EntryRecord* entry(const std::string& name) const;  // null if absent
   // The checkpoint's one model entry; ConfigError (starting with `caller`)
   // if it holds none or several.
-  const ckpt::EntryRecord& the_model(const std::string& caller) const;
+  const checkpoint::EntryRecord& the_model(const std::string& caller) const;
   // ConfigError if the index has no tensor `key`.
-  const ckpt::TensorEntry& tensor(const std::string& key) const;
+  const checkpoint::TensorEntry& tensor(const std::string& key) const;
   // Copies into `targets` (boxes of the tensor `key`) what the checkpoint
   // holds of them, reading only the chunks that overlap; returns the
   // elements copied.

@@ -2,12 +2,12 @@
 // the loader's index (parts.h, index_pickled).
 #include <c10/util/irange.h>
 
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "parts.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
 
-namespace ck = ckpt;
 using pickle::Value;
 using Kind = pickle::Value::Kind;
 
@@ -51,13 +51,13 @@ class PickleIndexer {
   [[noreturn]] void fail(const std::string& why) const { throw ConfigError("checkpoint: " + s_.where + " " + why); }
 
   void tensor(const std::string& key, const pickle::TensorRef& ref) {
-    s_.ix.tensors[key] = ck::TensorEntry{ref.dtype, ref.sizes, {}};
+    s_.ix.tensors[key] = checkpoint::TensorEntry{ref.dtype, ref.sizes, {}};
     s_.ix.tensor_order.push_back(key);
     s_.pickled[key] = ref;
   }
 
-  ck::EntryRecord& add(const std::string& name, ck::EntryType type) {
-    ck::EntryRecord e;
+  checkpoint::EntryRecord& add(const std::string& name, checkpoint::EntryType type) {
+    checkpoint::EntryRecord e;
     e.name = name;
     e.type = type;
     s_.ix.entries.push_back(std::move(e));
@@ -65,7 +65,7 @@ class PickleIndexer {
   }
 
   void model(const std::string& name, const Value& dict) {
-    auto& e = add(name, ck::EntryType::kModel);
+    auto& e = add(name, checkpoint::EntryType::kModel);
     for (const auto& [k, t] : dict.entries) {
       e.keys.push_back(k->text);
       tensor(name + "/" + k->text, t->tensor());
@@ -74,12 +74,12 @@ class PickleIndexer {
 
   void value(const std::string& name, const Value& v) {
     switch (v.kind) {
-      case Kind::kBool: add(name, ck::EntryType::kBool).value = v.boolean; break;
-      case Kind::kInt: add(name, ck::EntryType::kInt).value = v.integer; break;
-      case Kind::kFloat: add(name, ck::EntryType::kFloat).value = v.floating; break;
-      case Kind::kString: add(name, ck::EntryType::kStr).value = v.text; break;
+      case Kind::kBool: add(name, checkpoint::EntryType::kBool).value = v.boolean; break;
+      case Kind::kInt: add(name, checkpoint::EntryType::kInt).value = v.integer; break;
+      case Kind::kFloat: add(name, checkpoint::EntryType::kFloat).value = v.floating; break;
+      case Kind::kString: add(name, checkpoint::EntryType::kStr).value = v.text; break;
       case Kind::kTensor:
-        add(name, ck::EntryType::kTensor);
+        add(name, checkpoint::EntryType::kTensor);
         tensor(name, v.tensor());
         break;
       default: break;  // None, lists, tuples, ...: nothing fsdp-cpp can load
@@ -106,7 +106,7 @@ class PickleIndexer {
     const Value& groups = *field(opt, "param_groups");
     if (state.kind != Kind::kDict) fail(where + ": 'state' is " + pickle::describe(state) + ", not a dict");
     if (groups.kind != Kind::kList) fail(where + ": 'param_groups' is " + pickle::describe(groups) + ", not a list");
-    auto& e = add(name, ck::EntryType::kOptimizer);
+    auto& e = add(name, checkpoint::EntryType::kOptimizer);
     bool numbered = false, named = false;
     for (const auto& [k, fields] : state.entries) {
       const std::string param = param_key(*k, where + "'s state", numbered, named);
@@ -133,8 +133,8 @@ class PickleIndexer {
 
   // A param group: its parameters, and its options as numbers (bools 0 / 1,
   // a tuple of numbers as key.0, key.1, ...; None and other values left out).
-  ck::ParamGroup group(const Value& g, const std::string& where, bool& numbered, bool& named) {
-    ck::ParamGroup out;
+  checkpoint::ParamGroup group(const Value& g, const std::string& where, bool& numbered, bool& named) {
+    checkpoint::ParamGroup out;
     auto number = [](const Value& v, double& x) {
       if (v.kind == Kind::kFloat) x = v.floating;
       else if (v.kind == Kind::kInt) x = static_cast<double>(v.integer);

@@ -13,7 +13,7 @@
 #include "format.h"
 #include "fsdp/error.h"
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 using Json = nlohmann::ordered_json;
 
@@ -329,4 +329,4 @@ void SafetensorsWriter::commit() {
   file_->commit();
 }
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

@@ -30,7 +30,7 @@
 #include <string_view>
 #include <vector>
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 
 class AtomicFile;
 
@@ -112,4 +112,4 @@ class SafetensorsWriter {
   std::unique_ptr<AtomicFile> file_;
 };
 
-}  // namespace fsdp::detail::ckpt
+}  // namespace fsdp::detail::checkpoint

@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "parts.h"
 #include "fsdp/error.h"
 #include "fsdp/core/utils.h"
@@ -70,7 +71,6 @@ void CheckpointState::throw_wrong_type(const std::string& name) const {
 
 namespace detail {
 
-namespace ck = ckpt;
 
 bool has_fsdp_units(const std::shared_ptr<torch::nn::Module>& model) { return !fsdp_modules(model).empty(); }
 
@@ -102,32 +102,32 @@ bool keep(const CheckpointOptions& o, const std::string& entry, const std::strin
 }
 
 // The index entry of a user value (its bytes, for a tensor, are data).
-ck::EntryRecord value_record(const std::string& name, const CheckpointValue& v) {
-  ck::EntryRecord e;
+checkpoint::EntryRecord value_record(const std::string& name, const CheckpointValue& v) {
+  checkpoint::EntryRecord e;
   e.name = name;
   switch (v.index()) {
-    case 0: e.type = ck::EntryType::kInt; e.value = std::get<int64_t>(v); break;
-    case 1: e.type = ck::EntryType::kFloat; e.value = std::get<double>(v); break;
-    case 2: e.type = ck::EntryType::kBool; e.value = std::get<bool>(v); break;
-    case 3: e.type = ck::EntryType::kStr; e.value = std::get<std::string>(v); break;
-    default: e.type = ck::EntryType::kTensor;
+    case 0: e.type = checkpoint::EntryType::kInt; e.value = std::get<int64_t>(v); break;
+    case 1: e.type = checkpoint::EntryType::kFloat; e.value = std::get<double>(v); break;
+    case 2: e.type = checkpoint::EntryType::kBool; e.value = std::get<bool>(v); break;
+    case 3: e.type = checkpoint::EntryType::kStr; e.value = std::get<std::string>(v); break;
+    default: e.type = checkpoint::EntryType::kTensor;
   }
   return e;
 }
 
-std::vector<ck::ParamGroup> param_groups(const std::vector<OptimParamGroup>& groups) {
-  std::vector<ck::ParamGroup> out;
+std::vector<checkpoint::ParamGroup> param_groups(const std::vector<OptimParamGroup>& groups) {
+  std::vector<checkpoint::ParamGroup> out;
   for (const auto& g : groups) out.push_back({g.params, g.options});
   return out;
 }
 
 // A model's entry: its keys, its tensors to `put`. No copies: every tensor is
 // written (or copied, when async) as it comes.
-ck::EntryRecord model_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& model,
+checkpoint::EntryRecord model_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& model,
                             const CheckpointOptions& options, const Put& put) {
-  ck::EntryRecord rec;
+  checkpoint::EntryRecord rec;
   rec.name = name;
-  rec.type = ck::EntryType::kModel;
+  rec.type = checkpoint::EntryType::kModel;
   auto keys = visit_state_dict(
       model, "", [&](const std::string& key, StateValue v) {
         if (keep(options, name, key)) put(name + "/" + key, v);
@@ -139,11 +139,11 @@ ck::EntryRecord model_entry(const std::string& name, const std::shared_ptr<torch
   return rec;
 }
 
-ck::EntryRecord optimizer_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& fsdp_model,
+checkpoint::EntryRecord optimizer_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& fsdp_model,
                                 torch::optim::Optimizer& optimizer, const CheckpointOptions& options, const Put& put) {
-  ck::EntryRecord rec;
+  checkpoint::EntryRecord rec;
   rec.name = name;
-  rec.type = ck::EntryType::kOptimizer;
+  rec.type = checkpoint::EntryType::kOptimizer;
   auto groups = visit_optim_state_dict(
       fsdp_model, optimizer, [&](const std::string& key, StateValue v) {
         if (!keep(options, name, key)) return;
@@ -158,10 +158,10 @@ ck::EntryRecord optimizer_entry(const std::string& name, const std::shared_ptr<t
 
 }  // namespace
 
-std::vector<ck::EntryRecord> visit_state(const CheckpointState& state,
+std::vector<checkpoint::EntryRecord> visit_state(const CheckpointState& state,
                                          const std::shared_ptr<torch::nn::Module>& fsdp_model, StateDictType type,
                                          const CheckpointOptions& options, const Put& put) {
-  std::vector<ck::EntryRecord> entries;
+  std::vector<checkpoint::EntryRecord> entries;
   const StateDictConfig config = type == StateDictType::kFull ? StateDictConfig{FullStateDictConfig{true, true}}
                                                               : StateDictConfig{ShardedStateDictConfig{}};
   for (const auto& e : state.entries()) {

@@ -4,12 +4,12 @@
 #include <tuple>
 
 #include "dcp.h"
+#include "fsdp/checkpoint/checkpoint_io.h"
 #include "parts.h"
 #include "fsdp/error.h"
 
 namespace fsdp {
 
-namespace ck = detail::ckpt;
 namespace fs = std::filesystem;
 
 CheckpointInfo inspect_checkpoint(const std::string& path) {
@@ -20,12 +20,12 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   info.world_size = src->ix.world_size;
   for (const auto& e : src->ix.entries) {
     if (e.is_state_dict()) continue;
-    info.values[e.name] = e.type == ck::EntryType::kTensor ? "<tensor>" : ck::value_text(e);
-    info.value_types[e.name] = ck::entry_type_name(e.type);
+    info.values[e.name] = e.type == detail::checkpoint::EntryType::kTensor ? "<tensor>" : detail::checkpoint::value_text(e);
+    info.value_types[e.name] = detail::checkpoint::entry_type_name(e.type);
   }
   for (const auto& key : src->ix.tensor_order) {
     const auto& t = src->ix.tensors.at(key);
-    CheckpointTensorInfo ti{key, ck::dtype_name(t.dtype), t.shape, 0, static_cast<int>(t.chunks.size())};
+    CheckpointTensorInfo ti{key, detail::checkpoint::dtype_name(t.dtype), t.shape, 0, static_cast<int>(t.chunks.size())};
     for (const auto& c : t.chunks) ti.nbytes += c.nbytes;
     info.tensors.push_back(std::move(ti));
   }
@@ -34,9 +34,9 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
 
 namespace {
 
-bool same_chunks(std::vector<ck::Chunk> a, std::vector<ck::Chunk> b) {
-  auto key = [](const ck::Chunk& c) { return std::tie(c.file, c.offset, c.nbytes, c.offsets, c.sizes, c.crc); };
-  auto less = [&](const ck::Chunk& x, const ck::Chunk& y) { return key(x) < key(y); };
+bool same_chunks(std::vector<detail::checkpoint::Chunk> a, std::vector<detail::checkpoint::Chunk> b) {
+  auto key = [](const detail::checkpoint::Chunk& c) { return std::tie(c.file, c.offset, c.nbytes, c.offsets, c.sizes, c.crc); };
+  auto less = [&](const detail::checkpoint::Chunk& x, const detail::checkpoint::Chunk& y) { return key(x) < key(y); };
   std::sort(a.begin(), a.end(), less);
   std::sort(b.begin(), b.end(), less);
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [&](const auto& x, const auto& y) {
@@ -49,35 +49,35 @@ bool same_chunks(std::vector<ck::Chunk> a, std::vector<ck::Chunk> b) {
 // Python reads).
 void verify_dcp(const detail::Source& src, std::vector<std::string>& problems) {
   try {
-    const std::string metadata = (fs::path(src.dir) / ck::kDcpMetadataFile).string();
-    const ck::DcpMetadata md = ck::parse_dcp_metadata(ck::read_range(metadata, 0, ck::file_size(metadata)), metadata);
+    const std::string metadata = (fs::path(src.dir) / detail::checkpoint::kDcpMetadataFile).string();
+    const detail::checkpoint::DcpMetadata md = detail::checkpoint::parse_dcp_metadata(detail::checkpoint::read_range(metadata, 0, detail::checkpoint::file_size(metadata)), metadata);
     for (const auto& it : md.items) {
-      std::vector<ck::DcpStorage> items;
+      std::vector<detail::checkpoint::DcpStorage> items;
       if (it.is_bytes) items.push_back(it.bytes);
       for (const auto& c : it.chunks) items.push_back(c.storage);
       for (const auto& s : items) {
-        ck::FullReader zip((fs::path(src.dir) / s.file).string(), s.offset, s.length);
+        detail::checkpoint::FullReader zip((fs::path(src.dir) / s.file).string(), s.offset, s.length);
         for (const auto& record : zip.records()) {
           if (record.rfind("data/", 0) == 0) continue;  // tensor bytes: the chunks' checksums, above
           const std::string bytes = zip.read(record);
-          if (ck::crc32(bytes.data(), bytes.size()) != zip.record_crc(record)) {
+          if (detail::checkpoint::crc32(bytes.data(), bytes.size()) != zip.record_crc(record)) {
             problems.push_back("checksum mismatch in " + zip.where() + " (record " + record + " of '" + it.key +
                                "'): the file is damaged");
           }
         }
       }
     }
-    const ck::Index built = ck::dcp_index(md, src.dir);
+    const detail::checkpoint::Index built = detail::checkpoint::dcp_index(md, src.dir);
     if (src.where == metadata) return;  // the index is .metadata's own
     for (const auto& [key, t] : built.tensors) {
       auto own = src.ix.tensors.find(key);
       if (own == src.ix.tensors.end() || !same_chunks(own->second.chunks, t.chunks)) {
-        problems.push_back(std::string(ck::kDcpMetadataFile) + " and " + ck::kDcpIndexFile + " disagree on tensor '" +
+        problems.push_back(std::string(detail::checkpoint::kDcpMetadataFile) + " and " + detail::checkpoint::kDcpIndexFile + " disagree on tensor '" +
                            key + "'");
       }
     }
     if (built.tensors.size() != src.ix.tensors.size()) {
-      problems.push_back(std::string(ck::kDcpMetadataFile) + " and " + ck::kDcpIndexFile + " list different tensors");
+      problems.push_back(std::string(detail::checkpoint::kDcpMetadataFile) + " and " + detail::checkpoint::kDcpIndexFile + " list different tensors");
     }
   } catch (const std::exception& e) {
     problems.push_back(e.what());
@@ -95,7 +95,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     return {e.what()};
   }
   for (const auto& f : src->ix.files) {
-    if (ck::file_size((fs::path(path) / f).string()) < 0) problems.push_back("missing data file " + f);
+    if (detail::checkpoint::file_size((fs::path(path) / f).string()) < 0) problems.push_back("missing data file " + f);
   }
   if (src->full) {  // every record against the zip's CRC-32 (tensor data: with the chunks, below)
     try {
@@ -119,7 +119,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     }
     for (const auto& c : t.chunks) {
       try {
-        ck::read_chunk(c, key, src->full.get(), src->dir);
+        detail::checkpoint::read_chunk(c, key, src->full.get(), src->dir);
         covered += c.nbytes;
       } catch (const std::exception& e) {
         problems.push_back(e.what());
@@ -141,7 +141,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     if (overlap) problems.push_back("tensor '" + key + "': two of its chunks overlap");
     if (covered != want && problems.empty()) problems.push_back("tensor '" + key + "': its chunks do not cover it exactly");
   }
-  if (!src->dir.empty() && ck::file_size((fs::path(path) / ck::kDcpMetadataFile).string()) >= 0) {
+  if (!src->dir.empty() && detail::checkpoint::file_size((fs::path(path) / detail::checkpoint::kDcpMetadataFile).string()) >= 0) {
     verify_dcp(*src, problems);
   }
   return problems;
@@ -169,7 +169,7 @@ void write_full(const detail::Source& src, const std::string& out_file) {
   for (const auto& key : src.ix.tensor_order) out.add(key, src.read_whole(key));  // one tensor in memory at a time
   out.finish(src.ix.entries);
   if (!out.error().empty()) {
-    throw Error("consolidate: writing " + out_file + " failed: " + detail::failure_message(out.error()));
+    throw Error("consolidate: writing " + out_file + " failed: " + dist::failure_message(out.error()));
   }
 }
 
@@ -200,13 +200,13 @@ void export_safetensors(const std::string& path, const std::string& out_file) {
     throw ConfigError("export: the output " + out_file + " is a directory; give a file name");
   }
   auto src = detail::open_source(path);
-  const ck::EntryRecord& model = src->the_model("export");
-  std::vector<ck::SafetensorsTensor> plan;
+  const detail::checkpoint::EntryRecord& model = src->the_model("export");
+  std::vector<detail::checkpoint::SafetensorsTensor> plan;
   for (const auto& key : model.keys) {
     const auto& t = src->tensor(model.name + "/" + key);
     plan.push_back({key, t.dtype, t.shape, 0, 0});
   }
-  ck::SafetensorsWriter out(out_file, plan, {{"format", "pt"}, {"producer", "fsdp-cpp"}, {"fsdp_entry", model.name}});
+  detail::checkpoint::SafetensorsWriter out(out_file, plan, {{"format", "pt"}, {"producer", "fsdp-cpp"}, {"fsdp_entry", model.name}});
   for (const auto& t : out.layout())
     out.write(src->read_whole(model.name + "/" + t.name));  // one tensor in memory at a time
   out.commit();

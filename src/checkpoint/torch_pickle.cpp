@@ -58,7 +58,7 @@ std::optional<Global> dcp_global(const std::string& module, const std::string& n
   if (module == "pathlib" && (name == "PosixPath" || name == "PurePosixPath")) return Global::kPath;
   if (module == "torch") {
     try {
-      ckpt::parse_dtype(name, "");
+      checkpoint::parse_dtype(name, "");
       return Global::kDtype;
     } catch (const std::exception&) {
     }
@@ -649,7 +649,7 @@ Pickle parse(const std::string& bytes, const std::string& where, Mode mode) {
   return p;
 }
 
-void check_byte_order(const ckpt::FullReader& zip) {
+void check_byte_order(const checkpoint::FullReader& zip) {
   if (!zip.has("byteorder")) return;  // no record (older PyTorch versions): little-endian
   const std::string order = zip.read("byteorder");
   if (order != "little") {
@@ -658,7 +658,7 @@ void check_byte_order(const ckpt::FullReader& zip) {
   }
 }
 
-at::Tensor read_tensor(const ckpt::FullReader& zip, const TensorRef& ref, const std::string& where) {
+at::Tensor read_tensor(const checkpoint::FullReader& zip, const TensorRef& ref, const std::string& where) {
   const std::string record = "data/" + ref.storage;
   const std::string at_ = "checkpoint: " + zip.path() + ": " + where + " (storage record " + record + ")";
   if (ref.storage.empty() || ref.storage.find('/') != std::string::npos || !zip.has(record)) {

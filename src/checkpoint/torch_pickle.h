@@ -42,7 +42,7 @@
 #include <utility>
 #include <vector>
 
-namespace fsdp::detail::ckpt {
+namespace fsdp::detail::checkpoint {
 class FullReader;
 }
 
@@ -132,12 +132,12 @@ Pickle parse(const std::string& bytes, const std::string& where, Mode mode = Mod
 
 // ConfigError if `zip` records that it was written big-endian (tensor
 // bytes are read as little-endian). Call it once per file.
-void check_byte_order(const ckpt::FullReader& zip);
+void check_byte_order(const checkpoint::FullReader& zip);
 
 // The tensor `ref` describes, read from its storage record in `zip` (a
 // view of the record's bytes, on the CPU); ConfigError naming `where` if the
 // record is missing or too short for the view. Bytes are taken as
 // little-endian: check_byte_order first.
-at::Tensor read_tensor(const ckpt::FullReader& zip, const TensorRef& ref, const std::string& where);
+at::Tensor read_tensor(const checkpoint::FullReader& zip, const TensorRef& ref, const std::string& where);
 
 }  // namespace fsdp::detail::pickle

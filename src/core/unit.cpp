@@ -73,7 +73,7 @@ int UnitState::units_unsharded() const {
   auto root = root_.lock();
   if (!root) return 0;
   int live = 0;
-  for (auto& weak : root->tree_) {
+  for (auto& weak : shared_->tree) {
     auto u = weak.lock();
     if (u && u != root && !u->handle_.aliased() && (u->handle_.unsharded() || u->handle_.gathering())) ++live;
   }
@@ -123,9 +123,8 @@ void UnitState::reshard() {
 }
 
 std::shared_ptr<UnitState> UnitState::neighbour(int step) const {
-  auto root = root_.lock();
-  if (!root) return nullptr;
-  const auto& order = root->last_order_;
+  if (root_.expired()) return nullptr;
+  const auto& order = shared_->last_order;
   for (size_t i = 0; i < order.size(); ++i) {
     if (order[i].lock().get() != this) continue;
     const long j = static_cast<long>(i) + step;
@@ -148,9 +147,18 @@ void UnitState::follow_module_to() {
   handle_.follow_module_to(module_->name());
 }
 
+const std::vector<std::pair<at::Tensor, at::ScalarType>>& UnitState::cast_buffers() const {
+  static const std::vector<std::pair<at::Tensor, at::ScalarType>> none;
+  return shared_ ? shared_->cast_buffers : none;
+}
+
+const std::vector<std::weak_ptr<UnitState>>& UnitState::forward_order() const {
+  static const std::vector<std::weak_ptr<UnitState>> none;
+  return shared_ ? shared_->order : none;
+}
+
 bool UnitState::awaiting_backward() const {
-  auto root = root_.lock();
-  return state_ == TrainingState::kPreBackward || (root && root->awaiting_backward_);
+  return state_ == TrainingState::kPreBackward || (!root_.expired() && shared_->awaiting_backward);
 }
 
 int UnitState::world_rank() const {
@@ -161,20 +169,19 @@ int UnitState::world_rank() const {
 at::Tensor UnitState::gather_master() const { return handle_.gather_master(); }
 
 void UnitState::lazy_init_root() {
-  if (config_.buffer_dtype) {
-    at::NoGradGuard no_grad;
-    for (auto& b : module_->buffers(/*recurse=*/true)) {
-      if (at::isFloatingType(b.scalar_type()) && b.scalar_type() != *config_.buffer_dtype) {
-        cast_buffers_.emplace_back(b, b.scalar_type());
-        b.set_data(b.to(*config_.buffer_dtype));
-      }
-    }
-  }
   is_root_ = true;
   root_ = weak_from_this();
   shared_ = std::make_shared<RootShared>();
   shared_->pool = std::make_shared<BufferPool>();
-  tree_.clear();
+  if (config_.buffer_dtype) {
+    at::NoGradGuard no_grad;
+    for (auto& b : module_->buffers(/*recurse=*/true)) {
+      if (at::isFloatingType(b.scalar_type()) && b.scalar_type() != *config_.buffer_dtype) {
+        shared_->cast_buffers.emplace_back(b, b.scalar_type());
+        b.set_data(b.to(*config_.buffer_dtype));
+      }
+    }
+  }
   std::vector<const torch::nn::Module*> seen;
   for (const auto& item : module_->named_modules("", /*include_self=*/true)) {
     const auto& m = item.value();
@@ -182,7 +189,7 @@ void UnitState::lazy_init_root() {
     seen.push_back(m.get());
     auto slot = find_slot(m.get());
     if (!slot || !slot->unit) continue;
-    tree_.push_back(slot->unit);
+    shared_->tree.push_back(slot->unit);
     UnitState& u = *slot->unit;
     u.path_ = item.key().empty() ? "(root)" : item.key();
     u.shared_ = shared_;
@@ -190,7 +197,6 @@ void UnitState::lazy_init_root() {
     if (&u != this) {
       u.is_root_ = false;
       u.root_ = weak_from_this();
-      u.tree_.clear();
     }
   }
 }
@@ -203,14 +209,15 @@ void UnitState::pre_forward() {
   // The first unit whose forward runs with no unit around it is the root. A
   // unit re-run in backward (activation checkpointing) already has one.
   if (!is_root_ && root_.expired()) lazy_init_root();
-  if (auto root = root_.lock()) {
+  if (!root_.expired()) {
+    RootShared& sh = *shared_;
     if (is_root_ && tl_forward_depth == 0) {  // a new iteration: keep the last order for prefetching
       recover_from_unfinished_backward();
-      if (!root->order_.empty()) root->last_order_ = std::move(root->order_);
-      root->order_.clear();
-      root->awaiting_backward_ = false;
+      if (!sh.order.empty()) sh.last_order = std::move(sh.order);
+      sh.order.clear();
+      sh.awaiting_backward = false;
     }
-    root->order_.push_back(weak_from_this());
+    sh.order.push_back(weak_from_this());
   }
   // A forward re-run by activation checkpointing inside the unit's backward
   // keeps the backward state (and its full parameters).
@@ -242,7 +249,7 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
   const bool grad_mode = at::GradMode::is_enabled() && grads_expected_ > 0;
   bool hooked = false;
   if (grad_mode) {
-    if (auto root = root_.lock()) root->awaiting_backward_ = true;
+    if (!root_.expired()) shared_->awaiting_backward = true;
     hook_accumulators();
     std::weak_ptr<UnitState> weak = weak_from_this();
     for (const auto& t : outputs) {
@@ -257,7 +264,7 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
   if (!grad_mode) {
     reshard();  // no backward follows
     if (is_root_) {  // nor does any unit's: drop what was prefetched
-      for (auto& weak : tree_) {
+      for (auto& weak : shared_->tree) {
         if (auto u = weak.lock()) u->reshard();
       }
     }
@@ -287,10 +294,12 @@ void UnitState::pre_backward() {
   if (state_ == TrainingState::kPreBackward || state_ == TrainingState::kPostBackward) return;
   transition({TrainingState::kIdle}, TrainingState::kPreBackward);
   backward_span_.begin("backward", path_);
+  // The root finishes the backward of its tree (a unit whose root is gone:
+  // its own, under the context it kept).
   auto root = root_.lock();
   if (!root) root = shared_from_this();
-  if (!root->callback_queued_) {
-    root->callback_queued_ = true;
+  if (!shared_->callback_queued) {
+    shared_->callback_queued = true;
     std::weak_ptr<UnitState> weak_root = root;
     torch::autograd::Engine::get_default_engine().queue_callback([weak_root] {
       if (auto r = weak_root.lock()) r->finish_backward();
@@ -438,8 +447,8 @@ void UnitState::recover_from_unfinished_backward() {
   // A backward that threw never ran the end-of-backward callback: complete
   // what it issued (every rank issued the same), forget the rest.
   drain_reductions();
-  callback_queued_ = false;
-  for (auto& weak : tree_) {
+  shared_->callback_queued = false;
+  for (auto& weak : shared_->tree) {
     auto u = weak.lock();
     if (!u || (u->state_ != TrainingState::kPreBackward && u->state_ != TrainingState::kPostBackward)) continue;
     u->state_ = TrainingState::kIdle;
@@ -450,10 +459,10 @@ void UnitState::recover_from_unfinished_backward() {
 }
 
 void UnitState::finish_backward() {
-  callback_queued_ = false;
-  awaiting_backward_ = false;
+  shared_->callback_queued = false;
+  shared_->awaiting_backward = false;
   std::vector<std::shared_ptr<UnitState>> units;
-  for (auto& weak : tree_) {
+  for (auto& weak : shared_->tree) {
     if (auto u = weak.lock()) units.push_back(u);
   }
   if (units.empty()) units.push_back(shared_from_this());  // a lone unit

@@ -20,19 +20,24 @@
 
 namespace fsdp::detail {
 
-// Per-unit configuration resolved by wrap().
+// Per-unit configuration resolved by wrap(). It has no defaults of its own:
+// the one constructor copies every setting from the FSDPOptions the unit was
+// wrapped with (whose defaults are the only ones, fsdp/core/options.h); the
+// groups are resolved by wrap() (resolve_groups).
 struct UnitConfig {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  bool use_orig_params = false;
+  explicit UnitConfig(const FSDPOptions& options);
+
+  ShardingStrategy strategy;
+  bool use_orig_params;
   dist::ProcessGroupPtr shard_group;      // null: shards of one (no sharding)
   dist::ProcessGroupPtr replicate_group;  // null: no replication
   std::optional<at::ScalarType> param_dtype;   // compute dtype (unset: the parameters')
   std::optional<at::ScalarType> reduce_dtype;  // gradient reduction dtype (unset: compute dtype)
   std::optional<at::ScalarType> buffer_dtype;
-  bool forward_prefetch = false;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
-  bool limit_all_gathers = true;
-  int max_reductions_in_flight = 2;
+  bool forward_prefetch;
+  BackwardPrefetch backward_prefetch;
+  bool limit_all_gathers;
+  int max_reductions_in_flight;
 };
 
 class BufferPool;
@@ -58,12 +63,23 @@ struct PendingReduction {
   bool replicate_next = false;  // HYBRID_SHARD: the replicate all-reduce is still to issue
 };
 
-// What the units of one root share: the buffer pool, the counters, and the
-// reductions in flight (in issue order, the same on every rank).
+// What the units of one root share, made at the root's first forward (as
+// FSDP2's FSDPStateContext): the buffer pool, the counters, the reductions in
+// flight (in issue order, the same on every rank), and the root's state of
+// the iteration.
 struct RootShared {
   std::shared_ptr<BufferPool> pool;
   RuntimeStats stats;
   std::deque<PendingReduction> pending;
+  // True from a forward that will be differentiated until its backward ends.
+  bool awaiting_backward = false;
+  // The end-of-backward callback is queued on the autograd engine.
+  bool callback_queued = false;
+  // Buffers cast by mixed precision, with their original dtypes.
+  std::vector<std::pair<at::Tensor, at::ScalarType>> cast_buffers;
+  std::vector<std::weak_ptr<UnitState>> tree;        // every unit of the root's tree, pre-order
+  std::vector<std::weak_ptr<UnitState>> order;       // forward order of this iteration
+  std::vector<std::weak_ptr<UnitState>> last_order;  // ... and of the previous one (for prefetching)
 };
 
 class UnitState : public std::enable_shared_from_this<UnitState> {
@@ -115,11 +131,13 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   bool summoned() const { return state_ == TrainingState::kSummoned; }
   // Rank in the unit's whole world (replicate rank * shard size + shard rank).
   int world_rank() const;
-  // Buffers cast by mixed precision, with their original dtypes (root only).
-  const std::vector<std::pair<at::Tensor, at::ScalarType>>& cast_buffers() const { return cast_buffers_; }
+  // Buffers cast by mixed precision, with their original dtypes (empty
+  // before the root's first forward).
+  const std::vector<std::pair<at::Tensor, at::ScalarType>>& cast_buffers() const;
   std::shared_ptr<UnitState> root() const { return root_.lock(); }
-  // Root: the units whose forward ran in this iteration, in order.
-  const std::vector<std::weak_ptr<UnitState>>& forward_order() const { return order_; }
+  // The units whose forward ran in this iteration, in order (empty before
+  // the root's first forward).
+  const std::vector<std::weak_ptr<UnitState>>& forward_order() const;
 
   torch::nn::Module* module() const { return module_; }
   const FlatParamHandle& handle() const { return handle_; }
@@ -188,16 +206,11 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   int grads_expected_ = 0;
   int grads_ready_ = 0;
 
-  // Root only.
-  bool awaiting_backward_ = false;
-  std::vector<std::pair<at::Tensor, at::ScalarType>> cast_buffers_;
+  // The unit's place under its root (set at the root's lazy init): the
+  // root's own state lives in shared_, which every unit of its tree holds.
   bool is_root_ = false;
-  bool callback_queued_ = false;
-  std::vector<std::weak_ptr<UnitState>> tree_;  // every unit of the root's tree, pre-order
-  std::vector<std::weak_ptr<UnitState>> order_;       // forward order of this iteration
-  std::vector<std::weak_ptr<UnitState>> last_order_;  // ... and of the previous one (for prefetching)
   std::weak_ptr<UnitState> root_;
-  std::shared_ptr<RootShared> shared_;  // set at the root's lazy init, for every unit of its tree
+  std::shared_ptr<RootShared> shared_;
 
   // Profiler spans (trace_span.h): the unit's path in its root ("(root)"
   // for the root; set at the root's lazy init), and its forward and

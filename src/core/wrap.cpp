@@ -255,10 +255,23 @@ void check_devices(const WrapContext& ctx, torch::nn::Module& module, const FSDP
   }
 }
 
+}  // namespace
+
+UnitConfig::UnitConfig(const FSDPOptions& o)
+    : strategy(o.sharding_strategy()),
+      use_orig_params(o.use_orig_params()),
+      param_dtype(o.mixed_precision().param_dtype),
+      reduce_dtype(o.mixed_precision().reduce_dtype ? o.mixed_precision().reduce_dtype
+                                                    : o.mixed_precision().param_dtype),
+      buffer_dtype(o.mixed_precision().buffer_dtype),
+      forward_prefetch(o.forward_prefetch()),
+      backward_prefetch(o.backward_prefetch()),
+      limit_all_gathers(o.limit_all_gathers()),
+      max_reductions_in_flight(o.max_reductions_in_flight()) {}
+
+namespace {
+
 UnitConfig resolve_groups(const FSDPOptions& o) {
-  UnitConfig c;
-  c.strategy = o.sharding_strategy();
-  c.use_orig_params = o.use_orig_params();
   auto check_float = [](const std::optional<at::ScalarType>& t, const char* what) {
     if (t && !at::isFloatingType(*t)) {
       throw ConfigError(std::string("FSDP: mixed_precision.") + what + "=" + c10::toString(*t) +
@@ -268,17 +281,11 @@ UnitConfig resolve_groups(const FSDPOptions& o) {
   check_float(o.mixed_precision().param_dtype, "param_dtype");
   check_float(o.mixed_precision().reduce_dtype, "reduce_dtype");
   check_float(o.mixed_precision().buffer_dtype, "buffer_dtype");
-  c.param_dtype = o.mixed_precision().param_dtype;
-  c.reduce_dtype = o.mixed_precision().reduce_dtype ? o.mixed_precision().reduce_dtype : o.mixed_precision().param_dtype;
-  c.buffer_dtype = o.mixed_precision().buffer_dtype;
-  c.forward_prefetch = o.forward_prefetch();
-  c.backward_prefetch = o.backward_prefetch();
-  c.limit_all_gathers = o.limit_all_gathers();
   if (o.max_reductions_in_flight() < 0) {
     throw ConfigError("FSDP: max_reductions_in_flight=" + std::to_string(o.max_reductions_in_flight()) +
                       " is negative: expected 0 (wait for each reduction where it is issued) or more");
   }
-  c.max_reductions_in_flight = o.max_reductions_in_flight();
+  UnitConfig c(o);
   const std::string strategy = to_string(o.sharding_strategy());
   if (o.process_group() && o.device_mesh()) {
     throw ConfigError("FSDP: process_group and device_mesh are mutually exclusive: pass only one of them");

@@ -4,7 +4,7 @@
 
 #include "fsdp/error.h"
 
-namespace fsdp::detail {
+namespace fsdp::dist {
 
 namespace {
 
@@ -119,4 +119,4 @@ void agree_from(dist::ProcessGroup& group, int root, const Failure& failure, con
   if (!f.empty()) rethrow(f, prefix);
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::dist

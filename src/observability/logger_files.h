@@ -3,9 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
-
-#include "fsdp/observability/loggers.h"
 
 namespace fsdp::detail {
 
@@ -14,7 +13,7 @@ std::string errno_text(int error);
 // root/name/version, or root/name/version_N with N one past the largest
 // version_N there (0 if none) when `version` is nullopt. ConfigError (`who`
 // first) when root/name exists and cannot be listed.
-std::string versioned_dir(const std::string& root, const std::string& name, const LoggerVersion& version,
+std::string versioned_dir(const std::string& root, const std::string& name, const std::optional<std::string>& version,
                           const char* who);
 
 // Creates `dir` and its parents; ConfigError naming it and the reason when it

@@ -40,7 +40,7 @@ namespace detail {
 
 std::string errno_text(int error) { return std::strerror(error); }
 
-std::string versioned_dir(const std::string& root, const std::string& name, const LoggerVersion& version,
+std::string versioned_dir(const std::string& root, const std::string& name, const std::optional<std::string>& version,
                           const char* who) {
   const fs::path base = fs::path(root) / name;
   if (version) {

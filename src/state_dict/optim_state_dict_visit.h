@@ -6,8 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/state_dict/optim_state_dict.h"
-#include "model_index.h"
+#include "model_index.h"  // StateSink
+
+namespace torch::optim {
+class Optimizer;
+}
+namespace fsdp {
+struct OptimParamGroup;  // fsdp/state_dict/optim_state_dict.h, which a caller includes to use the result
+}
 
 namespace fsdp::detail {
 

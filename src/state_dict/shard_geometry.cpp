@@ -10,20 +10,6 @@
 
 namespace fsdp::detail {
 
-int64_t product(const std::vector<int64_t>& v) {
-  int64_t n = 1;
-  for (int64_t x : v) n *= x;
-  return n;
-}
-
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
 // This rank's range [lo, hi) of parameter p, relative to p.
 std::pair<int64_t, int64_t> local_range(const UnitState& u, const ParamInfo& p) {
   if (u.shard_size() == 1) return {0, p.numel};
@@ -98,20 +84,6 @@ bool copy_range(const StateValue& value, const std::vector<int64_t>& shape, int6
     cursor += n;
   }
   return copied == hi - lo;
-}
-
-bool intersect(const std::vector<int64_t>& a_offsets, at::IntArrayRef a_sizes, const std::vector<int64_t>& b_offsets,
-               at::IntArrayRef b_sizes, std::vector<std::pair<int64_t, int64_t>>& out) {
-  const size_t nd = a_sizes.size();
-  if (a_offsets.size() != nd || b_offsets.size() != nd || b_sizes.size() != nd) return false;
-  out.clear();
-  for (size_t d = 0; d < nd; ++d) {
-    const int64_t lo = std::max(a_offsets[d], b_offsets[d]);
-    const int64_t hi = std::min(a_offsets[d] + a_sizes[d], b_offsets[d] + b_sizes[d]);
-    if (hi <= lo) return false;
-    out.emplace_back(lo, hi);
-  }
-  return true;
 }
 
 bool holds_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi) {

@@ -11,23 +11,13 @@
 #include <utility>
 #include <vector>
 
+#include "boxes.h"
 #include "fsdp/state_dict/sharded_tensor.h"
 
 namespace fsdp::detail {
 
 class UnitState;
 struct ParamInfo;
-
-// The number of elements of a shape (1 for a 0-dim shape).
-int64_t product(const std::vector<int64_t>& v);
-// "[2, 3]".
-std::string shape_str(at::IntArrayRef shape);
-
-// The intersection of box (a_offsets, a_sizes) with box (b_offsets,
-// b_sizes), one [lo, hi) per dimension (global coordinates); false if they
-// do not meet or differ in their number of dimensions.
-bool intersect(const std::vector<int64_t>& a_offsets, at::IntArrayRef a_sizes, const std::vector<int64_t>& b_offsets,
-               at::IntArrayRef b_sizes, std::vector<std::pair<int64_t, int64_t>>& out);
 
 // This rank's range [lo, hi) of parameter p (relative to p; empty: lo == hi).
 std::pair<int64_t, int64_t> local_range(const UnitState& u, const ParamInfo& p);

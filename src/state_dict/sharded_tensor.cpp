@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "shard_geometry.h"
+#include "boxes.h"
 
 namespace fsdp {
 

@@ -55,71 +55,6 @@ PrecisionConfig parse_precision(const std::string& name) {
 }
 
 // ---------------------------------------------------------------------------
-// Gradient scaler.
-
-ShardedGradScaler::ShardedGradScaler(dist::ProcessGroupPtr group, double init_scale, double growth_factor,
-                                     double backoff_factor, int growth_interval)
-    : group_(std::move(group)),
-      scale_(init_scale),
-      growth_(growth_factor),
-      backoff_(backoff_factor),
-      interval_(growth_interval) {
-  if (!(init_scale > 0) || !(growth_factor > 1) || !(backoff_factor > 0 && backoff_factor < 1) || growth_interval < 1) {
-    throw ConfigError("ShardedGradScaler: expected init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
-                      "growth_interval >= 1");
-  }
-}
-
-at::Tensor ShardedGradScaler::scale(const at::Tensor& loss) const { return loss * scale_; }
-
-void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
-  if (unscaled_) return;
-  at::NoGradGuard no_grad;
-  // One 0-dim "found a non-finite gradient" flag per device, kept on that
-  // device: no read back to the host per parameter (on CUDA each would be a
-  // synchronisation); one per device at the end.
-  std::vector<at::Tensor> found;
-  for (auto& g : optimizer.param_groups()) {
-    for (auto& p : g.params()) {
-      if (!p.grad().defined()) continue;
-      p.mutable_grad().mul_(1.0 / scale_);
-      if (p.grad().numel() == 0) continue;
-      at::Tensor bad = at::isfinite(p.grad()).all().logical_not();
-      auto it = std::find_if(found.begin(), found.end(), [&](const at::Tensor& f) { return f.device() == bad.device(); });
-      if (it == found.end()) {
-        found.push_back(bad);
-      } else {
-        *it = it->logical_or(bad);
-      }
-    }
-  }
-  at::Tensor flag = at::zeros({1}, at::kFloat);
-  for (const auto& f : found) flag = at::maximum(flag, f.to(at::kCPU, at::kFloat).reshape({1}));
-  if (group_ && group_->size() > 1) group_->all_reduce(flag, dist::ReduceOp::kMax).wait();  // [collective]
-  found_inf_ = flag.item<float>() > 0;
-  unscaled_ = true;
-}
-
-bool ShardedGradScaler::step(torch::optim::Optimizer& optimizer) {
-  unscale_(optimizer);
-  if (found_inf_) return false;
-  optimizer.step();
-  return true;
-}
-
-void ShardedGradScaler::update() {
-  if (found_inf_) {
-    scale_ *= backoff_;
-    clean_steps_ = 0;
-  } else if (++clean_steps_ >= interval_) {
-    scale_ *= growth_;
-    clean_steps_ = 0;
-  }
-  unscaled_ = false;
-  found_inf_ = false;
-}
-
-// ---------------------------------------------------------------------------
 // Options.
 
 FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(const std::string& name) {
@@ -212,14 +147,14 @@ void FSDPStrategy::setup_environment() {
   }
   // [collective when there are loggers] Rank 0 opens them; its error stops every rank.
   if (!options_.loggers().empty()) {
-    const auto failure = detail::capture([&] {
+    const auto failure = dist::capture([&] {
       if (!is_global_zero()) return;
       for (const auto& logger : options_.loggers()) {
         if (!logger) throw ConfigError("FSDPStrategyOptions::loggers: a logger is null");
         logger->open();
       }
     });
-    detail::agree_from(*group_, 0, failure, "FSDPStrategy::setup_environment: ");
+    dist::agree_from(*group_, 0, failure, "FSDPStrategy::setup_environment: ");
   }
 }
 
@@ -471,47 +406,6 @@ void FSDPStrategy::load_checkpoint(const std::string& path, const std::shared_pt
 
 void FSDPStrategy::load_checkpoint(const std::string&, torch::optim::Optimizer&) const {
   throw ConfigError("Loading a single optimizer object from a checkpoint is not supported yet with the FSDP strategy.");
-}
-
-// ---------------------------------------------------------------------------
-// Registry.
-
-StrategyRegistry::StrategyRegistry() {
-  register_strategy("fsdp", [] { return FSDPStrategyOptions(); }, "Fully Sharded Data Parallel (FSDP) training");
-  register_strategy("fsdp_cpu_offload", [] { return FSDPStrategyOptions().cpu_offload(true); },
-                    "Fully Sharded Data Parallel (FSDP) training with Full Sharding and CPU Offloading");
-}
-
-StrategyRegistry& StrategyRegistry::instance() {
-  static StrategyRegistry r;
-  return r;
-}
-
-void StrategyRegistry::register_strategy(const std::string& name, Factory factory, const std::string& description) {
-  if (entries_.count(name)) throw ConfigError("StrategyRegistry: a strategy named '" + name + "' is already registered");
-  entries_[name] = {std::move(factory), description};
-}
-
-FSDPStrategyOptions StrategyRegistry::options(const std::string& name) const {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) {
-    std::string known;
-    for (const auto& [n, e] : entries_) known += (known.empty() ? "" : ", ") + n;
-    throw ConfigError("StrategyRegistry: no strategy named '" + name + "': registered are " + known);
-  }
-  return it->second.first();
-}
-
-std::vector<std::string> StrategyRegistry::names() const {
-  std::vector<std::string> out;
-  for (const auto& [n, e] : entries_) out.push_back(n);
-  return out;
-}
-
-const std::string& StrategyRegistry::description(const std::string& name) const {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) throw ConfigError("StrategyRegistry: no strategy named '" + name + "'");
-  return it->second.second;
 }
 
 }  // namespace fsdp

@@ -41,197 +41,6 @@ namespace fsdp::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// "R,S" -> (R, S), both positive: exactly two integers and one comma.
-std::pair<int, int> parse_mesh(const std::string& mesh) {
-  const auto comma = mesh.find(',');
-  auto whole_int = [](const std::string& text, int& v) {
-    const char* end = text.data() + text.size();
-    const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-    return ec == std::errc() && ptr == end && v > 0;
-  };
-  int r = 0, sh = 0;
-  if (comma == std::string::npos || !whole_int(mesh.substr(0, comma), r) || !whole_int(mesh.substr(comma + 1), sh)) {
-    throw ConfigError("--mesh '" + mesh + "' is invalid: expected R,S (two positive integers: the replicate and shard "
-                      "sizes, e.g. 2,4)");
-  }
-  return {r, sh};
-}
-
-// ConfigError when `out` is the filesystem root or the home directory:
-// --overwrite removes files there, and a run scatters its files into it.
-void refuse_system_directory(const std::string& out) {
-  std::error_code ec;
-  const fs::path at = fs::weakly_canonical(fs::absolute(out, ec), ec);
-  auto same = [&](const fs::path& other) {
-    std::error_code e;
-    return !other.empty() && fs::equivalent(at, other, e);
-  };
-  const char* home = std::getenv("HOME");
-  if (same("/") || (home && *home && same(home))) {
-    throw ConfigError("--out " + out + " is " + (same("/") ? "the filesystem root" : "the home directory") +
-                      ": a run writes metrics.jsonl, train.log, run.json and checkpoints/ there (and --overwrite "
-                      "removes them): expected a directory of the run's own, e.g. runs/latest");
-  }
-}
-
-}  // namespace
-
-models::GPTConfig preset(const std::string& name) {
-  models::GPTConfig c;
-  if (name == "tiny") {
-    c.context = 32;
-    c.dim = 64;
-    c.layers = 2;
-    c.heads = 4;
-  } else if (name == "default") {
-    c.context = 128;
-    c.dim = 256;
-    c.layers = 4;
-    c.heads = 4;
-  } else if (name == "100m") {
-    c.context = 128;
-    c.dim = 768;
-    c.layers = 14;
-    c.heads = 12;
-  } else {
-    throw ConfigError("--preset '" + name + "' does not exist: expected tiny, default or 100m");
-  }
-  return c;
-}
-
-std::string to_string(NonfiniteLoss policy) { return policy == NonfiniteLoss::kStop ? "stop" : "skip"; }
-
-NonfiniteLoss parse_nonfinite_loss(const std::string& name) {
-  if (name == "stop") return NonfiniteLoss::kStop;
-  if (name == "skip") return NonfiniteLoss::kSkip;
-  throw ConfigError("'" + name + "' is not a policy for a non-finite loss: expected stop or skip");
-}
-
-LoggerChoice chosen_loggers(const std::string& names) {
-  LoggerChoice out;
-  std::string rest = names;
-  while (true) {
-    const auto comma = rest.find(',');
-    const std::string name = rest.substr(0, comma);
-    if (name == "tensorboard") {
-      out.tensorboard = true;
-    } else if (name == "csv") {
-      out.csv = true;
-    } else if (name == "jsonl") {
-      out.jsonl = true;
-    } else if (!(name == "none" && names == "none")) {
-      throw ConfigError("--logger '" + names + "': unknown logger '" + name +
-                        "'; expected a comma-separated list of tensorboard, csv and jsonl, or none");
-    }
-    if (comma == std::string::npos) break;
-    rest = rest.substr(comma + 1);
-  }
-  return out;
-}
-
-void validate(const TrainConfig& c) {
-  auto positive = [](int64_t v, const char* flag) {
-    if (v <= 0) throw ConfigError(std::string(flag) + " must be positive, got " + std::to_string(v));
-  };
-  positive(c.steps, "--steps");
-  positive(c.batch, "--batch");
-  positive(c.model.dim, "--dim");
-  positive(c.model.layers, "--layers");
-  positive(c.model.heads, "--heads");
-  positive(c.model.context, "--context");
-  positive(c.keep, "--keep");
-  positive(c.log_every, "--log-every");
-  (void)chosen_loggers(c.loggers);
-  if (!c.profile_steps.empty()) {
-    const StepRange r = parse_step_range(c.profile_steps, "--profile-steps");
-    if (r.last > c.steps) {
-      throw ConfigError("--profile-steps '" + c.profile_steps + "': step " + std::to_string(r.last) +
-                        " is past the run's last step (--steps " + std::to_string(c.steps) +
-                        "); expected A:B with 1 <= A <= B <= " + std::to_string(c.steps));
-    }
-  }
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw ConfigError("--lr must be a positive number, got " + std::to_string(c.lr));
-  }
-  if (c.warmup_steps < -1) {
-    throw ConfigError("--warmup-steps must be 0 or positive (or -1: a fifth of --steps), got " +
-                      std::to_string(c.warmup_steps));
-  }
-  if (c.min_lr < 0 && c.min_lr != -1) {
-    throw ConfigError("--min-lr must be 0 or positive (or -1: a tenth of --lr), got " + std::to_string(c.min_lr));
-  }
-  if (std::isnan(c.min_lr) || c.min_lr > c.lr) {
-    throw ConfigError("--min-lr must be at most --lr (" + std::to_string(c.lr) + "; -1: a tenth of it), got " +
-                      std::to_string(c.min_lr));
-  }
-  if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
-  if (c.eval_every < 0) throw ConfigError("--eval-every must be 0 (never) or positive");
-  if (!c.mesh.empty()) parse_mesh(c.mesh);
-  if (c.model.dim % c.model.heads != 0) {
-    throw ConfigError("--heads " + std::to_string(c.model.heads) + " does not divide the model width --dim " +
-                      std::to_string(c.model.dim) + ": expected a divisor of it");
-  }
-  if (!c.data.empty()) {
-    std::error_code ec;
-    if (!fs::exists(c.data, ec)) throw ConfigError("--data " + c.data + ": no such file");
-    if (!fs::is_regular_file(c.data, ec)) {
-      throw ConfigError("--data " + c.data + ": not a regular file (a FIFO, device or directory); expected a text file");
-    }
-    const auto size = fs::file_size(c.data, ec);
-    if (ec || size == 0) throw ConfigError("--data " + c.data + ": the file is empty");
-    if (static_cast<int64_t>(size) < c.model.context + 2) {  // one sample, and a choice of where it starts
-      throw ConfigError("--data " + c.data + ": " + std::to_string(size) + " bytes is too short: --context " +
-                        std::to_string(c.model.context) + " needs at least " + std::to_string(c.model.context + 2) +
-                        " bytes (a sample of " + std::to_string(c.model.context + 1) + " and room to place it)");
-    }
-  }
-  if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
-  refuse_system_directory(c.out);
-  if (c.overwrite && c.resume) {
-    throw ConfigError("--overwrite and --resume contradict each other: --overwrite starts a new run in --out " + c.out +
-                      ", --resume continues the run there; expected one of them");
-  }
-  if (!c.resume_from.empty()) {
-    std::error_code ec;
-    if (!fs::exists(c.resume_from, ec)) {
-      throw ConfigError("--resume-from " + c.resume_from + ": no such checkpoint (file or directory)");
-    }
-    if (c.overwrite) {
-      // --overwrite empties --out: a checkpoint inside it would be gone before it is read.
-      const fs::path from = fs::weakly_canonical(c.resume_from, ec), out = fs::weakly_canonical(c.out, ec);
-      if (std::mismatch(out.begin(), out.end(), from.begin(), from.end()).first == out.end()) {
-        throw ConfigError("--resume-from " + c.resume_from + " lies inside --out " + c.out +
-                          ", which --overwrite empties first: expected a checkpoint outside it (copy it elsewhere, "
-                          "or use --resume)");
-      }
-    }
-  }
-  std::error_code ec;
-  fs::create_directories(c.out, ec);
-  bool writable = false;
-  if (!ec) {
-    const std::string probe = (fs::path(c.out) / ".write-test").string();
-    writable = static_cast<bool>(std::ofstream(probe));
-    fs::remove(probe, ec);
-  }
-  if (!writable) throw ConfigError("--out " + c.out + ": the run directory cannot be created or written");
-}
-
-int64_t warmup_steps(const TrainConfig& c) { return c.warmup_steps < 0 ? c.steps / 5 : c.warmup_steps; }
-
-double min_learning_rate(const TrainConfig& c) { return c.min_lr < 0 ? c.lr / 10 : c.min_lr; }
-
-double learning_rate(const TrainConfig& c, int64_t step) {
-  const int64_t warmup = warmup_steps(c);
-  if (step < warmup) return c.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
-  if (c.steps <= warmup) return c.lr;
-  const double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(c.steps - warmup));
-  const double min_lr = min_learning_rate(c);
-  return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (c.lr - min_lr);
-}
-
 std::string generated_corpus(size_t bytes) {
   static const char* subjects[] = {"the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird",
                                    "the farmer", "our neighbour"};
@@ -270,20 +79,8 @@ Corpus read_corpus(const TrainConfig& c) {
 // The strategy of a run: the one place where TrainConfig's settings become
 // FSDPStrategyOptions.
 FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
-  FSDPStrategyOptions o;
-  o.auto_wrap_module_types<models::GPTBlockImpl>()
-      .precision(c.precision)
-      .sharding_strategy(c.sharding_strategy)
-      .state_dict_type(c.state_dict_type)
-      .cpu_offload(c.cpu_offload)
-      .seed(c.seed);
-  if (c.activation_checkpointing) o.activation_checkpointing_module_types<models::GPTBlockImpl>();
-  if (!c.mesh.empty()) {
-    const auto [r, sh] = parse_mesh(c.mesh);
-    o.sharding_strategy(ShardingStrategy::kHybridShard).device_mesh(r, sh);
-  }
-  o.forward_prefetch(c.forward_prefetch).limit_all_gathers(c.limit_all_gathers);
-  o.backward_prefetch(c.backward_prefetch);
+  FSDPStrategyOptions o = c.strategy;
+  o.auto_wrap_module_types<models::GPTBlockImpl>();
   if (world) o.world(world);
   return o;
 }
@@ -293,7 +90,7 @@ FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGr
 // generator state it was first built from, so with the values an eager
 // build has. Seeds LibTorch's process-wide generator.
 Model build_model(FSDPStrategy& strategy, const TrainConfig& c) {
-  torch::manual_seed(c.seed);
+  torch::manual_seed(c.strategy.seed());
   std::shared_ptr<models::GPTImpl> net;
   {
     auto deferred = strategy.module_init_context(c.empty_init);
@@ -385,11 +182,11 @@ Hyperparameters hyperparameters(const TrainConfig& c, int world) {
           {"lr", c.lr},
           {"warmup_steps", c.warmup_steps},
           {"min_lr", c.min_lr},
-          {"precision", c.precision},
-          {"sharding_strategy", std::string(to_string(c.sharding_strategy))},
-          {"activation_checkpointing", c.activation_checkpointing},
+          {"precision", c.strategy.precision()},
+          {"sharding_strategy", std::string(to_string(c.strategy.sharding_strategy()))},
+          {"activation_checkpointing", activation_checkpointing(c.strategy)},
           {"world", int64_t{world}},
-          {"seed", static_cast<int64_t>(c.seed)},
+          {"seed", static_cast<int64_t>(c.strategy.seed())},
           {"data", c.data.empty() ? std::string("(generated)") : c.data}};
 }
 
@@ -405,8 +202,8 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   FSDPStrategy strategy(strategy_options(c, world));
   strategy.setup_environment();
   const int rank = strategy.global_rank(), nranks = strategy.world_size();
-  if (rank == 0 && c.precision.rfind("16-", 0) == 0 && strategy.root_device().is_cpu()) {
-    std::cerr << "fsdp-train: WARNING: --precision " << c.precision
+  if (rank == 0 && c.strategy.precision().rfind("16-", 0) == 0 && strategy.root_device().is_cpu()) {
+    std::cerr << "fsdp-train: WARNING: --precision " << c.strategy.precision()
               << " on CPU: float16 is made for CUDA (16-mixed scales the loss against float16's narrow range); "
                  "LibTorch 2.x computes it on CPU, usually more slowly than float32. bf16-mixed is the CPU's mixed "
                  "precision"
@@ -427,15 +224,15 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     c.overwrite = false;
   }
   std::optional<RunLock> lock;
-  detail::agree_from(strategy.group(), 0, detail::capture([&] {
+  dist::agree_from(strategy.group(), 0, dist::capture([&] {
                        if (rank == 0) lock.emplace(c.out);
                      }),
                      "");
   const RunIdentity identity = run.begin(strategy, c);
   // A file one rank cannot map stops every rank with its error, not a hang.
   std::optional<Corpus> corpus;
-  detail::agree(strategy.group(), detail::capture([&] { corpus.emplace(read_corpus(c)); }), "reading --data");
-  const BatchSampler batches(std::move(*corpus), c.model.context, c.batch, c.seed, rank, nranks,
+  dist::agree(strategy.group(), dist::capture([&] { corpus.emplace(read_corpus(c)); }), "reading --data");
+  const BatchSampler batches(std::move(*corpus), c.model.context, c.batch, c.strategy.seed(), rank, nranks,
                              strategy.root_device());
   const bool evaluates = c.eval_every > 0 && batches.has_held_out();
   if (c.eval_every > 0 && !evaluates) {
@@ -474,7 +271,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   std::optional<Progress> progress;
   std::vector<std::shared_ptr<Logger>> loggers;
   std::shared_ptr<TensorBoardLogger> tensorboard;
-  const auto failure = detail::capture([&] {
+  const auto failure = dist::capture([&] {
     if (rank != 0) return;
     if (chosen.jsonl) metrics.emplace(run.metrics_path(), start);
     progress.emplace(run.log_path(), start > 0, c.steps, c.log_every, isatty(STDOUT_FILENO) != 0);
@@ -494,7 +291,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
       if (logger != tensorboard) logger->log_hyperparams(hparams);
     }
   });
-  detail::agree_from(strategy.group(), 0, failure, start > 0 ? "--resume: " : "");
+  dist::agree_from(strategy.group(), 0, failure, start > 0 ? "--resume: " : "");
   StepRange profiled;
   if (!c.profile_steps.empty()) {
     profiled = parse_step_range(c.profile_steps, "--profile-steps");
@@ -579,7 +376,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     }
     step_span.end();
     if (profiler.running() && (m.step == profiled.last || last)) {
-      detail::agree(strategy.group(), detail::capture([&] { profiler.stop(trace_path); }), "--profile-steps: ");
+      dist::agree(strategy.group(), dist::capture([&] { profiler.stop(trace_path); }), "--profile-steps: ");
       strategy.print("fsdp-train: profiled steps " + std::to_string(std::max(profiled.first, start + 1)) + "-" +
                      std::to_string(m.step) + ": " + (fs::path(c.out) / "profile").string() +
                      "/rank_<r>.pt.trace.json (open in https://ui.perfetto.dev or chrome://tracing)");
@@ -597,8 +394,8 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     try {
       std::ostringstream title;
       title << "fsdp-train --preset " << c.preset << " (dim " << c.model.dim << ", " << c.model.layers << " layers, context "
-            << c.model.context << "), world " << nranks << " x batch " << c.batch << ", " << c.precision << ", "
-            << to_string(c.sharding_strategy) << ", lr " << c.lr;
+            << c.model.context << "), world " << nranks << " x batch " << c.batch << ", " << c.strategy.precision()
+            << ", " << to_string(c.strategy.sharding_strategy()) << ", lr " << c.lr;
       write_loss_curve(c.out, title.str());
     } catch (const std::exception& e) {  // a drawing is not worth the run
       std::cerr << "fsdp-train: WARNING: no loss curve: " << e.what() << std::endl;

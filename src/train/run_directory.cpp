@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/train/train_config.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -92,8 +94,9 @@ std::string config_digest(const TrainConfig& c) {
   os << std::setprecision(17) << "vocab " << c.model.vocab_size << " context " << c.model.context << " dim "
      << c.model.dim << " layers " << c.model.layers << " heads " << c.model.heads << " lr " << c.lr << " min_lr "
      << min_learning_rate(c) << " warmup " << warmup_steps(c) << " steps " << c.steps << " batch " << c.batch
-     << " seed " << c.seed << " data " << c.data << " precision " << c.precision << " sharding "
-     << to_string(c.sharding_strategy) << " format " << to_string(c.state_dict_type) << " mesh " << c.mesh;
+     << " seed " << c.strategy.seed() << " data " << c.data << " precision " << c.strategy.precision() << " sharding "
+     << to_string(c.strategy.sharding_strategy()) << " format " << to_string(c.strategy.state_dict_type()) << " mesh "
+     << mesh_name(c.strategy);
   uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
   for (unsigned char ch : os.str()) {
     h ^= ch;
@@ -218,7 +221,7 @@ bool RunDirectory::holds_run() const {
 
 RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig& c) const {
   RunIdentity id;
-  const auto failure = detail::capture([&] {
+  const auto failure = dist::capture([&] {
     if (strategy.global_rank() != 0) return;
     id = RunIdentity{new_run_id(), config_digest(c)};
     id.job = torchrun_job();
@@ -259,9 +262,9 @@ RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig&
     write_identity(identity_path(), id);
   });
   const std::string payload = id.id + "\n" + id.digest + "\n" + (id.legacy ? "1" : "0");
-  const std::string agreed = strategy.broadcast(detail::outcome(payload, failure), 0);
-  if (detail::outcome_failed(agreed)) detail::rethrow(detail::outcome_failure(agreed));
-  std::istringstream in(detail::outcome_payload(agreed));
+  const std::string agreed = strategy.broadcast(dist::outcome(payload, failure), 0);
+  if (dist::outcome_failed(agreed)) dist::rethrow(dist::outcome_failure(agreed));
+  std::istringstream in(dist::outcome_payload(agreed));
   std::string flag;
   std::getline(in, id.id);
   std::getline(in, id.digest);
@@ -436,13 +439,13 @@ std::chrono::system_clock::time_point newest_modification(const std::string& pat
 ResumePoint RunDirectory::resume(const FSDPStrategy& strategy, const TrainConfig& c, const RunIdentity& run,
                                  CheckpointState& state) const {
   ResumePoint point;
-  const auto failure = detail::capture([&] {
+  const auto failure = dist::capture([&] {
     if (strategy.global_rank() == 0) point.path = resume_checkpoint(c, run, &point.set_aside);
   });
   // [collective] One broadcast: rank 0's choice, or its failure.
-  const std::string agreed = strategy.broadcast(detail::outcome(point.path, failure), 0);
-  if (detail::outcome_failed(agreed)) detail::rethrow(detail::outcome_failure(agreed));
-  point.path = detail::outcome_payload(agreed);
+  const std::string agreed = strategy.broadcast(dist::outcome(point.path, failure), 0);
+  if (dist::outcome_failed(agreed)) dist::rethrow(dist::outcome_failure(agreed));
+  point.path = dist::outcome_payload(agreed);
   if (point.path.empty()) return point;
   if (strategy.global_rank() == 0) point.committed_at = newest_modification(point.path);
   point.values = strategy.load_checkpoint(point.path, state);
@@ -602,12 +605,12 @@ void put_config(CheckpointState& s, const TrainConfig& run, const RunIdentity& i
   put("run.warmup_steps", warmup_steps(run));
   put("run.steps", run.steps);
   put("run.batch", run.batch);
-  put("run.seed", static_cast<int64_t>(run.seed));
+  put("run.seed", static_cast<int64_t>(run.strategy.seed()));
   put("run.data", run.data);
-  put("run.precision", run.precision);
-  put("run.sharding_strategy", to_string(run.sharding_strategy));
-  put("run.state_dict_type", to_string(run.state_dict_type));
-  put("run.mesh", run.mesh);
+  put("run.precision", run.strategy.precision());
+  put("run.sharding_strategy", to_string(run.strategy.sharding_strategy()));
+  put("run.state_dict_type", to_string(run.strategy.state_dict_type()));
+  put("run.mesh", mesh_name(run.strategy));
   put("run.id", identity.id);
   put("run.digest", identity.digest);
 }
@@ -716,7 +719,7 @@ std::vector<std::string> overridden_flags(const CheckpointInfo& info, const Trai
   check("run.warmup_steps", "--warmup-steps", static_cast<double>(warmup_steps(c)));
   check("run.steps", "--steps", static_cast<double>(c.steps));
   check("run.batch", "--batch", static_cast<double>(c.batch));
-  check("run.seed", "--seed", static_cast<double>(c.seed));
+  check("run.seed", "--seed", static_cast<double>(c.strategy.seed()));
   // Settings by name; an empty one is its default, said in words.
   auto check_text = [&](const char* key, const char* flag, const std::string& now, const char* empty) {
     const std::string* v = config_value(info, key);
@@ -725,10 +728,10 @@ std::vector<std::string> overridden_flags(const CheckpointInfo& info, const Trai
     out.push_back(std::string(flag) + " " + shown(*v) + " -> " + shown(now));
   };
   check_text("run.data", "--data", c.data, "(the generated corpus)");
-  check_text("run.precision", "--precision", c.precision, "");
-  check_text("run.sharding_strategy", "--sharding-strategy", to_string(c.sharding_strategy), "");
-  check_text("run.state_dict_type", "--state-dict-type", to_string(c.state_dict_type), "");
-  check_text("run.mesh", "--mesh", c.mesh, "(none)");
+  check_text("run.precision", "--precision", c.strategy.precision(), "");
+  check_text("run.sharding_strategy", "--sharding-strategy", to_string(c.strategy.sharding_strategy()), "");
+  check_text("run.state_dict_type", "--state-dict-type", to_string(c.strategy.state_dict_type()), "");
+  check_text("run.mesh", "--mesh", mesh_name(c.strategy), "(none)");
   return out;
 }
 

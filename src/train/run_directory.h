@@ -20,7 +20,7 @@
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/models/gpt.h"
 #include "fsdp/strategy/strategy.h"
-#include "fsdp/train/gpt_trainer.h"
+#include "fsdp/train/train_config.h"
 
 namespace fsdp::train {
 

@@ -21,8 +21,8 @@
 
 using namespace fsdp;
 using namespace fsdp::testing;
-namespace ck = fsdp::detail::ckpt;
 namespace fs = std::filesystem;
+namespace checkpoint = fsdp::detail::checkpoint;  // the on-disk records (src/checkpoint/format.h)
 
 namespace {
 
@@ -106,9 +106,9 @@ TEST(Safetensors, TheWriterLaysOutFilesAsSaveFileDoes) {
       {"d", torch::tensor({true, false, true})},
       {"e", torch::zeros({0, 4})},
       {"f", torch::tensor(7.0, torch::kFloat64)}};
-  std::vector<ck::SafetensorsTensor> plan;
+  std::vector<checkpoint::SafetensorsTensor> plan;
   for (const auto& [k, t] : tensors) plan.push_back({k, t.scalar_type(), t.sizes().vec(), 0, 0});
-  ck::SafetensorsWriter w(path, plan, {{"format", "pt"}});
+  checkpoint::SafetensorsWriter w(path, plan, {{"format", "pt"}});
   std::vector<std::string> order;
   for (const auto& t : w.layout()) order.push_back(t.name);
   // As save_file: by dtype (I64, F64, F32, ..., BF16, ..., BOOL), then by name.
@@ -120,7 +120,7 @@ TEST(Safetensors, TheWriterLaysOutFilesAsSaveFileDoes) {
     }
   }
   w.commit();
-  const auto h = ck::read_safetensors_header(path);
+  const auto h = checkpoint::read_safetensors_header(path);
   EXPECT_EQ(h.data_start % 8, 0);
   EXPECT_EQ(h.metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
   ASSERT_EQ(h.tensors.size(), tensors.size());
@@ -128,16 +128,16 @@ TEST(Safetensors, TheWriterLaysOutFilesAsSaveFileDoes) {
     EXPECT_EQ(t.begin % static_cast<int64_t>(c10::elementSize(t.dtype)), 0) << t.name << " aligned";
     for (const auto& [k, v] : tensors) {
       if (k != t.name) continue;
-      const auto got = ck::read_safetensors_tensor(path, h, t);
+      const auto got = checkpoint::read_safetensors_tensor(path, h, t);
       EXPECT_EQ(got.scalar_type(), v.scalar_type()) << k;
       EXPECT_TRUE(torch::equal(got, v)) << k;
     }
   }
   EXPECT_THROW(
-      ck::SafetensorsWriter(dir.path() + "/x", {{"a", at::kFloat, {1}, 0, 0}, {"a", at::kFloat, {1}, 0, 0}}, {}),
+      checkpoint::SafetensorsWriter(dir.path() + "/x", {{"a", at::kFloat, {1}, 0, 0}, {"a", at::kFloat, {1}, 0, 0}}, {}),
       ConfigError);
-  EXPECT_THROW(ck::SafetensorsWriter(dir.path() + "/x", {{"a", at::kComplexFloat, {1}, 0, 0}}, {}), ConfigError);
-  ck::SafetensorsWriter wrong(dir.path() + "/y", {{"a", at::kFloat, {2}, 0, 0}}, {});
+  EXPECT_THROW(checkpoint::SafetensorsWriter(dir.path() + "/x", {{"a", at::kComplexFloat, {1}, 0, 0}}, {}), ConfigError);
+  checkpoint::SafetensorsWriter wrong(dir.path() + "/y", {{"a", at::kFloat, {2}, 0, 0}}, {});
   expect_config_error([&] { wrong.write(torch::zeros({3})); }, "tensor 'a' was planned as F32 [2]");
 }
 
@@ -185,7 +185,7 @@ TEST(Safetensors, CorruptAndHostileHeadersAreRefusedByName) {
       {st_bytes(R"({"__metadata__":"x"})", ""), "'__metadata__' must be an object"},
   };
   for (const auto& c : cases) {
-    expect_config_error([&] { ck::parse_safetensors(c.bytes, static_cast<int64_t>(c.bytes.size()), "f.safetensors"); },
+    expect_config_error([&] { checkpoint::parse_safetensors(c.bytes, static_cast<int64_t>(c.bytes.size()), "f.safetensors"); },
                         c.error);
   }
   // What the package accepts, fsdp-cpp accepts: padding, fields it ignores,
@@ -197,12 +197,12 @@ TEST(Safetensors, CorruptAndHostileHeadersAreRefusedByName) {
            R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]}})",
            z8),
        st_bytes(R"({"__metadata__":{"format":"pt"}})", "")}) {
-    EXPECT_NO_THROW(ck::parse_safetensors(ok, static_cast<int64_t>(ok.size()), "ok")) << ok.substr(8);
+    EXPECT_NO_THROW(checkpoint::parse_safetensors(ok, static_cast<int64_t>(ok.size()), "ok")) << ok.substr(8);
   }
   // BOOL bytes other than 0/1 would be undefined in LibTorch.
   const std::string b = st_bytes(R"({"b":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02");
-  const auto h = ck::parse_safetensors(b, static_cast<int64_t>(b.size()), "b");
-  expect_config_error([&] { ck::safetensors_tensor_from(b, h, h.tensors[0]); }, "holds bytes other than 0 and 1");
+  const auto h = checkpoint::parse_safetensors(b, static_cast<int64_t>(b.size()), "b");
+  expect_config_error([&] { checkpoint::safetensors_tensor_from(b, h, h.tensors[0]); }, "holds bytes other than 0 and 1");
 }
 
 // Issue 28 item 5: a header whose JSON would take more memory than its size
@@ -213,10 +213,10 @@ TEST(Safetensors, HeaderBombsAreRefusedByName) {
   for (int i = 0; i < 3'000'000; ++i) dense += "{},";
   dense += "{}]}";
   const std::string bomb = st_bytes(dense, "");
-  expect_config_error([&] { ck::parse_safetensors(bomb, static_cast<int64_t>(bomb.size()), "bomb.safetensors"); },
+  expect_config_error([&] { checkpoint::parse_safetensors(bomb, static_cast<int64_t>(bomb.size()), "bomb.safetensors"); },
                       "bomb.safetensors: the header expands beyond what its size allows");
   const std::string deep = st_bytes("{\"a\":" + std::string(1000, '[') + std::string(1000, ']') + "}", "");
-  expect_config_error([&] { ck::parse_safetensors(deep, static_cast<int64_t>(deep.size()), "deep.safetensors"); },
+  expect_config_error([&] { checkpoint::parse_safetensors(deep, static_cast<int64_t>(deep.size()), "deep.safetensors"); },
                       "the header nests arrays and objects more than 64 deep");
 }
 
@@ -244,8 +244,8 @@ TEST(Safetensors, BadFilesFailTheLoadNamingTheFileOnEveryRank) {
                         "does not point to a valid checkpoint");  // not opened: no hang
     expect_config_error([&] { load_checkpoint(folder, m, pg); }, "does not point to a valid checkpoint");
   });
-  expect_config_error([&] { ck::read_safetensors_header(fifo); }, fifo + ": not a regular file");
-  expect_config_error([&] { ck::read_safetensors_header(folder); }, folder + ": not a regular file");
+  expect_config_error([&] { checkpoint::read_safetensors_header(fifo); }, fifo + ": not a regular file");
+  expect_config_error([&] { checkpoint::read_safetensors_header(folder); }, folder + ": not a regular file");
 }
 
 TEST(Safetensors, ExportAndStateLoadsRefuseWhatTheyCannotDo) {

@@ -313,7 +313,7 @@ TEST(TorchPickle, RealStateDictsStayWellWithinTheBudget) {
   TempDir dir;
   const std::string path = dir.path() + "/state.pt";
   write_file(path, std::string(raw.begin(), raw.end()));
-  const std::string pkl = fsdp::detail::ckpt::FullReader(path).read("data.pkl");
+  const std::string pkl = fsdp::detail::checkpoint::FullReader(path).read("data.pkl");
   const auto p = pk::parse(pkl, "state.pkl");
   ASSERT_EQ(p.root().entries.size(), 4000u);
   EXPECT_GT(pkl.size(), pk::kBudgetSlack / 8) << "too small to measure the per-byte constant";

@@ -38,13 +38,13 @@ TEST(RankErrors, EveryRankThrowsTheFailedRanksErrorOfItsKind) {
   run_ranks(3, [](dist::ProcessGroup& pg) {
     const int r = pg.rank();
     auto fail_on = [&](int who, const std::function<void()>& f) {
-      return fsdp::detail::capture([&] {
+      return fsdp::dist::capture([&] {
         if (r == who) f();
       });
     };
     // A ConfigError on rank 1 (and a later one on rank 2): rank 1's, on every rank.
     auto e = thrown([&] {
-      fsdp::detail::agree(pg, fsdp::detail::capture([&] {
+      fsdp::dist::agree(pg, fsdp::dist::capture([&] {
                       if (r >= 1) throw ConfigError("bad value " + std::to_string(r));
                     }),
                     "step");
@@ -52,36 +52,36 @@ TEST(RankErrors, EveryRankThrowsTheFailedRanksErrorOfItsKind) {
     EXPECT_EQ(e.first, "ConfigError");
     EXPECT_EQ(e.second, r == 1 ? "bad value 1" : "step failed on rank 1: bad value 1");
 
-    e = thrown([&] { fsdp::detail::agree(pg, fail_on(2, [] { throw CollectiveError("timed out", "all_gather"); }), "x"); });
+    e = thrown([&] { fsdp::dist::agree(pg, fail_on(2, [] { throw CollectiveError("timed out", "all_gather"); }), "x"); });
     EXPECT_EQ(e.first, "CollectiveError:all_gather");
 
-    e = thrown([&] { fsdp::detail::agree(pg, fail_on(0, [] { throw std::runtime_error("disk"); }), "x"); });
+    e = thrown([&] { fsdp::dist::agree(pg, fail_on(0, [] { throw std::runtime_error("disk"); }), "x"); });
     EXPECT_EQ(e.first, "Error");
     EXPECT_EQ(e.second, r == 0 ? "disk" : "x failed on rank 0: disk");
 
-    EXPECT_EQ(thrown([&] { fsdp::detail::agree(pg, "", "x"); }).first, "none");
+    EXPECT_EQ(thrown([&] { fsdp::dist::agree(pg, "", "x"); }).first, "none");
 
     // Payloads when every rank succeeds; the failure (prefixed everywhere) otherwise.
-    auto all = fsdp::detail::gather_agreed(pg, "p" + std::to_string(r), "", "g");
+    auto all = fsdp::dist::gather_agreed(pg, "p" + std::to_string(r), "", "g");
     EXPECT_EQ(all, (std::vector<std::string>{"p0", "p1", "p2"}));
-    e = thrown([&] { fsdp::detail::gather_agreed(pg, "p", fail_on(1, [] { throw ConfigError("no"); }), "g"); });
+    e = thrown([&] { fsdp::dist::gather_agreed(pg, "p", fail_on(1, [] { throw ConfigError("no"); }), "g"); });
     EXPECT_EQ(e.first, "ConfigError");
     EXPECT_EQ(e.second, "g failed on rank 1: no");
 
-    e = thrown([&] { fsdp::detail::agree_from(pg, 0, fail_on(0, [] { throw ConfigError("root says no"); }), "pre: "); });
+    e = thrown([&] { fsdp::dist::agree_from(pg, 0, fail_on(0, [] { throw ConfigError("root says no"); }), "pre: "); });
     EXPECT_EQ(e.first, "ConfigError");
     EXPECT_EQ(e.second, "pre: root says no");
 
     // Gathered, not thrown: the payloads, and the lowest failed rank's failure
     // ("rank <r>: " before it, its kind kept) for a step still to come.
-    fsdp::detail::Failure first;
-    all = fsdp::detail::gather_outcomes(pg, "p" + std::to_string(r), "", first);
+    fsdp::dist::Failure first;
+    all = fsdp::dist::gather_outcomes(pg, "p" + std::to_string(r), "", first);
     EXPECT_EQ(all, (std::vector<std::string>{"p0", "p1", "p2"}));
     EXPECT_TRUE(first.empty());
-    all = fsdp::detail::gather_outcomes(pg, "p" + std::to_string(r),
+    all = fsdp::dist::gather_outcomes(pg, "p" + std::to_string(r),
                                         fail_on(2, [] { throw CollectiveError("gone", "broadcast"); }), first);
     EXPECT_EQ(all, (std::vector<std::string>{"p0", "p1", ""}));
-    e = thrown([&] { fsdp::detail::rethrow(first, "saving: "); });
+    e = thrown([&] { fsdp::dist::rethrow(first, "saving: "); });
     EXPECT_EQ(e.first, "CollectiveError:broadcast");
     EXPECT_EQ(e.second, "saving: rank 2: gone");
   });

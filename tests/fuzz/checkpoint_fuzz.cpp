@@ -200,7 +200,7 @@ std::string resealed(const std::string& text, const fs::path& metadata = {}) {
   j.erase("checksum");
   if (!metadata.empty() && j.contains("metadata_crc32") && fs::exists(metadata)) {
     const std::string md = read_file(metadata);
-    j["metadata_crc32"] = fsdp::detail::ckpt::crc32(md.data(), md.size());
+    j["metadata_crc32"] = fsdp::detail::checkpoint::crc32(md.data(), md.size());
   }
   j["checksum"] = fsdp::testing::index_checksum(j);
   return j.dump(1);
@@ -248,9 +248,9 @@ void write_seeds(const fs::path& seeds) {
 #elif defined(FSDP_FUZZ_PICKLE)
     if (full) {
       write_file(tmp / "raw.pt", raw_state_dict(w));
-      fsdp::detail::ckpt::FullReader raw((tmp / "raw.pt").string());
+      fsdp::detail::checkpoint::FullReader raw((tmp / "raw.pt").string());
       write_file(seeds / "raw.pkl", raw.read("data.pkl"));
-      fsdp::detail::ckpt::FullReader ours(path.string());
+      fsdp::detail::checkpoint::FullReader ours(path.string());
       write_file(seeds / "ckpt.pkl", ours.read("data.pkl"));
     }
 #elif defined(FSDP_FUZZ_SHARDED)
@@ -264,11 +264,11 @@ void write_seeds(const fs::path& seeds) {
           torch::tensor({0.5}).to(torch::kHalf), torch::tensor(3.0, torch::kFloat64), torch::tensor({int64_t{-7}}),
           torch::tensor({1, 2}, torch::kInt32), torch::tensor({3}, torch::kInt16), torch::tensor({-4}, torch::kInt8),
           torch::tensor({5}, torch::kUInt8), torch::tensor({true, false}), torch::zeros({0, 3})};
-      std::vector<fsdp::detail::ckpt::SafetensorsTensor> plan;
+      std::vector<fsdp::detail::checkpoint::SafetensorsTensor> plan;
       for (size_t i = 0; i < values.size(); ++i) {
         plan.push_back({"t" + std::to_string(i), values[i].scalar_type(), values[i].sizes().vec(), 0, 0});
       }
-      fsdp::detail::ckpt::SafetensorsWriter st((seeds / "dtypes.safetensors").string(), plan, {{"format", "pt"}});
+      fsdp::detail::checkpoint::SafetensorsWriter st((seeds / "dtypes.safetensors").string(), plan, {{"format", "pt"}});
       for (const auto& t : st.layout()) st.write(values[std::stoul(t.name.substr(1))]);
       st.commit();
     }
@@ -294,22 +294,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     HeapPeak heap;
     try {
-      fsdp::detail::ckpt::parse_index(text, "fuzz/index.json");
+      fsdp::detail::checkpoint::parse_index(text, "fuzz/index.json");
     } catch (const fsdp::Error&) {
     }
-    heap.check(2 * fsdp::detail::ckpt::json_budget(size), "parse_index", size);
+    heap.check(2 * fsdp::detail::checkpoint::json_budget(size), "parse_index", size);
   }
   const std::string sealed = resealed(text);
   if (!sealed.empty()) {
     bool accepted = false;
-    fsdp::detail::ckpt::Index ix;
+    fsdp::detail::checkpoint::Index ix;
     try {
-      ix = fsdp::detail::ckpt::parse_index(sealed, "fuzz/index.json (resealed)");
+      ix = fsdp::detail::checkpoint::parse_index(sealed, "fuzz/index.json (resealed)");
       accepted = true;
     } catch (const fsdp::Error&) {
     }
     // Outside the try: a refusal of its own encoding is a finding.
-    if (accepted) fsdp::detail::ckpt::parse_index(fsdp::detail::ckpt::to_json(ix), "fuzz: the index encoded back");
+    if (accepted) fsdp::detail::checkpoint::parse_index(fsdp::detail::checkpoint::to_json(ix), "fuzz: the index encoded back");
   }
 #elif defined(FSDP_FUZZ_FULL)
   const fs::path path = w.scratch / "input.pt";
@@ -334,7 +334,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   HeapPeak heap;
   try {
-    fsdp::detail::ckpt::parse_dcp_metadata(bytes, "fuzz/.metadata");
+    fsdp::detail::checkpoint::parse_dcp_metadata(bytes, "fuzz/.metadata");
   } catch (const fsdp::Error&) {
   }
   heap.check(2 * fsdp::detail::pickle::parse_budget(size), "parse_dcp_metadata", size);
@@ -356,14 +356,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     HeapPeak heap;
     try {
-      fsdp::detail::ckpt::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
+      fsdp::detail::checkpoint::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
     } catch (const fsdp::Error&) {
     }
-    heap.check(2 * fsdp::detail::ckpt::json_budget(size), "parse_safetensors", size);
+    heap.check(2 * fsdp::detail::checkpoint::json_budget(size), "parse_safetensors", size);
   }
   try {
-    const auto h = fsdp::detail::ckpt::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
-    for (const auto& t : h.tensors) fsdp::detail::ckpt::safetensors_tensor_from(bytes, h, t).sum();
+    const auto h = fsdp::detail::checkpoint::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
+    for (const auto& t : h.tensors) fsdp::detail::checkpoint::safetensors_tensor_from(bytes, h, t).sum();
   } catch (const fsdp::Error&) {
   }
   const fs::path path = w.scratch / "input.safetensors";

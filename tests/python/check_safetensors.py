@@ -2,7 +2,7 @@
 wrote against the full checkpoint it came from, in Python: Hugging Face's
 safetensors.torch.load_file must give exactly the checkpoint's model entry as
 torch.load(weights_only=True) gives it (same keys, dtypes, shapes and values),
-and safe_open its metadata. For tests/fsdp/safetensors_python_test.cpp.
+and safe_open its metadata. For tests/checkpoint/safetensors_python_test.cpp.
 
     check_safetensors.py EXPORTED.safetensors FULL_CHECKPOINT.pt ENTRY
 

@@ -18,6 +18,7 @@
 #include "../support/thread_ranks.h"
 #include "fsdp/error.h"
 #include "fsdp/models/gpt.h"
+#include "fsdp/strategy/registry.h"
 #include "fsdp/strategy/strategy.h"
 #include "../support/trainer.h"
 #include "../support/errors.h"

@@ -18,7 +18,7 @@ namespace fsdp::testing {
 inline std::string index_checksum(const nlohmann::ordered_json& without_checksum) {
   const std::string text = without_checksum.dump();
   char hex[16];
-  std::snprintf(hex, sizeof hex, "%08x", fsdp::detail::ckpt::crc32(text.data(), text.size()));
+  std::snprintf(hex, sizeof hex, "%08x", fsdp::detail::checkpoint::crc32(text.data(), text.size()));
   return std::string("crc32:") + hex;
 }
 

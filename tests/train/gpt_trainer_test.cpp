@@ -66,26 +66,27 @@ std::vector<std::string> command_line(const train::TrainConfig& c) {
                              is("--batch", to_string(c.batch)), is("--lr", num(c.lr)),
                              is("--warmup-steps", to_string(c.warmup_steps)), is("--min-lr", num(c.min_lr)),
                              is("--out", c.out), is("--save-every", to_string(c.save_every)),
-                             is("--keep", to_string(c.keep)), is("--seed", to_string(c.seed)),
+                             is("--keep", to_string(c.keep)), is("--seed", to_string(c.strategy.seed())),
                              is("--log-every", to_string(c.log_every)), is("--eval-every", to_string(c.eval_every)),
-                             is("--state-dict-type", fsdp::to_string(c.state_dict_type)),
-                             is("--sharding-strategy", fsdp::to_string(c.sharding_strategy)), is("--precision", c.precision),
-                             is("--backward-prefetch", fsdp::to_string(c.backward_prefetch))};
+                             is("--state-dict-type", fsdp::to_string(c.strategy.state_dict_type())),
+                             is("--sharding-strategy", fsdp::to_string(c.strategy.sharding_strategy())),
+                             is("--precision", c.strategy.precision()),
+                             is("--backward-prefetch", fsdp::to_string(c.strategy.backward_prefetch()))};
   const models::GPTConfig p = train::preset(c.preset);
   if (c.model.dim != p.dim) f.push_back(is("--dim", to_string(c.model.dim)));
   if (c.model.layers != p.layers) f.push_back(is("--layers", to_string(c.model.layers)));
   if (c.model.heads != p.heads) f.push_back(is("--heads", to_string(c.model.heads)));
   if (c.model.context != p.context) f.push_back(is("--context", to_string(c.model.context)));
   if (!c.data.empty()) f.push_back(is("--data", c.data));
-  if (!c.mesh.empty()) f.push_back(is("--mesh", c.mesh));
+  if (c.strategy.device_mesh()) f.push_back(is("--mesh", train::mesh_name(c.strategy)));
   if (c.resume) f.emplace_back("--resume");
   if (!c.resume_from.empty()) f.push_back(is("--resume-from", c.resume_from));
   if (c.overwrite) f.emplace_back("--overwrite");
   if (!c.empty_init) f.emplace_back("--eager-init");
-  if (c.activation_checkpointing) f.emplace_back("--activation-checkpointing");
-  if (c.cpu_offload) f.emplace_back("--cpu-offload");
-  if (!c.forward_prefetch) f.emplace_back("--no-forward-prefetch");
-  if (!c.limit_all_gathers) f.emplace_back("--no-limit-all-gathers");
+  if (train::activation_checkpointing(c.strategy)) f.emplace_back("--activation-checkpointing");
+  if (c.strategy.cpu_offload().offload_params) f.emplace_back("--cpu-offload");
+  if (!c.strategy.forward_prefetch()) f.emplace_back("--no-forward-prefetch");
+  if (!c.strategy.limit_all_gathers()) f.emplace_back("--no-limit-all-gathers");
   return f;
 }
 
@@ -153,9 +154,8 @@ TEST(GptTrainer, LogsHeldOutLossDrawsTheCurveAndRunsOnAMesh) {
   {
     auto c = tiny(dir.path(), 10);
     c.eval_every = 5;
-    c.mesh = "2,2";
-    c.forward_prefetch = true;
-    c.backward_prefetch = BackwardPrefetch::kBackwardPost;
+    c.strategy.sharding_strategy(ShardingStrategy::kHybridShard).device_mesh(2, 2);
+    c.strategy.forward_prefetch(true).backward_prefetch(BackwardPrefetch::kBackwardPost);
     ASSERT_TRUE(train_processes(4, c));
   }
   std::ifstream in(dir.path() + "/metrics.jsonl");
@@ -174,12 +174,10 @@ TEST(GptTrainer, LogsHeldOutLossDrawsTheCurveAndRunsOnAMesh) {
   // A mesh that does not fit the world, or a bad spelling, is refused.
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     auto c = tiny(dir.path() + "/m", 2);
-    c.mesh = "2,2";
+    c.strategy.sharding_strategy(ShardingStrategy::kHybridShard).device_mesh(2, 2);
     EXPECT_THROW(train::train(c, borrow(pg)), ConfigError);
   });
-  auto bad = tiny(dir.path(), 2);
-  bad.mesh = "two";
-  EXPECT_THROW(train::validate(bad), ConfigError);
+  EXPECT_THROW(train::parse_mesh("two"), ConfigError);
 }
 
 TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
@@ -622,11 +620,18 @@ TEST(GptTrainer, BadInputIsNamedBeforeTraining) {
   c = tiny(dir.path(), 5);
   c.min_lr = -3;
   expect_error(c, "--min-lr must be 0 or positive (or -1: a tenth of --lr), got -3");
-  for (const char* mesh : {"1,1,1", "2,2x", "2, 2", ",2", "0,2"}) {
-    c = tiny(dir.path(), 5);
-    c.mesh = mesh;
-    expect_error(c, "--mesh '" + std::string(mesh) + "' is invalid: expected R,S (two positive integers");
+  for (const char* mesh : {"1,1,1", "2,2x", "2, 2", ",2", "0,2"}) {  // fsdp-train parses --mesh with parse_mesh
+    try {
+      train::parse_mesh(mesh);
+      ADD_FAILURE() << "--mesh " << mesh << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--mesh '" + std::string(mesh) + "' is invalid: expected R,S (two positive "
+                                                                           "integers"),
+                std::string::npos)
+          << e.what();
+    }
   }
+  EXPECT_EQ(train::parse_mesh("2,4"), std::make_pair(2, 4));
   expect_error(tiny("/", 5), "--out / is the filesystem root");
   expect_error(tiny("/tmp/..", 5), "--out /tmp/.. is the filesystem root");
   if (const char* home = std::getenv("HOME"); home && *home && fs::is_directory(home)) {
@@ -750,7 +755,7 @@ TEST(GptTrainer, ANewRunIntoAUsedOutIsRefusedAndNeverResumesAnotherRun) {
   // A new run (another seed) into a: refused, on every rank, saying what to do.
   run_ranks(2, [&](dist::ProcessGroup& pg) {
     auto again = tiny(a, 4);
-    again.seed = 1;
+    again.strategy.seed(1);
     expect_config_error([&] { train::train(again, borrow(pg)); },
                         "--out " + a + " already holds run " + run_a + ", newest checkpoint " + a +
                             "/checkpoints/step-00000004: expected an empty run directory for a new run; pass "
@@ -760,7 +765,7 @@ TEST(GptTrainer, ANewRunIntoAUsedOutIsRefusedAndNeverResumesAnotherRun) {
   // Run B in b, with A's newer checkpoint copied among its own: a resume
   // takes B's own newest (step 2), naming A's as another run's.
   auto rb = tiny(b, 2);
-  rb.seed = 1;
+  rb.strategy.seed(1);
   run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(rb, borrow(pg)); });
   fs::copy(a + "/checkpoints/step-00000004", b + "/checkpoints/step-00000004", fs::copy_options::recursive);
   rb.steps = 6;
@@ -787,7 +792,7 @@ TEST(GptTrainer, ANewRunIntoAUsedOutIsRefusedAndNeverResumesAnotherRun) {
   EXPECT_EQ(id_of_checkpoint(c + "/checkpoints/step-00000006"), id_of_dir(c));
   // --overwrite starts over in a: a new run id, A's checkpoints and metrics gone.
   auto ra = tiny(a, 2);
-  ra.seed = 1;
+  ra.strategy.seed(1);
   ra.overwrite = true;
   ASSERT_TRUE(train_processes(2, ra));
   const std::string run_a2 = id_of_dir(a);
@@ -1044,7 +1049,7 @@ TEST(GptTrainer, OverwriteRemovesOnlyWhatFsdpTrainWrote) {
   const std::string out = dir.path() + "/run", other = dir.path() + "/other";
   run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(tiny(out, 2), borrow(pg)); });
   auto o = tiny(other, 3);
-  o.seed = 5;
+  o.strategy.seed(5);
   run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(o, borrow(pg)); });
   fs::create_directories(out + "/checkpoints/my_model");
   write_file(out + "/checkpoints/my_model/weights.bin", "precious");
@@ -1053,7 +1058,7 @@ TEST(GptTrainer, OverwriteRemovesOnlyWhatFsdpTrainWrote) {
   const std::string old_id = nlohmann::json::parse(read_file(out + "/run.json")).at("run_id");
   auto again = tiny(out, 2);
   again.overwrite = true;
-  again.seed = 1;
+  again.strategy.seed(1);
   ::testing::internal::CaptureStdout();
   run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(again, borrow(pg)); });
   const std::string said = ::testing::internal::GetCapturedStdout();
@@ -1082,9 +1087,7 @@ TEST(GptTrainer, ResumeNamesChangedDataPrecisionAndSharding) {
   auto r = tiny(out, 4);
   r.resume = true;
   r.data = data;
-  r.precision = "bf16-mixed";
-  r.sharding_strategy = ShardingStrategy::kShardGradOp;
-  r.state_dict_type = CheckpointFormat::kFull;
+  r.strategy.precision("bf16-mixed").sharding_strategy(ShardingStrategy::kShardGradOp).state_dict_type(CheckpointFormat::kFull);
   ::testing::internal::CaptureStdout();
   run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(r, borrow(pg)); });
   const std::string said = ::testing::internal::GetCapturedStdout();
@@ -1138,7 +1141,7 @@ TEST(GptTrainer, GenerateStreamsAndTakesAnyPositiveTemperature) {
 TEST(GptTrainer, SixteenBitPrecisionOnCpuWarnsOrIsRefused) {
   TempDir dir;
   auto c = tiny(dir.path(), 1);
-  c.precision = "16-mixed";
+  c.strategy.precision("16-mixed");
   c.eval_every = 0;
   ::testing::internal::CaptureStderr();
   bool trained = false;

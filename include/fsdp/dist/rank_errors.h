@@ -1,9 +1,13 @@
-// include/fsdp/dist/rank_errors.h — failures that every rank learns about, keeping
+// fsdp/dist/rank_errors.h — failures that every rank learns about, keeping
 // their kind. A step that may fail on some ranks only (reading a file,
 // writing one) runs under capture(); a collective then agrees on the
 // outcome, and every rank throws the same error: a ConfigError stays a
 // ConfigError and a CollectiveError a CollectiveError (anything else is an
-// Error). Private to the library.
+// Error). The checkpoint writers, the strategy and fsdp-train use it; so can
+// a training loop of one's own:
+//   fsdp::dist::agree(group, fsdp::dist::capture([&] { read_my_data(); }), "reading the data");
+// Calls marked [collective] must be made by every rank of the group, in the
+// same order; the others are local.
 #pragma once
 
 #include <string>
@@ -11,7 +15,7 @@
 
 #include "fsdp/dist/process_group.h"
 
-namespace fsdp::detail {
+namespace fsdp::dist {
 
 // A captured failure, as it travels between ranks: empty for none, else a
 // letter for its kind, then its message.
@@ -49,28 +53,28 @@ std::string outcome_payload(const std::string& outcome);   // (!outcome_failed)
 // [collective: all_gather over `group`] Every rank learns whether every rank
 // succeeded; if one failed, every rank throws the lowest failed rank's error
 // ("<what> failed on rank <r>: ..." on the others, unchanged on that rank).
-void agree(dist::ProcessGroup& group, const Failure& mine, const std::string& what);
+void agree(ProcessGroup& group, const Failure& mine, const std::string& what);
 
 // [collective: all_gather over `group`] Every rank's `payload`, or, if a rank
 // failed, that error on every rank, "<what> failed on rank <r>: " before it
 // (on that rank too).
-std::vector<std::string> gather_agreed(dist::ProcessGroup& group, const std::string& payload, const Failure& mine,
+std::vector<std::string> gather_agreed(ProcessGroup& group, const std::string& payload, const Failure& mine,
                                        const std::string& what);
 
 // [collective: all_gather over `group`] Every rank's `payload` (a failed
 // rank's: empty), and in `failure` the lowest failed rank's failure with
 // "rank <r>: " before its message, or none. Nothing is thrown: for a step
 // that must still run on some rank before the outcome is agreed (agree_from).
-std::vector<std::string> gather_outcomes(dist::ProcessGroup& group, const std::string& payload, const Failure& mine,
+std::vector<std::string> gather_outcomes(ProcessGroup& group, const std::string& payload, const Failure& mine,
                                          Failure& failure);
 
 // [collective: broadcast from `root`] The root's failure, thrown on every
 // rank with `prefix`; nothing if it succeeded.
-void agree_from(dist::ProcessGroup& group, int root, const Failure& failure, const std::string& prefix);
+void agree_from(ProcessGroup& group, int root, const Failure& failure, const std::string& prefix);
 
 // [collective: broadcast from `root`] The root's failure on every rank, not
 // thrown (for a rank that must undo something first); empty if it succeeded.
 // A failing broadcast itself throws its CollectiveError.
-Failure failure_from(dist::ProcessGroup& group, int root, const Failure& failure);
+Failure failure_from(ProcessGroup& group, int root, const Failure& failure);
 
-}  // namespace fsdp::detail
+}  // namespace fsdp::dist

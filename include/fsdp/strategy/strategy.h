@@ -38,6 +38,7 @@
 #include "fsdp/core/fully_sharded_data_parallel.h"
 #include "fsdp/core/utils.h"
 #include "fsdp/observability/loggers.h"
+#include "fsdp/strategy/grad_scaler.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -55,33 +56,6 @@ struct PrecisionConfig {
 // Parses a precision name ("32", "16", "bf16" and "32-true" ... "bf16-true");
 // ConfigError listing the valid names otherwise.
 PrecisionConfig parse_precision(const std::string& name);
-
-// PyTorch's (Sharded)GradScaler for float16 training: scales the loss so
-// that small gradients survive float16, unscales the gradients before the
-// optimizer (or clipping) sees them, and skips the step — on every rank
-// alike — when any rank's shard holds an inf or NaN, backing the scale off.
-class ShardedGradScaler {
- public:
-  ShardedGradScaler(dist::ProcessGroupPtr group, double init_scale = 65536.0, double growth_factor = 2.0,
-                    double backoff_factor = 0.5, int growth_interval = 2000);
-  // loss * scale.
-  at::Tensor scale(const at::Tensor& loss) const;
-  // [collective] Divides the gradients of the optimizer's parameters by the
-  // scale (once per step) and agrees over the group whether any is not finite.
-  void unscale_(torch::optim::Optimizer& optimizer);
-  // [collective unless unscale_ ran] Unscales if needed, then steps unless a
-  // gradient was not finite. Returns whether it stepped.
-  bool step(torch::optim::Optimizer& optimizer);
-  // Grows the scale after growth_interval clean steps, backs off after a bad one.
-  void update();
-  double get_scale() const { return scale_; }
-
- private:
-  dist::ProcessGroupPtr group_;
-  double scale_, growth_, backoff_;
-  int interval_, clean_steps_ = 0;
-  bool unscaled_ = false, found_inf_ = false;
-};
 
 // FSDPStrategyOptions::NAME(value) sets fsdp().NAME and returns the
 // strategy's options; NAME() reads fsdp().NAME (Lightning passes these
@@ -424,25 +398,6 @@ class FSDPStrategy {
   // The models setup_module set up, for setup_optimizer (not kept alive).
   std::vector<std::weak_ptr<torch::nn::Module>> models_;
   std::shared_ptr<ShardedGradScaler> scaler_;
-};
-
-// Named strategies, so that an application can pick one from its command
-// line: "fsdp" and "fsdp_cpu_offload" are registered.
-class StrategyRegistry {
- public:
-  using Factory = std::function<FSDPStrategyOptions()>;
-  static StrategyRegistry& instance();
-  // ConfigError if `name` is taken.
-  void register_strategy(const std::string& name, Factory factory, const std::string& description);
-  // ConfigError listing the registered names if `name` is unknown.
-  FSDPStrategyOptions options(const std::string& name) const;
-  FSDPStrategy get(const std::string& name) const { return FSDPStrategy(options(name)); }
-  std::vector<std::string> names() const;
-  const std::string& description(const std::string& name) const;
-
- private:
-  StrategyRegistry();
-  std::map<std::string, std::pair<Factory, std::string>> entries_;
 };
 
 }  // namespace fsdp

@@ -14,118 +14,12 @@
 #include "fsdp/core/options.h"  // ShardingStrategy, BackwardPrefetch
 #include "fsdp/models/gpt.h"
 #include "fsdp/train/batches.h"  // held_out_bytes, the split train() makes
+#include "fsdp/train/train_config.h"
 
 namespace fsdp::train {
 
-// What a step whose loss is not finite does (a diverged run: NaN or inf;
-// without a gradient scaler also a gradient norm that is not finite). The
-// decision is the same on every rank (the loss is the mean over the ranks,
-// the norm the global one). Either way the step's metrics line records
-// "nonfinite": true, and the weights are not updated by it.
-enum class NonfiniteLoss {
-  // Stop the run with an Error naming the step and the value, before the
-  // optimizer step: the weights of the last checkpoint are intact, and
-  // --resume (with a lower --lr) continues from there.
-  kStop,
-  // Skip the optimizer step, as a GradScaler skips a step with inf
-  // gradients, and go on ("skipped": true in metrics.jsonl).
-  kSkip,
-};
-std::string to_string(NonfiniteLoss policy);      // "stop", "skip"
-NonfiniteLoss parse_nonfinite_loss(const std::string& name);  // ConfigError naming the choices
-
-struct TrainConfig {
-  std::string preset = "default";  // tiny, default, 100m
-  models::GPTConfig model;          // filled from the preset (flags may override)
-  int64_t steps = 200;
-  int64_t batch = 8;                // sequences per rank per step
-  // AdamW (betas 0.9, 0.95) with nanoGPT's schedule: linear warm-up to lr
-  // over the first warmup_steps steps, then cosine decay to min_lr at
-  // `steps`. On --resume these settings apply from the resumed step on (an
-  // override of the run's earlier values, which the trainer reports).
-  double lr = 3e-3;
-  int64_t warmup_steps = -1;  // -1: a fifth of `steps`; other negatives are refused
-  double min_lr = -1;         // -1: lr / 10; other negatives are refused
-  NonfiniteLoss on_nonfinite_loss = NonfiniteLoss::kStop;
-  std::string out = "runs/latest";  // run directory: metrics.jsonl, train.log, checkpoints/ (not / or $HOME)
-  std::string data;                 // text file, memory-mapped (empty: the generated corpus)
-  int64_t save_every = 0;           // 0: only at the end
-  int keep = 2;                     // checkpoints kept
-  // One run per directory (docs/reliability.md). A run that starts fresh
-  // into a directory that already holds a run is refused unless it says
-  // what to do: resume = continue the directory's run from its newest
-  // checkpoint that verifies (a damaged one is set aside, loudly; another
-  // run's checkpoint is never taken); overwrite = start over, removing what
-  // fsdp-train wrote there (RunDirectory::begin: its own files and the
-  // checkpoints of the directory's run; anything else stays, named); resume_from = continue from that checkpoint
-  // (any run's). With resume too (as after an fsdp-run restart, which sets
-  // resume), resume_from is taken only while the directory has no
-  // checkpoint of its own run yet.
-  bool resume = false;
-  std::string resume_from;
-  bool overwrite = false;
-  CheckpointFormat state_dict_type = CheckpointFormat::kSharded;
-  ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
-  std::string precision = "32-true";
-  bool activation_checkpointing = false;
-  bool cpu_offload = false;
-  uint64_t seed = 0;
-  // Built sharded (EmptyInitGuard): each block gets its memory when FSDP
-  // shards it, with the values an eager build from `seed` has. false: the
-  // whole model is built on every rank first.
-  bool empty_init = true;
-  int64_t log_every = 10;
-  // Held-out loss every N steps (and at the end); 0: never. None either,
-  // said once, when the text is too short to hold any out
-  // (min_bytes_to_hold_out).
-  int64_t eval_every = 50;
-  std::string mesh;                 // "R,S": HYBRID_SHARD's (replicate, shard) sizes
-  bool forward_prefetch = true;  // as FSDPOptions (on; PyTorch: off)
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
-  bool limit_all_gathers = true;
-  // Which loggers get the run's metrics (comma-separated): "tensorboard"
-  // (event files in `out`, for `tensorboard --logdir`), "csv"
-  // (out/csv/version_N/metrics.csv and hparams.yaml, a version per job),
-  // "jsonl" (out/metrics.jsonl, every step; the loss curve and the run's
-  // record of resizes and gaps come from it). TensorBoard and CSV get the
-  // scalars (StepMetrics::scalars) every log_every steps, at held-out
-  // evaluations and at the last step, and the configuration as
-  // hyperparameters (TensorBoard's HPARAMS view keeps a run's first job's;
-  // a resume lists the flags it changes in train.log).
-  std::string loggers = "tensorboard,jsonl";
-  // "A:B": record steps A to B with LibTorch's profiler (Kineto), a Chrome
-  // trace per rank in out/profile/rank_<r>.pt.trace.json (fsdp/observability/profiler.h).
-  // Empty: no profiling.
-  std::string profile_steps;
-};
-
-// Which of TrainConfig::loggers are on; ConfigError naming an unknown one.
-struct LoggerChoice {
-  bool tensorboard = false, csv = false, jsonl = false;
-};
-LoggerChoice chosen_loggers(const std::string& names);
-
-// The model sizes of a preset: "tiny" (tests), "default" (a couple of minutes
-// on 2 CPU cores), "100m" (~100 M parameters). ConfigError for others.
-models::GPTConfig preset(const std::string& name);
-
-// Checks what can be checked before training: heads divide dim, the data
-// file exists and is not empty, the run directory is writable, numbers are
-// positive, overwrite is not combined with resume, resume_from exists and
-// (with overwrite) lies outside the run directory. ConfigError naming the
-// setting otherwise.
-void validate(const TrainConfig& config);
-
 // The generated corpus: deterministic English-like text (no file needed).
 std::string generated_corpus(size_t bytes = 1 << 20);
-
-// The warm-up steps of `config` (its warmup_steps, or a fifth of its steps)
-// and its final learning rate (its min_lr, or a tenth of its lr).
-int64_t warmup_steps(const TrainConfig& config);
-double min_learning_rate(const TrainConfig& config);
-
-// The learning rate of 0-based `step` under `config`'s schedule.
-double learning_rate(const TrainConfig& config, int64_t step);
 
 // Writes `out/loss.svg`: the training loss per step (a line) and the
 // held-out loss (points), from out/metrics.jsonl (lines that are not
@@ -172,15 +66,5 @@ std::string generate(const std::string& checkpoint, const std::string& prompt, c
 // byte.
 void generate_stream(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& options,
                      const dist::ProcessGroupPtr& world, const std::function<void(char)>& emit);
-
-// [local] The model configuration a checkpoint written by train() records
-// (config.model.*: vocab, context, dim, layers, heads; `info` from
-// inspect_checkpoint(path)), checked before anything is built from it: each
-// an int from 1 to 2^31, heads dividing dim, and the model entry's tensors
-// exactly those the configuration implies (models::gpt_state_shapes), same
-// keys and shapes. ConfigError naming `path` and the first disagreement, or
-// saying the checkpoint was not written by fsdp-train. generate, resume and
-// `fsdp-ckpt verify` (for fsdp-train's checkpoints) check through it.
-models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std::string& path);
 
 }  // namespace fsdp::train

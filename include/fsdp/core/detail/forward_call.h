@@ -1,5 +1,6 @@
 // fsdp/core/detail/forward_call.h — the glue between the forward-interposing holders in
-// fsdp/fsdp.h and the sharding engine in src/fsdp/. Not a public API.
+// fsdp/core/fully_sharded_data_parallel.h and the sharding engine in src/core/.
+// Not a public API.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,0 +1,99 @@
+// The state dict type of each unit (state_dict_settings.h), and
+// StateDictTypeGuard, which sets it (fsdp/state_dict/state_dict_options.h).
+#include "state_dict_settings.h"
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "fsdp/error.h"
+#include "fsdp/state_dict/state_dict_options.h"
+#include "../core/unit.h"
+
+namespace fsdp {
+
+// ---------------------------------------------------------------------------
+// State dict types of units: a table keyed by unit, holding an entry only
+// while a guard covers the unit (the guard keeps the unit alive, so no entry
+// outlives its unit).
+
+namespace {
+
+struct SettingTable {
+  std::mutex mu;
+  std::unordered_map<const detail::UnitState*, detail::StateDictSetting> settings;
+};
+
+SettingTable& setting_table() {
+  static SettingTable t;
+  return t;
+}
+
+StateDictConfig default_config(StateDictType type) {
+  switch (type) {
+    case StateDictType::kFull: return FullStateDictConfig{};
+    case StateDictType::kLocal: return LocalStateDictConfig{};
+    default: return ShardedStateDictConfig{};
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+StateDictSetting state_dict_setting_of(const UnitState& unit) {
+  auto& t = setting_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.settings.find(&unit);
+  return it == t.settings.end() ? StateDictSetting{} : it->second;
+}
+
+}  // namespace detail
+
+struct StateDictTypeGuard::Saved {
+  std::shared_ptr<detail::UnitState> unit;
+  std::optional<detail::StateDictSetting> previous;  // none: the unit had the default
+};
+
+StateDictTypeGuard::StateDictTypeGuard(const std::shared_ptr<torch::nn::Module>& model, StateDictType type,
+                                       std::optional<StateDictConfig> config) {
+  const StateDictConfig c = config ? *config : default_config(type);
+  if (c.index() != default_config(type).index()) {
+    throw ConfigError(std::string("state_dict_type: Expected state_dict_config of type ") +
+                      config_name(default_config(type)) + " for " + to_string(type) + " but got " + config_name(c));
+  }
+  auto& t = setting_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  for (auto& u : detail::units_of(model)) {
+    auto saved = std::make_shared<Saved>();
+    saved->unit = u;
+    auto it = t.settings.find(u.get());
+    if (it != t.settings.end()) saved->previous = it->second;
+    t.settings[u.get()] = detail::StateDictSetting{type, c};
+    saved_.push_back(std::move(saved));
+  }
+}
+
+StateDictTypeGuard::~StateDictTypeGuard() {
+  auto& t = setting_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+    const auto* unit = (*it)->unit.get();
+    if ((*it)->previous) {
+      t.settings[unit] = *(*it)->previous;
+    } else {
+      t.settings.erase(unit);
+    }
+  }
+}
+
+StateDictType state_dict_type_of(const torch::nn::Module& unit_module) {
+  auto slot = detail::find_slot(&unit_module);
+  return slot && slot->unit ? detail::state_dict_setting_of(*slot->unit).type : StateDictType::kFull;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,252 @@
+// What a run is told (fsdp/train/train_config.h): presets, the checks made
+// before training, and the learning-rate schedule.
+#include "fsdp/train/train_config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/error.h"
+#include "fsdp/observability/profiler.h"  // parse_step_range
+
+namespace fsdp::train {
+
+namespace fs = std::filesystem;
+
+std::pair<int, int> parse_mesh(const std::string& mesh) {
+  const auto comma = mesh.find(',');
+  auto whole_int = [](const std::string& text, int& v) {
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+    return ec == std::errc() && ptr == end && v > 0;
+  };
+  int r = 0, sh = 0;
+  if (comma == std::string::npos || !whole_int(mesh.substr(0, comma), r) || !whole_int(mesh.substr(comma + 1), sh)) {
+    throw ConfigError("--mesh '" + mesh + "' is invalid: expected R,S (two positive integers: the replicate and shard "
+                      "sizes, e.g. 2,4)");
+  }
+  return {r, sh};
+}
+
+std::string mesh_name(const FSDPStrategyOptions& strategy) {
+  const auto& mesh = strategy.device_mesh();
+  return mesh ? std::to_string(mesh->first) + "," + std::to_string(mesh->second) : std::string();
+}
+
+bool activation_checkpointing(const FSDPStrategyOptions& strategy) {
+  return static_cast<bool>(strategy.activation_checkpointing_policy()) ||
+         static_cast<bool>(strategy.activation_checkpointing());
+}
+
+std::string config_json(const TrainConfig& c) {
+  const FSDPStrategyOptions& s = c.strategy;
+  const FSDPOptions& f = s.fsdp();
+  nlohmann::ordered_json j = {
+      {"preset", c.preset},
+      {"model",
+       {{"vocab", c.model.vocab_size}, {"context", c.model.context}, {"dim", c.model.dim}, {"layers", c.model.layers},
+        {"heads", c.model.heads}}},
+      {"steps", c.steps}, {"batch", c.batch}, {"lr", c.lr}, {"warmup_steps", warmup_steps(c)},
+      {"min_lr", min_learning_rate(c)}, {"on_nonfinite_loss", to_string(c.on_nonfinite_loss)}, {"out", c.out},
+      {"data", c.data}, {"save_every", c.save_every}, {"keep", c.keep}, {"resume", c.resume},
+      {"resume_from", c.resume_from}, {"overwrite", c.overwrite}, {"empty_init", c.empty_init},
+      {"log_every", c.log_every}, {"eval_every", c.eval_every}, {"loggers", c.loggers},
+      {"profile_steps", c.profile_steps}};
+  j["strategy"] = {{"sharding_strategy", to_string(s.sharding_strategy())},
+                   {"state_dict_type", to_string(s.state_dict_type())},
+                   {"precision", s.precision()},
+                   {"cpu_offload", s.cpu_offload().offload_params},
+                   {"seed", s.seed()},
+                   {"activation_checkpointing", activation_checkpointing(s)},
+                   {"mesh", mesh_name(s)},
+                   {"use_orig_params", s.use_orig_params()},
+                   {"forward_prefetch", s.forward_prefetch()},
+                   {"backward_prefetch", to_string(s.backward_prefetch())},
+                   {"limit_all_gathers", s.limit_all_gathers()},
+                   {"sync_module_states", s.sync_module_states()},
+                   {"max_reductions_in_flight", f.max_reductions_in_flight()}};
+  return j.dump();
+}
+
+namespace {
+
+// ConfigError when `out` is the filesystem root or the home directory:
+// --overwrite removes files there, and a run scatters its files into it.
+void refuse_system_directory(const std::string& out) {
+  std::error_code ec;
+  const fs::path at = fs::weakly_canonical(fs::absolute(out, ec), ec);
+  auto same = [&](const fs::path& other) {
+    std::error_code e;
+    return !other.empty() && fs::equivalent(at, other, e);
+  };
+  const char* home = std::getenv("HOME");
+  if (same("/") || (home && *home && same(home))) {
+    throw ConfigError("--out " + out + " is " + (same("/") ? "the filesystem root" : "the home directory") +
+                      ": a run writes metrics.jsonl, train.log, run.json and checkpoints/ there (and --overwrite "
+                      "removes them): expected a directory of the run's own, e.g. runs/latest");
+  }
+}
+
+}  // namespace
+
+models::GPTConfig preset(const std::string& name) {
+  models::GPTConfig c;
+  if (name == "tiny") {
+    c.context = 32;
+    c.dim = 64;
+    c.layers = 2;
+    c.heads = 4;
+  } else if (name == "default") {
+    c.context = 128;
+    c.dim = 256;
+    c.layers = 4;
+    c.heads = 4;
+  } else if (name == "100m") {
+    c.context = 128;
+    c.dim = 768;
+    c.layers = 14;
+    c.heads = 12;
+  } else {
+    throw ConfigError("--preset '" + name + "' does not exist: expected tiny, default or 100m");
+  }
+  return c;
+}
+
+std::string to_string(NonfiniteLoss policy) { return policy == NonfiniteLoss::kStop ? "stop" : "skip"; }
+
+NonfiniteLoss parse_nonfinite_loss(const std::string& name) {
+  if (name == "stop") return NonfiniteLoss::kStop;
+  if (name == "skip") return NonfiniteLoss::kSkip;
+  throw ConfigError("'" + name + "' is not a policy for a non-finite loss: expected stop or skip");
+}
+
+LoggerChoice chosen_loggers(const std::string& names) {
+  LoggerChoice out;
+  std::string rest = names;
+  while (true) {
+    const auto comma = rest.find(',');
+    const std::string name = rest.substr(0, comma);
+    if (name == "tensorboard") {
+      out.tensorboard = true;
+    } else if (name == "csv") {
+      out.csv = true;
+    } else if (name == "jsonl") {
+      out.jsonl = true;
+    } else if (!(name == "none" && names == "none")) {
+      throw ConfigError("--logger '" + names + "': unknown logger '" + name +
+                        "'; expected a comma-separated list of tensorboard, csv and jsonl, or none");
+    }
+    if (comma == std::string::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return out;
+}
+
+void validate(const TrainConfig& c) {
+  auto positive = [](int64_t v, const char* flag) {
+    if (v <= 0) throw ConfigError(std::string(flag) + " must be positive, got " + std::to_string(v));
+  };
+  positive(c.steps, "--steps");
+  positive(c.batch, "--batch");
+  positive(c.model.dim, "--dim");
+  positive(c.model.layers, "--layers");
+  positive(c.model.heads, "--heads");
+  positive(c.model.context, "--context");
+  positive(c.keep, "--keep");
+  positive(c.log_every, "--log-every");
+  (void)chosen_loggers(c.loggers);
+  if (!c.profile_steps.empty()) {
+    const StepRange r = parse_step_range(c.profile_steps, "--profile-steps");
+    if (r.last > c.steps) {
+      throw ConfigError("--profile-steps '" + c.profile_steps + "': step " + std::to_string(r.last) +
+                        " is past the run's last step (--steps " + std::to_string(c.steps) +
+                        "); expected A:B with 1 <= A <= B <= " + std::to_string(c.steps));
+    }
+  }
+  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
+    throw ConfigError("--lr must be a positive number, got " + std::to_string(c.lr));
+  }
+  if (c.warmup_steps < -1) {
+    throw ConfigError("--warmup-steps must be 0 or positive (or -1: a fifth of --steps), got " +
+                      std::to_string(c.warmup_steps));
+  }
+  if (c.min_lr < 0 && c.min_lr != -1) {
+    throw ConfigError("--min-lr must be 0 or positive (or -1: a tenth of --lr), got " + std::to_string(c.min_lr));
+  }
+  if (std::isnan(c.min_lr) || c.min_lr > c.lr) {
+    throw ConfigError("--min-lr must be at most --lr (" + std::to_string(c.lr) + "; -1: a tenth of it), got " +
+                      std::to_string(c.min_lr));
+  }
+  if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
+  if (c.eval_every < 0) throw ConfigError("--eval-every must be 0 (never) or positive");
+  if (c.model.dim % c.model.heads != 0) {
+    throw ConfigError("--heads " + std::to_string(c.model.heads) + " does not divide the model width --dim " +
+                      std::to_string(c.model.dim) + ": expected a divisor of it");
+  }
+  if (!c.data.empty()) {
+    std::error_code ec;
+    if (!fs::exists(c.data, ec)) throw ConfigError("--data " + c.data + ": no such file");
+    if (!fs::is_regular_file(c.data, ec)) {
+      throw ConfigError("--data " + c.data + ": not a regular file (a FIFO, device or directory); expected a text file");
+    }
+    const auto size = fs::file_size(c.data, ec);
+    if (ec || size == 0) throw ConfigError("--data " + c.data + ": the file is empty");
+    if (static_cast<int64_t>(size) < c.model.context + 2) {  // one sample, and a choice of where it starts
+      throw ConfigError("--data " + c.data + ": " + std::to_string(size) + " bytes is too short: --context " +
+                        std::to_string(c.model.context) + " needs at least " + std::to_string(c.model.context + 2) +
+                        " bytes (a sample of " + std::to_string(c.model.context + 1) + " and room to place it)");
+    }
+  }
+  if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
+  refuse_system_directory(c.out);
+  if (c.overwrite && c.resume) {
+    throw ConfigError("--overwrite and --resume contradict each other: --overwrite starts a new run in --out " + c.out +
+                      ", --resume continues the run there; expected one of them");
+  }
+  if (!c.resume_from.empty()) {
+    std::error_code ec;
+    if (!fs::exists(c.resume_from, ec)) {
+      throw ConfigError("--resume-from " + c.resume_from + ": no such checkpoint (file or directory)");
+    }
+    if (c.overwrite) {
+      // --overwrite empties --out: a checkpoint inside it would be gone before it is read.
+      const fs::path from = fs::weakly_canonical(c.resume_from, ec), out = fs::weakly_canonical(c.out, ec);
+      if (std::mismatch(out.begin(), out.end(), from.begin(), from.end()).first == out.end()) {
+        throw ConfigError("--resume-from " + c.resume_from + " lies inside --out " + c.out +
+                          ", which --overwrite empties first: expected a checkpoint outside it (copy it elsewhere, "
+                          "or use --resume)");
+      }
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(c.out, ec);
+  bool writable = false;
+  if (!ec) {
+    const std::string probe = (fs::path(c.out) / ".write-test").string();
+    writable = static_cast<bool>(std::ofstream(probe));
+    fs::remove(probe, ec);
+  }
+  if (!writable) throw ConfigError("--out " + c.out + ": the run directory cannot be created or written");
+}
+
+int64_t warmup_steps(const TrainConfig& c) { return c.warmup_steps < 0 ? c.steps / 5 : c.warmup_steps; }
+
+double min_learning_rate(const TrainConfig& c) { return c.min_lr < 0 ? c.lr / 10 : c.min_lr; }
+
+double learning_rate(const TrainConfig& c, int64_t step) {
+  const int64_t warmup = warmup_steps(c);
+  if (step < warmup) return c.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (c.steps <= warmup) return c.lr;
+  const double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(c.steps - warmup));
+  const double min_lr = min_learning_rate(c);
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (c.lr - min_lr);
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""scripts/check_layers.py finds each kind of violation (issue 31): it is run on
+a copy of the repository's include/ and src/ into which one violation at a
+time is written, and must fail naming it; the unchanged copy must pass.
+
+    tests/scripts/check_layers_test.py REPO
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(REPO, "scripts", "check_layers.py")
+
+
+def check(tree):
+    r = subprocess.run([sys.executable, SCRIPT, tree], capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def append(path, text):
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main():
+    failures = []
+    # (what, the file a line is appended to (made if missing), the line, what the report must say)
+    cases = [
+        ("an include that points up", "src/core/utils.cpp", '#include "fsdp/strategy/strategy.h"',
+         "src/core/utils.cpp (core) includes include/fsdp/strategy/strategy.h (strategy)"),
+        ("a private helper that imports its module's public header back", "src/checkpoint/parts.h",
+         '#include "fsdp/checkpoint/checkpoint_io.h"',
+         "import back up (a cycle among units, x.h with x.cpp): checkpoint:checkpoint_io, checkpoint:parts"),
+        ("a folder that is no module", "src/extras/x.cpp", "", "src/extras/: a folder that is no module"),
+        ("code in a top-level forwarding header", "include/fsdp/strategy.h", "namespace fsdp { int x; }",
+         "a top-level header holds only includes"),
+        ("a module file that includes a top-level umbrella header", "src/state_dict/boxes.cpp", '#include "fsdp/fsdp.h"',
+         "src/state_dict/boxes.cpp (state_dict) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header"),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (what, path, line, expected) in enumerate([("nothing", None, None, None)] + cases):
+            tree = os.path.join(tmp, str(i))
+            for top in ("include", "src", "scripts"):
+                shutil.copytree(os.path.join(REPO, top), os.path.join(tree, top))
+            if path:
+                os.makedirs(os.path.dirname(os.path.join(tree, path)), exist_ok=True)
+                append(os.path.join(tree, path), "\n" + line + "\n")
+            rc, out = check(tree)
+            if expected is None:
+                if rc != 0:
+                    failures.append(f"the unchanged tree fails: {out}")
+            elif rc != 1 or expected not in out:
+                failures.append(f"{what}: expected exit 1 naming '{expected}', got {rc}:\n{out}")
+    for f in failures:
+        print("check_layers_test: " + f)
+    if not failures:
+        print(f"check_layers_test: the unchanged tree passes, and each of {len(cases)} kinds of violation is found")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
