@@ -10,7 +10,7 @@
 # fault tests make network namespaces), python3-venv, and the allocators
 # `fsdp-run --allocator` preloads (jemalloc, tcmalloc, mimalloc: the trial in
 # docs/performance.md), and Open MPI's mpirun (openmpi-bin: the mpirun launch
-# tests, docs/launching.md).
+# tests, docs/launching.md), and doxygen (the API reference, scripts/doxygen.sh).
 #
 # PyPI, into .venv/ (ignored by git): requirements.txt's pinned torch 2.x (its
 # LibTorch is the default build), lightning, the peers, and tensorboard (the
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make ccache libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev libcli11-dev
           nlohmann-json3-dev zlib1g-dev python3-torch python3-venv clang libclang-rt-14-dev iproute2
-          libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 openmpi-bin)
+          libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 openmpi-bin doxygen)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

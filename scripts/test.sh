@@ -8,7 +8,9 @@
 #   2. Debian's LibTorch 1.13 (CPU) into build-debian/: the same suite but for
 #      the peers, which need torch 2.x.
 # The checkpoint-parser fuzzers (clang + ASan) are built once, into
-# build-fuzz/, and run briefly by CTest in the first pass.
+# build-fuzz/, and run briefly by CTest in the first pass. The API reference
+# (Doxygen, scripts/doxygen.sh) is built first, into build/doc: a warning
+# fails the run.
 # FSDP_LIBTORCH=wheel or FSDP_LIBTORCH=debian runs that one alone. Extra
 # arguments go to both ctest runs (e.g. -R TestFSDPStateDict).
 set -euo pipefail
@@ -21,6 +23,8 @@ esac
 step() { echo "=== $(date +%T) $*"; }
 step deps
 scripts/deps.sh
+step "docs: the API reference (Doxygen, no warnings)"
+scripts/doxygen.sh build/doc
 scripts/fuzz.sh build  # the checkpoint-parser fuzzers (clang + ASan), run briefly by CTest
 if [ "$which" != debian ]; then
   step "build: LibTorch 2.x (the torch wheel), CUDA variant included"

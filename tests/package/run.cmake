@@ -5,12 +5,7 @@
 # and runs its test: the exported fsdp::fsdp-run starts it as 2 ranks.
 set(root ${BUILD_DIR}/package-test)
 file(REMOVE_RECURSE ${root})
-function(run)
-  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "failed (${rc}): ${ARGV}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../support/run_or_fail.cmake)
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${root}/install)
 
 # The exported targets: libraries only as imported targets or bare names, and

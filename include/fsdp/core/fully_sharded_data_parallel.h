@@ -25,6 +25,7 @@
 //     forward cannot be seen);
 //   - an element of a torch::nn::Sequential whose forward is Tensor(Tensor):
 //     auto-wrapping needs no change to such models.
+//
 // A policy that selects any other module is a ConfigError naming it.
 //
 // COLLECTIVES. Construction, every forward and backward of a unit, and
@@ -99,11 +100,6 @@ class EmptyInitGuard {
 // rebuild per deferred module. FSDP wrapping does this itself, unit by unit.
 void materialize(const std::shared_ptr<torch::nn::Module>& module, std::optional<at::Device> device = std::nullopt);
 
-// Holder for a submodule that may become an FSDP unit. Until a policy (or a
-// FullyShardedDataParallel built on it) activates it, forward() is the plain
-// module's forward. Register it like any holder:
-//   block = register_module("block", fsdp::Unit<BlockImpl>(args...));
-// and call it as block(x) or block.forward(x) (not block->forward(x)).
 namespace detail {
 // A module, a module holder (torch::nn::Linear, ...) or a shared_ptr to a
 // module: an argument that shares state with the module it builds.
@@ -115,6 +111,11 @@ template <class T>
 struct is_module_argument<std::shared_ptr<T>> : std::is_base_of<torch::nn::Module, T> {};
 }  // namespace detail
 
+// Holder for a submodule that may become an FSDP unit. Until a policy (or a
+// FullyShardedDataParallel built on it) activates it, forward() is the plain
+// module's forward. Register it like any holder:
+//   block = register_module("block", fsdp::Unit<BlockImpl>(args...));
+// and call it as block(x) or block.forward(x) (not block->forward(x)).
 template <class ModuleImpl>
 class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
   using Base = torch::nn::ModuleHolder<ModuleImpl>;

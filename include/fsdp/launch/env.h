@@ -14,6 +14,7 @@
 //      rest is missing);
 //   5. none: the process runs alone, rank 0 of 1 (no launcher needed, as in
 //      torch.distributed).
+//
 // FSDP_CLUSTER=env|torchelastic|slurm|mpi|none takes that one instead ("none":
 // rank 0 of 1 whatever else is set, e.g. a one-process tool in a SLURM batch
 // script).

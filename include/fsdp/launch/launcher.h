@@ -21,6 +21,7 @@
 //     process group (a second one kills at once); workers die with the
 //     launcher (PR_SET_PDEATHSIG), and nothing a worker started in its process
 //     group outlives it.
+//
 // Needs no LibTorch. Not thread-safe (owns SIGCHLD/SIGINT/SIGTERM/SIGHUP while
 // launch() runs).
 #pragma once

@@ -192,6 +192,7 @@ class JsonLinesLogger : public Logger {
   // - damaged lines before it stay (readers skip them), named;
   // - when the last step kept is below `resume_after`, the missing steps are
   //   recorded as a gap.
+  //
   // `resume_after` 0: open() empties the file.
   explicit JsonLinesLogger(std::string path, int64_t resume_after = 0);
   ~JsonLinesLogger() override;
