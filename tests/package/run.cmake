@@ -32,6 +32,16 @@ foreach(target "fsdp::fsdp" "fsdp::gpt" "fsdp::launch" "fsdp::fsdp-run")
   endif()
 endforeach()
 
+# The license travels with the package (BSD-3-Clause, as PyTorch's).
+file(GLOB license ${root}/install/share/doc/fsdp/LICENSE)
+if(NOT license)
+  message(FATAL_ERROR "the package installs no LICENSE (expected ${root}/install/share/doc/fsdp/LICENSE)")
+endif()
+file(READ ${root}/install/share/doc/fsdp/LICENSE license_text)
+if(NOT license_text MATCHES "BSD 3-Clause License|Redistribution and use in source and binary forms")
+  message(FATAL_ERROR "the installed LICENSE is not the BSD-3-Clause text")
+endif()
+
 # The installed programs find libfsdp.so (and LibTorch) by their RUNPATH.
 run(${root}/install/bin/fsdp-ckpt --help)
 
