@@ -32,18 +32,20 @@ import sys
 LAYERS = [
     ("error", []),
     ("fault_points", []),
+    # Byte strings (paths) in JSON: Python's surrogateescape. Standard library only.
+    ("text", []),
     # fsdp-run and the job's environment as launchers describe it
     # (torchrun, SLURM, MPI): standard library only, no LibTorch.
     ("launch", ["error"]),
     # Metrics loggers and the profiler: files and LibTorch's own profiler.
-    ("observability", ["error"]),
+    ("observability", ["error", "text"]),
     ("dist", ["error", "launch"]),
     ("core", ["error", "launch", "dist"]),
     ("state_dict", ["error", "launch", "dist", "core"]),
-    ("checkpoint", ["error", "fault_points", "launch", "dist", "core", "state_dict"]),
-    ("strategy", ["error", "fault_points", "launch", "observability", "dist", "core", "state_dict", "checkpoint"]),
+    ("checkpoint", ["error", "fault_points", "text", "launch", "dist", "core", "state_dict"]),
+    ("strategy", ["error", "fault_points", "text", "launch", "observability", "dist", "core", "state_dict", "checkpoint"]),
     ("models", ["error", "launch", "dist", "core"]),
-    ("train", ["error", "launch", "observability", "dist", "core", "state_dict", "checkpoint", "strategy", "models"]),
+    ("train", ["error", "text", "launch", "observability", "dist", "core", "state_dict", "checkpoint", "strategy", "models"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 

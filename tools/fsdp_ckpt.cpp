@@ -2,7 +2,8 @@
 //   fsdp-ckpt inspect PATH            format, version, world size, values, tensors
 //   fsdp-ckpt verify PATH             every checksum (the index's own, every zip record's, every chunk's),
 //                                     chunks covering each tensor exactly, and an fsdp-train checkpoint's
-//                                     model configuration against its tensors; exit 0 sound, 1 damaged (listed)
+//                                     model configuration against its tensors and its position (step,
+//                                     world, samples) against each other; exit 0 sound, 1 damaged (listed)
 //   fsdp-ckpt consolidate DIR OUT     sharded -> one full file (torch.load-able), one tensor in memory at a time
 //   fsdp-ckpt export CKPT OUT [--format safetensors]
 //                                     the model's weights as a safetensors file (Hugging Face's), one tensor at a time
@@ -11,8 +12,12 @@
 // A full checkpoint is already PyTorch's format: torch.load(PATH) opens it.
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cstdio>
 #include <iostream>
+#include <limits>
+#include <optional>
+#include <vector>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
@@ -62,14 +67,115 @@ int inspect(const std::string& path) {
   return 0;
 }
 
+// Issue 37 item 10: the position of the run that fsdp-train keeps in its
+// checkpoints, checked as far as a checkpoint alone can tell. "step" is the
+// steps done, "world" the world size of the job that saved, "samples" the
+// sample stream's position (include/fsdp/train/batches.h: each step takes
+// batch x world samples of the job that ran it), and the saving job's
+// settings "config.run.batch" (per rank) and "config.run.steps". Before:
+// `fsdp-ckpt verify` said ok to resealed indexes with samples = 9.2e18,
+// world = 0, step = -3 and step = 1e12.
+std::vector<std::string> run_position_problems(const fsdp::CheckpointInfo& info) {
+  std::vector<std::string> problems;
+  // An int value: its name under "config." or, in checkpoints before the
+  // config nesting, without it; nullopt if absent or not an int (named).
+  auto get = [&](const std::string& key, bool config) -> std::optional<int64_t> {
+    std::string name;
+    for (const std::string& n : config ? std::vector<std::string>{"config." + key, key} : std::vector<std::string>{key}) {
+      if (info.values.count(n)) {
+        name = n;
+        break;
+      }
+    }
+    if (name.empty()) return std::nullopt;
+    const std::string& text = info.values.at(name);
+    const auto t = info.value_types.find(name);
+    const std::string type = t == info.value_types.end() ? "?" : t->second;
+    int64_t v = 0;
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+    if (type != "int" || ec != std::errc() || ptr != end) {
+      problems.push_back("the run's '" + name + "' is a " + type + " (" + text + "); expected an int");
+      return std::nullopt;
+    }
+    return v;
+  };
+  const auto step = get("step", false), world = get("world", false), samples = get("samples", false);
+  const auto batch = get("run.batch", true), steps = get("run.steps", true);
+  auto text = [](int64_t v) { return std::to_string(v); };
+  bool sound = true;  // the values the samples are checked against
+  if (!step) {
+    if (!info.values.count("step")) problems.push_back("an fsdp-train checkpoint without its 'step'");
+    sound = false;
+  } else if (*step < 0) {
+    problems.push_back("the run's 'step' = " + text(*step) + " is negative: a checkpoint is saved after 0 or more steps");
+    sound = false;
+  } else if (steps && *step > *steps) {
+    problems.push_back("the run's 'step' = " + text(*step) + " is beyond the steps of the job that saved it ('config.run.steps' = " +
+                       text(*steps) + "): a job saves only at the steps it runs");
+    sound = false;
+  }
+  if (world && (*world < 1 || *world > std::numeric_limits<int>::max())) {
+    problems.push_back("the run's 'world' = " + text(*world) + " is out of range: a job has 1 to " +
+                       text(std::numeric_limits<int>::max()) + " ranks");
+    sound = false;
+  }
+  if (batch && *batch < 1) {
+    problems.push_back("the run's 'config.run.batch' = " + text(*batch) + " is out of range: at least 1 sequence per rank");
+    sound = false;
+  }
+  if (!samples) return problems;
+  if (*samples < 0) {
+    problems.push_back("the run's 'samples' = " + text(*samples) + " is negative: the sample stream's position starts at 0");
+    return problems;
+  }
+  if (!sound || !step) return problems;
+  if (*step == 0) {
+    if (*samples != 0) {
+      problems.push_back("the run's 'samples' = " + text(*samples) + " at 'step' = 0: no step has taken a sample yet");
+    }
+    return problems;
+  }
+  if (!world || !batch) return problems;  // checkpoints from before these were kept
+  // The last step took batch x world samples (this job's); each of the steps
+  // before it, at least 1 and at most batch x the largest world a job can
+  // have (2^31 - 1 ranks): a resized run (docs/launching.md) ran them at
+  // other world sizes, which the checkpoint does not record. At one world
+  // size and batch, samples is exactly step x batch x world.
+  using Wide = __int128;
+  const Wide last = Wide{*batch} * *world;
+  const Wide lo = last + (*step - 1), hi = last + Wide{*step - 1} * *batch * std::numeric_limits<int>::max();
+  if (Wide{*samples} < lo || Wide{*samples} > hi) {
+    auto wide = [](Wide v) {
+      std::string out;
+      const bool neg = v < 0;
+      if (neg) v = -v;
+      do {
+        out.insert(out.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+        v /= 10;
+      } while (v > 0);
+      return (neg ? "-" : "") + out;
+    };
+    problems.push_back("the run's 'samples' = " + text(*samples) + " does not fit 'step' = " + text(*step) + ", 'world' = " +
+                       text(*world) + " and 'config.run.batch' = " + text(*batch) + ": the last step took " + wide(last) +
+                       " samples and each step before it at least 1 and at most " + wide(Wide{*batch} * std::numeric_limits<int>::max()) +
+                       ", so it lies in [" + wide(lo) + ", " + wide(hi) + "] (at one world size exactly step x batch x world = " +
+                       wide(Wide{*step} * *batch * *world) + ")");
+  }
+  return problems;
+}
+
 int verify(const std::string& path) {
   auto problems = fsdp::verify_checkpoint(path);
-  if (problems.empty()) {  // an fsdp-train checkpoint: its model configuration against its tensors
+  if (problems.empty()) {  // an fsdp-train checkpoint: its model configuration against its tensors, its position
     try {
       const fsdp::CheckpointInfo info = fsdp::inspect_checkpoint(path);
       bool trained = false;
       for (const auto& [name, value] : info.values) trained |= name.rfind("config.model.", 0) == 0;
-      if (trained) fsdp::train::checkpoint_model_config(info, path);
+      if (trained) {
+        fsdp::train::checkpoint_model_config(info, path);
+        problems = run_position_problems(info);
+      }
     } catch (const std::exception& e) {
       problems.push_back(e.what());
     }

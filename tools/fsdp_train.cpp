@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
                "loss.svg and the checkpoints of its run; anything else there stays, named (a new run into a used "
                "--out is refused otherwise)")
       ->excludes(resume);
+  app.add_flag("--allow-data-change", c.allow_data_change,
+               "resume although the --data file's contents changed since the checkpoint (same path, other size or "
+               "sampled pages); without it such a resume is refused");
   // The strategy's settings: read into these (their defaults are the
   // strategy's, c.strategy's), and set on c.strategy below, enums parsed and
   // named in errors there.
@@ -135,12 +138,10 @@ int main(int argc, char** argv) {
       if (printer) std::cout << std::endl;
       return 0;
     }
-    // A restart by `fsdp-run --max-restarts` continues the run it restarts
-    // from its newest checkpoint; --overwrite applied to the first start only.
-    if (const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT"); restarts && std::atoi(restarts) > 0) {
-      c.resume = true;
-      c.overwrite = false;
-    }
+    // A restart (by fsdp-run --max-restarts, or torchrun's) continues the run
+    // it restarts from its newest checkpoint, --overwrite applying to the
+    // job's first start only: train() tells a restart by proof
+    // (fsdp::train::job_token), never by TORCHELASTIC_RESTART_COUNT alone.
     // A bad name is an error naming its flag.
     auto named = [](const char* flag, const auto& parse) {
       try {
@@ -167,6 +168,7 @@ int main(int argc, char** argv) {
     if (heads) c.model.heads = heads;
     if (context) c.model.context = context;
     if (print_config) {
+      fsdp::train::validate_settings(c);  // the errors a run gives; nothing is written
       std::cout << fsdp::train::config_json(c) << std::endl;
       return 0;
     }

@@ -65,28 +65,69 @@ bool is_sharded_checkpoint(const std::string& path) {
                                         fs::is_regular_file(fs::path(path) / detail::checkpoint::kIndexFile, ec));
 }
 
-// Removes what a killed replacement left beside `path`: not a checkpoint.
+// Removes what a killed replacement left beside `path`: the staging names
+// "<name>.fsdp-new-<save id>" (and their temporaries "….tmp-<save id>")
+// that replace_other_format gives, each a regular file or a directory of
+// fsdp-cpp's own files (remove_own_directory); anything else, whatever its
+// name, stays (issue 37 item 2).
 void remove_stale_replacements(const std::string& path) {
+  namespace ck = detail::checkpoint;
   std::error_code ec;
   const fs::path target(path);
   const std::string stale = target.filename().string() + ".fsdp-new-";
   const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   for (const auto& e : fs::directory_iterator(parent, ec)) {
-    if (e.path().filename().string().rfind(stale, 0) == 0) fs::remove_all(e.path(), ec);
+    const std::string name = e.path().filename().string();
+    if (name.rfind(stale, 0) != 0) continue;
+    std::string id = name.substr(stale.size());
+    const auto tmp = id.find(".tmp-");
+    if (tmp != std::string::npos && ck::is_save_id(id.substr(tmp + 5))) id = id.substr(0, tmp);
+    if (!ck::is_save_id(id)) continue;
+    const std::string kind = ck::entry_kind(e.path().string());
+    if (kind == "a regular file") {
+      fs::remove(e.path(), ec);
+    } else if (kind == "a directory") {
+      ck::remove_own_directory(e.path().string());
+    }
   }
 }
 
+// [local] Refuses what a save of `format` may not write over at `path`
+// (issue 37 item 4): a full checkpoint replaces only a regular file (or a
+// sharded checkpoint's directory); a sharded one is a directory (the path
+// may be a symbolic link to one) or replaces a regular file. Never a
+// symbolic link where a file belongs, a device, a FIFO or a socket.
+void check_destination(const std::string& path, CheckpointFormat format) {
+  namespace ck = detail::checkpoint;
+  const std::string kind = ck::entry_kind(path);
+  if (kind.empty() || kind == "a regular file" || kind == "a directory") return;
+  std::error_code ec;
+  if (format == CheckpointFormat::kSharded && kind == "a symbolic link" && fs::is_directory(path, ec)) return;
+  ck::check_file_destination(path, "save_checkpoint");
+  throw ConfigError("save_checkpoint: " + path + " is " + kind + ": refusing to write a checkpoint there");
+}
+
 // [collective: broadcast from rank 0] Whether `path` holds a checkpoint of
-// the other format than `format` (rank 0 looks, and clears stale replacements).
+// the other format than `format` (rank 0 looks, and clears stale
+// replacements); a destination that may not be written is refused on every
+// rank. A sharded checkpoint that a full one would replace must hold only
+// fsdp-cpp's own files: they are all removed then.
 bool other_format_at(const std::string& path, CheckpointFormat format, dist::ProcessGroup& group) {
   std::string other;
+  dist::Failure failure;
   if (group.rank() == 0) {
-    remove_stale_replacements(path);
-    std::error_code ec;
-    const bool full = format == CheckpointFormat::kFull;
-    if (full ? is_sharded_checkpoint(path) : (fs::exists(path, ec) && !fs::is_directory(path, ec))) other = "1";
+    failure = dist::capture([&] {
+      check_destination(path, format);
+      remove_stale_replacements(path);
+      std::error_code ec;
+      const bool full = format == CheckpointFormat::kFull;
+      if (full ? is_sharded_checkpoint(path) : (fs::exists(path, ec) && !fs::is_directory(path, ec))) other = "1";
+      if (full && !other.empty()) detail::checkpoint::refuse_foreign_entries(path, "save_checkpoint");
+    });
   }
-  return !group.broadcast_bytes(other, 0).empty();
+  const std::string agreed = group.broadcast_bytes(dist::outcome(other, failure), 0);
+  if (dist::outcome_failed(agreed)) dist::rethrow(dist::outcome_failure(agreed));
+  return !dist::outcome_payload(agreed).empty();
 }
 
 // Swaps what `a` and `b` name, atomically (a file and a directory included:
@@ -119,7 +160,13 @@ void replace_other_format(const std::string& path, const CheckpointState& state,
       detail::fault_point("replace-before-exchange", 0);
       exchange_paths(staging, path);  // the commit point: `path` is the new checkpoint
       detail::fault_point("replace-after-exchange", 0);
-      fs::remove_all(staging);  // the old one, now under the staging name
+      // The old one, now under the staging name: a file, or a directory of
+      // fsdp-cpp's own files (refused before, other_format_at).
+      if (fs::is_directory(fs::symlink_status(staging))) {
+        detail::checkpoint::remove_own_directory(staging);
+      } else {
+        fs::remove(staging);
+      }
     });
   }
   dist::agree(group, error, "save_checkpoint: replacing " + path);

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "fsdp/error.h"
+#include "fsdp/text/bytes_json.h"
 
 namespace fsdp::detail::checkpoint {
 
@@ -171,7 +172,7 @@ Json encode_value(const EntryRecord& e) {
   switch (e.type) {
     case EntryType::kInt: return std::get<int64_t>(e.value);
     case EntryType::kBool: return std::get<bool>(e.value);
-    case EntryType::kStr: return std::get<std::string>(e.value);
+    case EntryType::kStr: return ::fsdp::text::escape_bytes(std::get<std::string>(e.value));  // bytes, losslessly
     case EntryType::kFloat: {
       const double v = std::get<double>(e.value);
       if (std::isfinite(v)) return v;
@@ -192,7 +193,7 @@ std::variant<int64_t, double, bool, std::string> decode_value(const Json& x, Ent
     case EntryType::kBool:
       if (!v || !v->is_boolean()) bad(where, "'value' must be true or false");
       return v->get<bool>();
-    case EntryType::kStr: return str_field(x, "value", where);
+    case EntryType::kStr: return ::fsdp::text::unescape_bytes(str_field(x, "value", where));
     case EntryType::kFloat:
       if (v && v->is_number()) return v->get<double>();
       if (v && v->is_string()) {  // "nan", "inf", "-inf"
@@ -352,7 +353,7 @@ Index decode_header(const Json& j, const std::string& where) {
 // every other field, in the file's order.
 constexpr const char* kChecksumField = "checksum";
 std::string index_checksum(const Json& j_without_checksum) {
-  const std::string text = j_without_checksum.dump();
+  const std::string text = ::fsdp::text::json_text(j_without_checksum.dump());  // as the file holds it
   char hex[16];
   std::snprintf(hex, sizeof hex, "%08x", crc32(text.data(), text.size()));
   return std::string("crc32:") + hex;
@@ -403,7 +404,7 @@ void check_entries_match_tensors(const Index& ix, const std::string& where) {
 Json parse_json(const std::string& text, const std::string& where, const char* what) {
   check_json_budget(text, where, what);
   try {
-    return Json::parse(text);
+    return Json::parse(::fsdp::text::json_input(text));  // "\udcXX": a byte (fsdp/text/bytes_json.h)
   } catch (const std::exception& e) {
     bad(where, std::string(what) + " is not valid JSON (" + e.what() + ")");
   }
@@ -529,7 +530,7 @@ std::string to_json(const Index& index) {
   for (const auto& key : index.tensor_order) tensors[key] = encode_tensor(index.tensors.at(key));
   j["tensors"] = std::move(tensors);
   j[kChecksumField] = index_checksum(j);
-  return j.dump(1);
+  return ::fsdp::text::json_text(j.dump(1));  // string values are bytes (fsdp/text/bytes_json.h)
 }
 
 Index parse_index(const std::string& text, const std::string& where) {

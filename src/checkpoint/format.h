@@ -180,6 +180,47 @@ void sync_dir(const std::string& dir);
 std::string dirname_of(const std::string& path);
 std::string new_save_id();
 
+// ---- What a writer may replace or remove (issue 37, items 2 and 4) ----
+// A writer replaces only what it was told to write (a regular file or
+// nothing at the path), and removes only files it can prove it wrote.
+// Nothing beneath an output directory is followed: a symbolic link where
+// one of the writer's files belongs is refused by name, never replaced.
+
+// What the entry at `path` is, without following a symbolic link: "" if
+// absent, "a regular file", "a directory", "a symbolic link", "a FIFO
+// (named pipe)", "a character device", ...
+std::string entry_kind(const std::string& path);
+
+// ConfigError "<caller>: <path> is <kind>, not a regular file: ..." unless
+// nothing is at `path` or it is a regular file (never a symbolic link).
+void check_file_destination(const std::string& path, const std::string& caller);
+
+// Whether `s` is a save id as new_save_id() writes them ("<hex>-<hex>").
+bool is_save_id(const std::string& s);
+
+// The entries of the directory `dir` that a sharded writer cannot prove
+// it wrote, each named with its path (and its kind when it is not a
+// regular file): an entry is the writer's only as a regular file with a
+// name only fsdp-cpp gives (a data file or temporary with a save id in its
+// name, "__<rank>_<save id>.distcp", "data-<save id>-<rank>.bin",
+// "<one of these or of the names below>.tmp-<save id>"), or as .metadata,
+// fsdp_index.json, meta.pt or index.json beside an fsdp_index.json or
+// index.json that is fsdp-cpp's index (parse_index accepts it). Empty when
+// `dir` holds none, or is absent.
+std::vector<std::string> foreign_entries(const std::string& dir);
+
+// ConfigError starting with `caller` that names foreign_entries(dir), if any.
+void refuse_foreign_entries(const std::string& dir, const std::string& caller);
+
+// Removes the sharded writer's data files and temporaries in `dir` (the
+// names above with a save id, regular files only) that `keep` does not list.
+void remove_unreferenced_own_files(const std::string& dir, const std::vector<std::string>& keep);
+
+// Removes a directory that holds a checkpoint fsdp-cpp wrote: its own
+// files (as foreign_entries tells them), then the directory if that left
+// it empty. Returns what it left (foreign entries), empty if it removed it.
+std::vector<std::string> remove_own_directory(const std::string& dir);
+
 // Reads whole zip records of a full checkpoint, or of a zip that is the
 // byte range [offset, offset + length) of a file (an item of a DCP data file,
 // a standalone torch.save archive).

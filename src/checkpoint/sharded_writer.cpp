@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <tuple>
 
@@ -51,6 +50,25 @@ std::string data_file_name(const std::string& save_id, int rank) {
 }
 
 std::string saving(const std::string& path) { return "save_checkpoint: saving " + path; }
+
+// [local] Refuses a destination that a sharded writer may not write into:
+// anything but a directory (the directory itself may be a symbolic link to
+// one, as an output directory may), or a directory holding files fsdp-cpp
+// did not write (issue 37 item 2: they would be replaced or removed).
+void check_sharded_destination(const std::string& path, const std::string& caller) {
+  const std::string kind = checkpoint::entry_kind(path);
+  std::error_code ec;
+  if (kind == "a symbolic link" && !fs::is_directory(path, ec)) {
+    throw ConfigError(caller + ": " + path + " is a symbolic link to something that is not a directory: a sharded " +
+                      "checkpoint is a directory, and a writer never follows nor replaces such a link; remove it or " +
+                      "write elsewhere");
+  }
+  if (!kind.empty() && kind != "a directory" && kind != "a symbolic link") {
+    throw ConfigError(caller + ": " + path + " is " + kind + ", not a directory: a sharded checkpoint is a directory; " +
+                      "remove it or write elsewhere");
+  }
+  checkpoint::refuse_foreign_entries(path, caller);
+}
 
 Piece make_piece(const std::string& key, at::ScalarType dtype, std::vector<int64_t> shape, std::vector<int64_t> offsets,
                  const at::Tensor& tensor) {
@@ -112,7 +130,12 @@ ShardedJob stage(const std::string& path, const CheckpointState& state,
                  const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                  const CheckpointOptions& options) {
   Failure error;  // (a file at `path` was replaced by save_checkpoint)
-  if (group.rank() == 0) error = capture([&] { fs::create_directories(path); });
+  if (group.rank() == 0) {
+    error = capture([&] {
+      check_sharded_destination(path, "save_checkpoint");
+      fs::create_directories(path);
+    });
+  }
   agree(group, error, "save_checkpoint: creating " + path);
   ShardedJob job;
   job.path = path;
@@ -241,13 +264,19 @@ void commit_index(const std::string& path, const checkpoint::Index& ix, const ch
   commit.commit();
   meta.commit();
   fault_point("sharded-after-index", 0);
-  static const std::regex stale(
-      "data-.*\\.bin(\\.tmp-.*)?|index\\.json(\\.tmp-.*)?|__.*\\.distcp(\\.tmp-.*)?|"
-      "(\\.metadata|fsdp_index\\.json|meta\\.pt)\\.tmp-.*");
-  for (const auto& f : fs::directory_iterator(path)) {
-    const std::string name = f.path().filename().string();
-    if (std::regex_match(name, stale) && std::find(ix.files.begin(), ix.files.end(), name) == ix.files.end()) {
-      fs::remove(f.path());
+  // Only what this writer can prove it wrote goes (issue 37 item 2): data
+  // files and temporaries whose names carry a save id, and the earlier
+  // layout's index.json if it is fsdp-cpp's index. A user's data-train.bin,
+  // index.json or __notes.distcp stays (a save refuses such a directory
+  // before it writes, check_sharded_destination).
+  checkpoint::remove_unreferenced_own_files(path, ix.files);
+  const std::string legacy = (dir / checkpoint::kIndexFile).string();
+  if (checkpoint::entry_kind(legacy) == "a regular file") {
+    try {
+      checkpoint::parse_index(checkpoint::read_range(legacy, 0, checkpoint::file_size(legacy)), legacy);
+      fs::remove(legacy);
+    } catch (const std::exception&) {
+      // Not fsdp-cpp's index (it appeared after the save began): not ours to remove.
     }
   }
 }
@@ -282,6 +311,7 @@ void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
 }  // namespace
 
 void copy_to_sharded(const Source& src, const std::string& path) {
+  check_sharded_destination(path, "convert");
   fs::create_directories(path);
   ShardedJob job;
   job.path = path;

@@ -164,6 +164,16 @@ void refuse_inside(const std::string& in, const std::string& out, const char* ca
   }
 }
 
+// ConfigError unless `out_file` is absent or a regular file (issue 37 item
+// 4: a device, a FIFO or a symbolic link there would be replaced by the
+// renamed temporary); a directory is named as such.
+void check_output_file(const std::string& out_file, const char* caller) {
+  if (detail::checkpoint::entry_kind(out_file) == "a directory") {
+    throw ConfigError(std::string(caller) + ": the output " + out_file + " is a directory; give a file name");
+  }
+  detail::checkpoint::check_file_destination(out_file, caller);
+}
+
 void write_full(const detail::Source& src, const std::string& out_file) {
   detail::FullFileWriter out(out_file, src.ix.world_size);
   for (const auto& key : src.ix.tensor_order) out.add(key, src.read_whole(key));  // one tensor in memory at a time
@@ -177,6 +187,7 @@ void write_full(const detail::Source& src, const std::string& out_file) {
 
 void convert_checkpoint(const std::string& src_path, const std::string& dst, CheckpointFormat format) {
   refuse_inside(src_path, dst, "convert");
+  if (format == CheckpointFormat::kFull) check_output_file(dst, "convert");
   auto src = detail::open_source(src_path);
   if (format == CheckpointFormat::kFull) {
     write_full(*src, dst);
@@ -187,6 +198,7 @@ void convert_checkpoint(const std::string& src_path, const std::string& dst, Che
 
 void consolidate_checkpoint(const std::string& sharded_dir, const std::string& out_file) {
   refuse_inside(sharded_dir, out_file, "consolidate");
+  check_output_file(out_file, "consolidate");
   auto src = detail::open_source(sharded_dir);
   if (src->full) throw ConfigError("consolidate: " + sharded_dir + " is already a full checkpoint");
   write_full(*src, out_file);
@@ -195,10 +207,7 @@ void consolidate_checkpoint(const std::string& sharded_dir, const std::string& o
 
 void export_safetensors(const std::string& path, const std::string& out_file) {
   refuse_inside(path, out_file, "export");
-  std::error_code ec;
-  if (fs::is_directory(out_file, ec)) {
-    throw ConfigError("export: the output " + out_file + " is a directory; give a file name");
-  }
+  check_output_file(out_file, "export");
   auto src = detail::open_source(path);
   const detail::checkpoint::EntryRecord& model = src->the_model("export");
   std::vector<detail::checkpoint::SafetensorsTensor> plan;

@@ -208,7 +208,22 @@ void UnitState::pre_forward() {
   }
   // The first unit whose forward runs with no unit around it is the root. A
   // unit re-run in backward (activation checkpointing) already has one.
-  if (!is_root_ && root_.expired()) lazy_init_root();
+  if (!is_root_ && root_.expired()) {
+    auto outer = outer_.lock();
+    if (outer && tl_forward_depth == 0 && outer->root_.expired()) {
+      // Before this check: LibTorch's "weight should have at least three
+      // dimensions" (or another shape error) from the outer module's own
+      // layers, which ran on their 1-D shards.
+      throw ConfigError("FSDP: the unit at module " + module_->name() +
+                        " ran its forward before the FSDP-wrapped module that holds it (module " +
+                        outer->module_->name() +
+                        ") ran its own: call the wrapped model through its holder, as model(x) or "
+                        "model.forward(x), not model->forward(x), which runs the module's code on the shards of "
+                        "its parameters (LibTorch then fails with errors such as \"weight should have at least "
+                        "three dimensions\"); see docs/porting.md");
+    }
+    lazy_init_root();
+  }
   if (!root_.expired()) {
     RootShared& sh = *shared_;
     if (is_root_ && tl_forward_depth == 0) {  // a new iteration: keep the last order for prefetching
@@ -246,7 +261,22 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
     return;
   }
   transition({TrainingState::kForward}, TrainingState::kIdle);
-  const bool grad_mode = at::GradMode::is_enabled() && grads_expected_ > 0;
+  // A backward follows through this unit when it has parameters to train, or
+  // when gradients flow through its outputs to what ran before it: a frozen
+  // unit after trainable layers still differentiates its ops with respect to
+  // their inputs, and those (a convolution's or a linear's input gradient)
+  // read the full weights. PyTorch FSDP1 likewise hooks the pre-backward
+  // unshard on the outputs of every unit in grad mode
+  // (_register_pre_backward_hooks). A frozen unit has no gradient whose
+  // arrival ends its backward: it reshards at the end of the backward
+  // (finish_backward). (FSDP1 reshards it earlier, from a hook on the
+  // gradients of its inputs: _register_post_backward_reshard_only_hook.)
+  // Before this, a
+  // frozen unit resharded here and its backward ran on 1-D shards ("weight
+  // should have at least three dimensions") or freed storage (SIGSEGV).
+  bool outputs_need_grad = false;
+  for (const auto& t : outputs) outputs_need_grad |= t.defined() && t.requires_grad();
+  const bool grad_mode = at::GradMode::is_enabled() && (grads_expected_ > 0 || outputs_need_grad);
   bool hooked = false;
   if (grad_mode) {
     if (!root_.expired()) shared_->awaiting_backward = true;

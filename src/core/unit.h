@@ -120,6 +120,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
 
   // Root bookkeeping (set at the root's first forward).
   void lazy_init_root();
+  // The unit of the outermost FSDP-wrapped module that holds this unit's
+  // module (set by wrap(); none for a model's root).
+  void set_outer(const std::shared_ptr<UnitState>& outer) { outer_ = outer; }
 
   // Adopts a dtype or device change made by Module::to() (model->to(kHalf)):
   // the flat parameter's new data (use_orig_params=false) or the original
@@ -210,6 +213,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // root's own state lives in shared_, which every unit of its tree holds.
   bool is_root_ = false;
   std::weak_ptr<UnitState> root_;
+  std::weak_ptr<UnitState> outer_;
   std::shared_ptr<RootShared> shared_;
 
   // Profiler spans (trace_span.h): the unit's path in its root ("(root)"

@@ -377,6 +377,19 @@ void interpose_sequential_elements(torch::nn::Module& root) {
   }
 }
 
+void refuse_torch_serialize(const torch::nn::Module& module, bool saving) {
+  if (saving) {
+    throw ConfigError("FSDP: torch::save of the FSDP-wrapped module " + module.name() +
+                      " would write this rank's shards of its parameters under their full names. Save it with "
+                      "fsdp::save_checkpoint (the full format is one torch.save file; the sharded one is "
+                      "torch.distributed.checkpoint's), or gather the full parameters on every rank with "
+                      "fsdp::full_parameters or fsdp::state_dict under FULL_STATE_DICT and save those");
+  }
+  throw ConfigError("FSDP: torch::load into the FSDP-wrapped module " + module.name() +
+                    " would replace the shards of its parameters with the file's tensors, unchecked. Load with "
+                    "fsdp::load_checkpoint (either checkpoint format), or fsdp::load_state_dict");
+}
+
 void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options) {
   if (!module) throw ConfigError("FSDP: cannot wrap a null module");
   auto slot = slot_for(module.get());
@@ -401,6 +414,13 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
   if (options.sync_module_states()) sync_module_states(ctx, *module);
   if (options.auto_wrap_policy()) recursive_wrap(ctx, nullptr, *module, "", /*is_root=*/true);
   slot->unit = make_unit(ctx, *module);
+  // The units below (auto-wrapped or wrapped before) learn their outermost
+  // wrapped module: a forward of theirs that runs before its own is the
+  // model's module called directly (model->forward(x)), which pre_forward names.
+  for (const auto& m : module->modules(/*include_self=*/false)) {
+    auto inner = find_slot(m.get());
+    if (inner && inner->unit) inner->unit->set_outer(slot->unit);
+  }
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -17,18 +18,23 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 
 #ifdef FSDP_WITH_NCCL
@@ -104,6 +110,62 @@ CollectiveError rendezvous_error(const std::string& name, int rank, int size, co
                          "rendezvous");
 }
 
+// The first missing ranks of a rendezvous ("1, 2, 5" or "1, 2, ..., 16,
+// ..."), found in bounded time whatever the world size: `missing` ranks of
+// `size` have not set their "joined/<r>" key. One check() asks for many keys
+// at once and is true only when all are there, so the ranks are bisected
+// from 0 upwards, about 2 log2(1024) round trips per rank listed; the search
+// stops after 16 ranks, 4096 round trips or 2 seconds. (It used to ask once
+// per rank: 6.9 s for WORLD_SIZE=300000, minutes for more; issue 37, item 13.)
+constexpr int64_t kListedInFull = 16;  // more missing ranks than this: their count is added
+
+std::string first_missing(const c10::intrusive_ptr<c10d::Store>& store, int size, int64_t missing) {
+  constexpr int kBatch = 1024;
+  constexpr int64_t kRoundTrips = 4096;
+  const auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  int64_t trips = 0;
+  std::vector<int> found;
+  auto keys = [](int lo, int hi) {
+    std::vector<std::string> k;
+    for (int r = lo; r < hi; ++r) k.push_back("joined/" + std::to_string(r));
+    return k;
+  };
+  auto spent = [&] {
+    return found.size() >= static_cast<size_t>(std::min(kListedInFull, missing)) || trips >= kRoundTrips ||
+           std::chrono::steady_clock::now() >= stop;
+  };
+  // Appends the missing ranks of [lo, hi), lowest first, until spent().
+  std::function<void(int, int)> bisect = [&](int lo, int hi) {
+    if (spent()) return;
+    ++trips;
+    if (store->check(keys(lo, hi))) return;
+    if (hi - lo == 1) {
+      found.push_back(lo);
+      return;
+    }
+    const int mid = lo + (hi - lo) / 2;
+    bisect(lo, mid);
+    bisect(mid, hi);
+  };
+  int next = 0;  // the ranks below it were searched
+  while (next < size && !spent()) {
+    const int hi = next + std::min(kBatch, size - next);
+    bisect(next, hi);
+    if (!spent()) next = hi;
+  }
+  std::string out;
+  for (int r : found) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  if (static_cast<int64_t>(found.size()) < missing) {
+    if (found.empty()) {
+      out = next > 0 ? "none among ranks 0.." + std::to_string(next - 1) + " (the search stopped there)"
+                     : std::string("not listed (the search stopped)");
+    } else {
+      out += ", ...";
+    }
+  }
+  return out;
+}
+
 // Waits until every rank of the group has announced itself in `store`, so
 // that a missing rank is reported by number instead of as a socket timeout.
 // `while_waiting` (may be empty) runs on each pass of the wait.
@@ -117,20 +179,15 @@ void join(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std:
     store->set("joined/" + std::to_string(rank), std::vector<uint8_t>{1});
     store->add("joined", 1);
     auto pause = std::chrono::milliseconds(1);
-    while (store->add("joined", 0) < size) {
+    int64_t joined = 0;
+    while ((joined = store->add("joined", 0)) < size) {
       if (while_waiting) while_waiting();
       if (std::chrono::steady_clock::now() >= deadline) {
-        std::string missing;
-        int listed = 0, count = 0;
-        for (int r = 0; r < size; ++r) {
-          if (store->check({"joined/" + std::to_string(r)})) continue;
-          ++count;
-          if (listed++ < 16) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        }
-        if (listed > 16) missing += ", ...";
-        throw fail(std::to_string(size - count) + " of " + std::to_string(size) +
-                   " ranks joined; missing rank(s): " + missing +
-                   " (every rank must start and agree on the world size and address)");
+        const int64_t missing = size - joined;
+        throw fail(std::to_string(joined) + " of " + std::to_string(size) + " ranks joined; missing rank(s): " +
+                   first_missing(store, size, missing) + " (" +
+                   (missing > kListedInFull ? std::to_string(missing) + " missing; " : std::string()) +
+                   "every rank must start and agree on the world size and address)");
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
@@ -180,6 +237,93 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(const c10::intrusive_ptr<c10d::Sto
                                "agree on the world size and address)");
   }
   return impl;
+}
+
+// Thrown by connect_client: the store at the address took the connection
+// and never answered. Its text names the address and what to check.
+struct Unanswered : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Whether a TCP connection to host:port is accepted within a second (said
+// of a store that did not answer: stopped or hung, or not there at all).
+bool accepts_connections(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) return false;
+  bool ok = false;
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      ok = ::poll(&p, 1, 1000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return ok;
+}
+
+// A client's TCPStore, connected and answering, within `bound`; throws
+// Unanswered, naming host:port and whether anything accepts connections
+// there, when the store neither answers nor fails by then (its own errors
+// are rethrown). `who` is the store's server ("rank 0", "the launcher").
+//
+// TCPStore's own timeout does not bound this: LibTorch 2.x's constructor
+// pings the server and waits for the answer in a blocking recv with no
+// timeout, and 1.13's constructor returns at once but its first request
+// (join's add) waits the same way. So a listener that accepts and never
+// answers (rank 0 stopped with SIGSTOP after its store listens, or another
+// program on the port) held a rank forever (issue 37, item 12). The
+// connection and one round trip (a check of a key, which writes nothing)
+// run on a thread of their own; when they have not finished by `bound`,
+// the caller gives up and the thread is left behind, detached: it owns
+// nothing of the caller's, and it ends when the peer closes or the process
+// exits.
+c10::intrusive_ptr<c10d::Store> connect_client(const std::string& host, const c10d::TCPStoreOptions& so,
+                                               std::chrono::milliseconds bound, const std::string& who) {
+  struct Pending {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    c10::intrusive_ptr<c10d::Store> store;
+    std::exception_ptr error;
+  };
+  auto pending = std::make_shared<Pending>();
+  std::thread([pending, host, so] {
+    c10::intrusive_ptr<c10d::Store> store;
+    std::exception_ptr error;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(host, so);
+      store->check({"fsdp/connected"});  // one round trip: 1.13's constructor makes none
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(pending->m);
+    pending->store = std::move(store);
+    pending->error = error;
+    pending->done = true;
+    pending->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(pending->m);
+  if (!pending->cv.wait_for(lock, bound, [&] { return pending->done; })) {
+    lock.unlock();
+    const std::string at = host + ":" + std::to_string(so.port);
+    throw Unanswered("no TCPStore answered at " + at + " within " + format_ms(bound) +
+                     (accepts_connections(host, so.port)
+                          ? ": something there takes connections but sends no reply (is " + who +
+                                " stopped or hung, or is another program listening on MASTER_PORT?)"
+                          : ": nothing accepts connections there (is " + who +
+                                " running, and MASTER_ADDR/MASTER_PORT its store's?)"));
+  }
+  if (pending->error) std::rethrow_exception(pending->error);
+  return pending->store;
 }
 
 // LibTorch 2.x's TCPStoreOptions::masterListenFd, where this LibTorch has it.
@@ -250,15 +394,23 @@ std::optional<std::string> await_attempt_prefix(const c10::intrusive_ptr<c10d::S
   }
 }
 
-// Rank 0's side: one pass over the hellos of ranks 1..size-1.
+// Rank 0's side: one pass over the hellos of at most 1024 ranks of
+// 1..size-1, round robin, so that a pass takes bounded time whatever the
+// world size (join checks its deadline between passes; a pass over every
+// rank took 2,000,000 round trips for WORLD_SIZE=2000000).
 std::function<void()> answer_hellos(const c10::intrusive_ptr<c10d::Store>& base, int size, const std::string& prefix) {
-  auto answered = std::make_shared<std::vector<std::string>>(static_cast<size_t>(size));
-  return [base, size, prefix, answered] {
-    for (int r = 1; r < size; ++r) {
+  const int per_pass = std::min(size - 1, 1024);
+  auto answered = std::make_shared<std::unordered_map<int, std::string>>();  // rank -> the nonce answered
+  auto next = std::make_shared<int>(1);
+  return [base, size, prefix, per_pass, answered, next] {
+    for (int i = 0; i < per_pass; ++i) {
+      const int r = *next;
+      *next = r + 1 < size ? r + 1 : 1;
       const std::string hello = "fsdp/attempt/hello/" + std::to_string(r);
       if (!base->check({hello})) continue;
       std::string nonce = to_text(base->get(hello));
-      if (nonce == (*answered)[r]) continue;
+      auto it = answered->find(r);
+      if (it != answered->end() && it->second == nonce) continue;
       const std::string v = nonce + " " + prefix;
       base->set("fsdp/attempt/ack/" + std::to_string(r), std::vector<uint8_t>(v.begin(), v.end()));
       (*answered)[r] = std::move(nonce);
@@ -320,8 +472,18 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     std::optional<detail::ListenOnly> listen_only;
     if (so.isServer) listen_only.emplace(o.master_addr, o.master_port);
     try {
-      if (listen_only) pass_listen_socket(so, *listen_only);
-      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+      if (listen_only) {
+        // On this thread: 1.13's bind() redirection is per thread (store_listen.h).
+        pass_listen_socket(so, *listen_only);
+        store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+      } else {
+        // TCPStore's own connect gives up after so.timeout; the grace lets its
+        // error (nothing listens there) come before this one.
+        const auto grace = std::min<std::chrono::milliseconds>(o.rendezvous_timeout, std::chrono::seconds(5));
+        store = connect_client(o.master_addr, so, o.rendezvous_timeout + grace, launcher ? "the launcher" : "rank 0");
+      }
+    } catch (const Unanswered& e) {
+      throw rendezvous_error(o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout, e.what());
     } catch (const std::exception& e) {
       throw rendezvous_error(
           o.group_name, o.rank, o.world_size, where, o.rendezvous_timeout,

@@ -138,8 +138,11 @@ std::string require(Reader& in, const std::string& name, const std::string& hint
   return *v;
 }
 
-// ceil(world / local): the node count where the launcher does not say.
-int nodes_of(int world, int local) { return local > 0 ? (world + local - 1) / local : 1; }
+// ceil(world / local): the node count where the launcher does not say
+// (in 64 bits: WORLD_SIZE=2147483647 made it 0).
+int nodes_of(int world, int local) {
+  return local > 0 ? static_cast<int>((static_cast<long long>(world) + local - 1) / local) : 1;
+}
 
 // MASTER_ADDR and MASTER_PORT as torchrun passes them.
 void read_master(Reader& in, DistEnv& env) {
@@ -201,10 +204,126 @@ void read_torchrun(Reader& in, DistEnv& env) {
   } else if (!in.has("GROUP_RANK")) {
     // Set by hand beside an MPI launcher's: they must be the same job's. A
     // worker of fsdp-run (which sets GROUP_RANK) that mpirun started, one per
-    // node, inherits the launcher's MPI rank instead: not compared.
+    // node, inherits the launcher's MPI rank instead: not compared here, and
+    // its MPI size may be the node count (check_declared_worlds).
     check_agrees(in, env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
     check_agrees(in, env, "PMI_RANK", "PMI_SIZE");
   }
+}
+
+constexpr size_t kMaxHosts = 1000000;
+
+// A bracketed range of a node list: lo..hi, zero-padded to `width`.
+struct NodeRange {
+  long lo = 0, hi = 0;
+  size_t width = 0;
+};
+// A part of one comma-free item: literal text, or (ranges non-empty) a
+// bracket ("gpu-[01-04,07]x": "gpu-", [01-04,07], "x").
+struct NodePart {
+  std::string text;
+  std::vector<NodeRange> ranges;
+};
+
+// A node list, parsed and checked but not expanded.
+struct NodeList {
+  std::vector<std::vector<NodePart>> items;
+  size_t hosts = 0;  // how many it names; at most kMaxHosts
+};
+
+// Parses and checks `list` and counts its hosts before any is made, so that
+// a list of 40 ranges of a million hosts fails at once, naming the variable
+// and the limit (it used to expand first: 2.1 GB, then std::bad_alloc; issue
+// 37, item 17). Memory: linear in the list's length.
+NodeList parse_nodelist(const std::string& list, const std::string& what) {
+  const std::string shown = list.size() > 200 ? list.substr(0, 200) + "..." : list;
+  const std::string bad = what + "='" + shown + "' is not a SLURM node list (expected host names separated by "
+                          "commas, each with optional [N-M,K] ranges, e.g. gpu-[01-04,07],cpu7): it has ";
+  if (list.empty()) throw ConfigError(bad + "no hosts");
+  std::vector<std::string> texts;
+  std::string item;
+  int depth = 0;
+  for (char c : list) {
+    if (std::isspace(static_cast<unsigned char>(c))) throw ConfigError(bad + "a space");
+    if (c == '[' && ++depth > 1) throw ConfigError(bad + "nested '['");
+    if (c == ']' && --depth < 0) throw ConfigError(bad + "a ']' without '['");
+    if (c == ',' && depth == 0) {
+      if (item.empty()) throw ConfigError(bad + "an empty host name");
+      texts.push_back(std::move(item));
+      item.clear();
+    } else {
+      item += c;
+    }
+  }
+  if (depth != 0) throw ConfigError(bad + "an unclosed '['");
+  if (item.empty()) throw ConfigError(bad + "an empty host name");
+  texts.push_back(std::move(item));
+
+  NodeList out;
+  const auto over = [&] { return ConfigError(bad + "more than 1000000 hosts, the most fsdp-cpp reads"); };
+  for (const std::string& text : texts) {
+    std::vector<NodePart> parts;
+    size_t count = 1;  // hosts of this item: the product of its brackets' sizes
+    size_t i = 0;
+    while (i < text.size()) {
+      if (text[i] != '[') {
+        const size_t next = std::min(text.find('[', i), text.size());
+        parts.push_back({text.substr(i, next - i), {}});
+        i = next;
+        continue;
+      }
+      const size_t close = text.find(']', i);
+      if (close == std::string::npos) throw ConfigError(bad + "an unclosed '['");
+      const std::string body = text.substr(i + 1, close - i - 1);
+      if (body.empty()) throw ConfigError(bad + "an empty range '[]'");
+      NodePart part;
+      size_t size = 0;
+      std::stringstream ss(body);
+      std::string range;
+      while (std::getline(ss, range, ',')) {
+        const size_t dash = range.find('-');
+        const std::string lo = range.substr(0, dash);
+        const std::string hi = dash == std::string::npos ? lo : range.substr(dash + 1);
+        auto digits = [](const std::string& d) {
+          return !d.empty() && d.size() <= 9 &&
+                 std::all_of(d.begin(), d.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+        };
+        if (!digits(lo) || !digits(hi)) {
+          throw ConfigError(bad + "the range '" + range + "': expected N or N-M of up to 9 digits");
+        }
+        const long a = std::stol(lo), z = std::stol(hi);
+        if (a > z) throw ConfigError(bad + "the range '" + range + "': expected N <= M");
+        size += static_cast<size_t>(z - a + 1);  // at most kMaxHosts + 10^9: no overflow
+        if (size > kMaxHosts) throw over();
+        part.ranges.push_back({a, z, lo.size()});
+      }
+      if (body.back() == ',') throw ConfigError(bad + "an empty range in '[" + body + "]'");
+      count *= size;  // both <= kMaxHosts: no overflow in 64 bits
+      if (count > kMaxHosts) throw over();
+      parts.push_back(std::move(part));
+      i = close + 1;
+    }
+    out.hosts += count;
+    if (out.hosts > kMaxHosts) throw over();
+    out.items.push_back(std::move(parts));
+  }
+  return out;
+}
+
+// A range's k-th number, zero-padded to its width.
+std::string number_of(const NodeRange& r, long k) {
+  std::string s = std::to_string(k);
+  if (s.size() < r.width) s.insert(0, r.width - s.size(), '0');
+  return s;
+}
+
+// The first host of a parsed list.
+std::string first_host(const NodeList& list) {
+  std::string host;
+  for (const NodePart& part : list.items.front()) {
+    host += part.ranges.empty() ? part.text : number_of(part.ranges.front(), part.ranges.front().lo);
+  }
+  return host;
 }
 
 bool is_slurm_job(Reader& in) {
@@ -213,24 +332,44 @@ bool is_slurm_job(Reader& in) {
   return !(name && (*name == "bash" || *name == "interactive"));
 }
 
-// This node's entry of SLURM_TASKS_PER_NODE ("2(x3),1"), or 0 when it cannot be read.
-int tasks_on_node(const std::string& spec, int node) {
-  std::stringstream ss(spec);
-  std::string item;
-  int first = 0;
-  while (std::getline(ss, item, ',')) {
-    int count = 0, repeat = 1;
-    char x = 0, close = 0;
-    std::stringstream is(item);
-    if (!(is >> count) || count < 1) return 0;
-    if (is.peek() == '(') {
-      is.get();
-      if (!(is >> x >> repeat >> close) || x != 'x' || close != ')' || repeat < 1) return 0;
+// This node's entry of SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of
+// nodes 0-2, 1 on node 3). Throws ConfigError naming the variable for text
+// that is not such a list, or one with no entry for `node` (SLURM_NODEID).
+int tasks_on_node(Reader& in, const std::string& spec, int node) {
+  const std::string bad = "SLURM_TASKS_PER_NODE='" + spec + "' is not SLURM's tasks per node: expected counts "
+                          "separated by commas, each with an optional (xN) repeat, e.g. 2(x3),1";
+  auto number = [&](const std::string& text, const std::string& what) {
+    const bool digits = !text.empty() && text.size() <= 9 &&
+                        std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+    const long v = digits ? std::stol(text) : 0;
+    if (v < 1) throw in.fail(bad + " (" + what + " '" + text + "' is not a number >= 1)");
+    return v;
+  };
+  long first = 0;
+  int found = 0;
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t comma = spec.find(',', at);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string item = spec.substr(at, comma - at);
+    const size_t open = item.find('(');
+    long repeat = 1;
+    if (open != std::string::npos) {
+      if (item.size() < open + 4 || item.compare(open, 2, "(x") != 0 || item.back() != ')') {
+        throw in.fail(bad + " (the entry '" + item + "')");
+      }
+      repeat = number(item.substr(open + 2, item.size() - open - 3), "the repeat");
     }
-    if (node < first + repeat) return count;
-    first += repeat;
+    const long count = number(item.substr(0, open), "the count");
+    if (found == 0 && node >= first && node < first + repeat) found = static_cast<int>(std::min<long>(count, kMaxInt));
+    first = std::min<long>(first + repeat, kMaxInt);
+    at = comma + 1;
   }
-  return 0;
+  if (found == 0) {
+    throw in.fail(bad + " (it lists " + std::to_string(first) + " node(s), none for SLURM_NODEID=" +
+                  std::to_string(node) + ")");
+  }
+  return found;
 }
 
 void read_slurm(Reader& in, DistEnv& env) {
@@ -248,27 +387,31 @@ void read_slurm(Reader& in, DistEnv& env) {
   env.rank = procid ? static_cast<int>(parse_int("SLURM_PROCID", *procid, 0, env.world_size - 1,
                                                  "0 <= SLURM_PROCID < SLURM_NTASKS=" + ws))
                     : 0;
-  // The node list: validated whenever it is set, even when MASTER_ADDR is.
-  std::vector<std::string> hosts;
+  // The node lists: each one set is checked, even when an earlier one or
+  // MASTER_ADDR is used instead; the first set names the address. Counted,
+  // never expanded.
+  std::optional<NodeList> hosts;
   std::string list_var;
   for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"}) {
     if (auto v = in.get(var)) {
-      hosts = expand_slurm_nodelist(*v, var);
-      list_var = var;
-      break;
+      NodeList parsed = parse_nodelist(*v, var);
+      if (!hosts) {
+        hosts = std::move(parsed);
+        list_var = var;
+      }
     }
   }
   int nodes = in.number("SLURM_NNODES", 1, env.world_size, "1 <= SLURM_NNODES <= SLURM_NTASKS=" + ws, 0);
   if (nodes == 0) nodes = in.number("SLURM_JOB_NUM_NODES", 1, kMaxInt, "an integer >= 1", 0);
-  if (nodes == 0) nodes = hosts.empty() ? 1 : static_cast<int>(std::min<size_t>(hosts.size(), env.world_size));
+  if (nodes == 0) nodes = !hosts ? 1 : static_cast<int>(std::min<size_t>(hosts->hosts, env.world_size));
   env.num_nodes = nodes;
   int local_size = in.number("SLURM_NTASKS_PER_NODE", 1, env.world_size,
                              "1 <= SLURM_NTASKS_PER_NODE <= SLURM_NTASKS=" + ws, 0);
-  if (local_size == 0) {
-    if (auto spec = in.get("SLURM_TASKS_PER_NODE")) {
-      const int node = in.number("SLURM_NODEID", 0, kMaxInt, "an integer >= 0", 0);
-      local_size = std::min(tasks_on_node(*spec, node), env.world_size);
-    }
+  // Checked whenever set, used when SLURM_NTASKS_PER_NODE is not.
+  if (auto spec = in.get("SLURM_TASKS_PER_NODE")) {
+    const int node = in.number("SLURM_NODEID", 0, kMaxInt, "an integer >= 0", 0);
+    const int on_node = std::min(tasks_on_node(in, *spec, node), env.world_size);
+    if (local_size == 0) local_size = on_node;
   }
   if (local_size == 0) local_size = nodes_of(env.world_size, nodes);
   env.local_world_size = local_size;
@@ -279,8 +422,8 @@ void read_slurm(Reader& in, DistEnv& env) {
   if (auto addr = in.get("MASTER_ADDR"); addr && !addr->empty()) {
     env.master_addr = *addr;
     env.master_addr_from = "MASTER_ADDR";
-  } else if (!hosts.empty()) {
-    env.master_addr = hosts.front();
+  } else if (hosts) {
+    env.master_addr = first_host(*hosts);
     env.master_addr_from = "first host of " + list_var;
   } else {
     throw in.fail("SLURM_NTASKS=" + ws +
@@ -361,6 +504,71 @@ void read_mpi(Reader& in, DistEnv& env) {
   env.master_port_from = "MASTER_PORT";
 }
 
+// Every scheduler variable beside the ones the world came from that
+// declares a world larger than 1 must describe the world formed; else the
+// job stops, naming them. (SLURM_NTASKS=1 beside OMPI_COMM_WORLD_SIZE=2
+// trained as world 1, and with GROUP_RANK set Open MPI's values were not
+// looked at; issue 37, item 18.) Under a node launcher (torchrun, fsdp-run,
+// or RANK/WORLD_SIZE set by hand) a scheduler may have started the launcher
+// once per node, so its size may be the node count instead. Where the
+// scheduler started every rank itself (slurm, mpi), an MPI rank of the same
+// world must be this process's rank too (mpirun inside an sbatch script
+// hands every rank SLURM_PROCID=0). Hand-set RANK/WORLD_SIZE beside MPI's
+// are compared by check_agrees, strictly.
+void check_declared_worlds(Reader& in, const DistEnv& env) {
+  const bool node_launcher = env.cluster == Cluster::kEnv || env.cluster == Cluster::kTorchElastic;
+  const bool hand_set = env.cluster == Cluster::kEnv && !in.has("GROUP_RANK");
+  std::string ours_size = "WORLD_SIZE", ours_rank = "RANK";
+  if (env.cluster == Cluster::kSlurm) {
+    ours_size = "SLURM_NTASKS";
+    ours_rank = "SLURM_PROCID";
+  } else if (env.cluster == Cluster::kMpi) {
+    const bool ompi = in.has("OMPI_COMM_WORLD_SIZE");
+    ours_size = ompi ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE";
+    ours_rank = ompi ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK";
+  }
+  struct Declared {
+    const char *size, *rank, *cluster;
+  };
+  std::vector<Declared> declared;
+  if (env.cluster != Cluster::kSlurm && is_slurm_job(in)) declared.push_back({"SLURM_NTASKS", nullptr, "slurm"});
+  if (!hand_set) {
+    declared.push_back({"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpi"});
+    declared.push_back({"PMI_SIZE", "PMI_RANK", "mpi"});
+  }
+  const std::string w = std::to_string(env.world_size), nodes = std::to_string(env.num_nodes);
+  for (const Declared& d : declared) {
+    if (d.size == ours_size) continue;
+    auto v = in.get(d.size);
+    if (!v) continue;
+    const long size = parse_int(d.size, *v, 1, kMaxInt, "an integer >= 1");
+    if (size <= 1) continue;
+    const bool per_rank = size == env.world_size;
+    const bool per_node = node_launcher && size == env.num_nodes;
+    const std::string ours = ours_size + "=" + w + " disagrees with " + d.size + "=" + *v + ": ";
+    if (!per_rank && !per_node) {
+      throw in.fail(
+          ours + d.size + " says the job has " + *v + " processes, but the world formed here has " + w + " rank(s)" +
+          (node_launcher ? " on " + nodes + " node(s)" : std::string()) + ": expected " + d.size + "=" + w +
+          (node_launcher && env.num_nodes != env.world_size
+               ? " (a process per rank) or " + nodes + " (a launcher, such as torchrun or fsdp-run, per node)"
+               : std::string()) +
+          (node_launcher ? std::string() : std::string(", or FSDP_CLUSTER=") + d.cluster + " to form the world " +
+                                               d.size + " describes") +
+          "; unset the variables that are not this job's");
+    }
+    if (node_launcher || !per_rank || d.rank == nullptr) continue;
+    auto r = in.get(d.rank);
+    if (r && *r != std::to_string(env.rank)) {
+      throw in.fail(ours_rank + "=" + std::to_string(env.rank) + " disagrees with " + d.rank + "=" + *r + ": " +
+                    ours_size + " and " + d.size + " both say the job has " + w +
+                    " processes, but not that this process is the same one of them: expected one launcher's "
+                    "variables (FSDP_CLUSTER=" + d.cluster + " reads " + d.rank + "); unset the variables that are "
+                    "not this job's");
+    }
+  }
+}
+
 // FSDP_CLUSTER=auto: the first environment whose variables are set (env.h).
 Cluster detect(Reader& in) {
   bool torchrun = in.has("TORCHELASTIC_RUN_ID");
@@ -374,88 +582,28 @@ Cluster detect(Reader& in) {
   return Cluster::kNone;
 }
 
-// The hosts of one comma-free item of a node list ("gpu-[01-04,07]").
-void expand_item(const std::string& item, const std::string& bad, std::vector<std::string>& out) {
-  constexpr size_t kMaxHosts = 1000000;
-  std::vector<std::string> partial{""};
-  size_t i = 0;
-  while (i < item.size()) {
-    if (item[i] != '[') {
-      const size_t next = item.find('[', i);
-      const std::string text = item.substr(i, next == std::string::npos ? std::string::npos : next - i);
-      for (auto& p : partial) p += text;
-      i = next == std::string::npos ? item.size() : next;
-      continue;
-    }
-    const size_t close = item.find(']', i);
-    if (close == std::string::npos) throw ConfigError(bad + "an unclosed '['");
-    const std::string body = item.substr(i + 1, close - i - 1);
-    if (body.empty()) throw ConfigError(bad + "an empty range '[]'");
-    std::vector<std::string> numbers;
-    std::stringstream ss(body);
-    std::string range;
-    while (std::getline(ss, range, ',')) {
-      const size_t dash = range.find('-');
-      const std::string lo = range.substr(0, dash);
-      const std::string hi = dash == std::string::npos ? lo : range.substr(dash + 1);
-      auto digits = [](const std::string& s) {
-        return !s.empty() && s.size() <= 9 &&
-               std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
-      };
-      if (!digits(lo) || !digits(hi)) {
-        throw ConfigError(bad + "the range '" + range + "': expected N or N-M of up to 9 digits");
-      }
-      const long a = std::stol(lo), b = std::stol(hi);
-      if (a > b) throw ConfigError(bad + "the range '" + range + "': expected N <= M");
-      if (static_cast<size_t>(b - a + 1) * partial.size() + out.size() > kMaxHosts) {
-        throw ConfigError(bad + "more than 1000000 hosts");
-      }
-      for (long k = a; k <= b; ++k) {
-        std::string s = std::to_string(k);
-        if (s.size() < lo.size()) s.insert(0, lo.size() - s.size(), '0');
-        numbers.push_back(std::move(s));
-      }
-    }
-    if (body.back() == ',') throw ConfigError(bad + "an empty range in '[" + body + "]'");
-    std::vector<std::string> next;
-    if (numbers.size() * partial.size() + out.size() > kMaxHosts) throw ConfigError(bad + "more than 1000000 hosts");
-    for (const auto& p : partial) {
-      for (const auto& n : numbers) next.push_back(p + n);
-    }
-    partial = std::move(next);
-    i = close + 1;
-  }
-  out.insert(out.end(), partial.begin(), partial.end());
-}
-
 }  // namespace
 
 std::vector<std::string> expand_slurm_nodelist(const std::string& list, const std::string& what) {
-  const std::string bad = what + "='" + list + "' is not a SLURM node list (expected host names separated by "
-                          "commas, each with optional [N-M,K] ranges, e.g. gpu-[01-04,07],cpu7): it has ";
-  if (list.empty()) throw ConfigError(bad + "no hosts");
+  const NodeList parsed = parse_nodelist(list, what);
   std::vector<std::string> hosts;
-  std::string item;
-  int depth = 0;
-  auto flush = [&] {
-    if (item.empty()) throw ConfigError(bad + "an empty host name");
-    expand_item(item, bad, hosts);
-    item.clear();
-  };
-  for (char c : list) {
-    if (std::isspace(static_cast<unsigned char>(c))) throw ConfigError(bad + "a space");
-    if (c == '[' && ++depth > 1) throw ConfigError(bad + "nested '['");
-    if (c == ']' && --depth < 0) throw ConfigError(bad + "a ']' without '['");
-    if (c == ',' && depth == 0) {
-      flush();
-    } else {
-      item += c;
+  hosts.reserve(parsed.hosts);
+  for (const auto& item : parsed.items) {
+    std::vector<std::string> partial{""};
+    for (const NodePart& part : item) {
+      if (part.ranges.empty()) {
+        for (auto& p : partial) p += part.text;
+        continue;
+      }
+      std::vector<std::string> next;
+      for (const auto& p : partial) {
+        for (const NodeRange& r : part.ranges) {
+          for (long k = r.lo; k <= r.hi; ++k) next.push_back(p + number_of(r, k));
+        }
+      }
+      partial = std::move(next);
     }
-  }
-  if (depth != 0) throw ConfigError(bad + "an unclosed '['");
-  flush();
-  for (const auto& h : hosts) {
-    if (h.empty()) throw ConfigError(bad + "an empty host name");
+    hosts.insert(hosts.end(), partial.begin(), partial.end());
   }
   return hosts;
 }
@@ -477,6 +625,7 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
     case Cluster::kSlurm: read_slurm(in, env); break;
     case Cluster::kMpi: read_mpi(in, env); break;
   }
+  if (env.cluster != Cluster::kNone) check_declared_worlds(in, env);
   env.launched = env.cluster != Cluster::kNone;
   if (auto v = in.get("FSDP_BACKEND")) env.backend = parse_backend(*v, "FSDP_BACKEND");
   env.timeout = std::chrono::seconds(in.number("FSDP_TIMEOUT_S", 1, 7 * 24 * 3600,

@@ -48,4 +48,21 @@ nlohmann::ordered_json number_json(double v);
 // never an error.
 JsonLinesFile read_json_lines(const std::string& path);
 
+// What a resume keeps of a JSON-lines log, found from its end
+// (read_json_lines_tail): `keep`, the byte offset just after the last
+// record whose step is at most the resume's (0: none), that record's step,
+// and whether anything after it is damaged (a torn or damaged line, as
+// opposed to whole records of later steps).
+struct JsonLinesTail {
+  int64_t keep = 0, last_step = 0;
+  bool damaged = false;
+};
+
+// Reads the `size` bytes of `fd` from the end back to the last record whose
+// step is at most `up_to`, and no further: memory does not grow with the
+// file (a line longer than 1 MiB is damaged, never held), and the time
+// grows with the lines after that record only. A read error ends the
+// search there, as the file's start would.
+JsonLinesTail read_json_lines_tail(int fd, int64_t size, int64_t up_to);
+
 }  // namespace fsdp::detail

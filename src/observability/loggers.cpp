@@ -13,11 +13,14 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
 #include "fsdp/error.h"
+#include "fsdp/text/bytes_json.h"
 #include "json_lines.h"
 #include "logger_files.h"
 
@@ -195,6 +198,81 @@ JsonLinesFile read_json_lines(const std::string& path) {
   return out;
 }
 
+JsonLinesTail read_json_lines_tail(int fd, int64_t size, int64_t up_to) {
+  constexpr int64_t kChunk = int64_t{64} << 10, kLongest = int64_t{1} << 20;
+  JsonLinesTail out;
+  std::vector<char> chunk(static_cast<size_t>(kChunk));
+  auto read_at = [&](int64_t offset, int64_t n) {
+    int64_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd, chunk.data() + done, static_cast<size_t>(n - done), offset + done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      done += got;
+    }
+    return true;
+  };
+  // The lines from the end: [start, content_end), each followed by '\n'
+  // but the last, which is torn when the file does not end in one.
+  int64_t end = size;
+  bool last = true;
+  while (end > 0) {
+    int64_t content_end = end - 1;  // the '\n' that ends the line
+    bool torn = false;
+    if (last) {
+      if (!read_at(size - 1, 1)) return out;
+      torn = chunk[0] != '\n';
+      if (torn) content_end = size;
+    }
+    last = false;
+    // Back to the line's start, holding at most kLongest of its bytes.
+    std::vector<std::string> pieces;  // from the end
+    int64_t held = 0, cursor = content_end, start = 0;
+    bool too_long = false;
+    while (cursor > 0) {
+      const int64_t n = std::min(kChunk, cursor);
+      if (!read_at(cursor - n, n)) return out;
+      const void* nl = ::memrchr(chunk.data(), '\n', static_cast<size_t>(n));
+      const int64_t from = nl != nullptr ? static_cast<const char*>(nl) - chunk.data() + 1 : 0;
+      if (!too_long) {
+        if (held + (n - from) > kLongest) {
+          too_long = true;
+          pieces.clear();
+        } else {
+          pieces.emplace_back(chunk.data() + from, static_cast<size_t>(n - from));
+          held += n - from;
+        }
+      }
+      cursor -= n - from;
+      if (nl != nullptr) {
+        start = cursor;
+        break;
+      }
+    }
+    if (cursor == 0) start = 0;
+    end = start;
+    if (torn || too_long) {
+      out.damaged = true;
+      continue;
+    }
+    std::string text;
+    text.reserve(static_cast<size_t>(held));
+    for (auto it = pieces.rbegin(); it != pieces.rend(); ++it) text += *it;
+    if (text.empty()) continue;  // a blank line
+    try {
+      const JsonLine m = parse_line(text);
+      if (m.step <= up_to) {
+        out.keep = content_end + 1;
+        out.last_step = m.step;
+        return out;
+      }
+    } catch (const std::invalid_argument&) {
+      out.damaged = true;
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
 // --- JsonLinesLogger ------------------------------------------------------------
@@ -219,16 +297,32 @@ void JsonLinesLogger::open() {
     throw ConfigError("JsonLinesLogger: cannot create the log directory '" + log_dir() + "': No space left on device");
   }
   struct stat st {};
-  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    throw ConfigError("JsonLinesLogger: " + path_ + " is not a regular file (a FIFO, device or directory)");
+  // lstat and O_NOFOLLOW: a symbolic link there is refused, never written through.
+  if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw ConfigError("JsonLinesLogger: " + path_ + " is not a regular file (a symbolic link, FIFO, device or directory)");
   }
-  const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
     throw ConfigError("JsonLinesLogger: cannot open " + path_ + " to write: " + detail::errno_text(err));
   }
   int64_t keep = 0, last_step = 0;  // the end of the lines kept, and their last step
-  if (resume_after_ > 0) {
+  // A resume over a big file reads its tail only (back to the line of the
+  // resumed step): its memory does not grow with the file. A small one is
+  // read whole, and damaged lines before the kept ones are named too.
+  constexpr int64_t kReadWholeUpTo = int64_t{8} << 20;
+  struct stat now {};
+  const int64_t file_size = ::fstat(fd, &now) == 0 ? static_cast<int64_t>(now.st_size) : 0;
+  if (resume_after_ > 0 && file_size > kReadWholeUpTo) {
+    const detail::JsonLinesTail tail = detail::read_json_lines_tail(fd, file_size, resume_after_);
+    keep = tail.keep;
+    last_step = tail.last_step;
+    if (tail.damaged) {
+      TORCH_WARN(path_, ": cut off a torn or damaged tail at byte offset ", keep, " (", file_size - keep,
+                 " bytes: lines after step ", last_step,
+                 " that are not whole metrics lines, or that a crash cut)");
+    }
+  } else if (resume_after_ > 0) {
     const detail::JsonLinesFile file = detail::read_json_lines(path_);
     // Keep up to the last record that ends at or before `resume_after_`.
     size_t kept = 0;
@@ -361,14 +455,15 @@ std::string yaml_value(const HyperparameterValue& v) {
     else if (s.find_first_of(".e") == std::string::npos) s += ".0";
     return s;
   }
-  return Json(std::get<std::string>(v)).dump();
+  // A path is bytes: written losslessly (fsdp/text/bytes_json.h; YAML's "\udcXX" as JSON's).
+  return text::json_text(Json(text::escape_bytes(std::get<std::string>(v))).dump());
 }
 
 // Writes `text` to `path` atomically (a temporary, then rename). False and
 // `error` set when it cannot; the old file is then untouched.
 bool replace_file(const std::string& path, const std::string& text, int& error) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);  // no link followed
   if (fd < 0) {
     error = errno;
     return false;
@@ -509,13 +604,23 @@ void CSVLogger::flush() {
   };
   int error = 0;
   bool ok;
-  if (keys != keys_ || !written_) {
+  // Deleted during the run (the append below would fail for good): made
+  // again, header first; the rows it held are gone.
+  struct stat gone {};
+  const bool deleted = written_ && ::stat(path.c_str(), &gone) != 0 && errno == ENOENT;
+  if (deleted && !recreated_) {
+    TORCH_WARN("CSVLogger: ", path, " was deleted during the run; it is written again from step ",
+               rows_.front().count("step") ? rows_.front().at("step") : std::string("?"),
+               " on, with its header (the rows it held are gone)");
+    recreated_ = true;
+  }
+  if (keys != keys_ || !written_ || deleted) {
     // A new column (or the first flush): the whole file with the wider
     // header, the rows already written read back (as Lightning does).
     std::string text;
     for (size_t i = 0; i < keys.size(); ++i) text += (i ? "," : "") + csv_field(keys[i]);
     text += "\r\n";
-    if (written_) {
+    if (written_ && !deleted) {
       for (const auto& row : read_csv_rows(path)) text += row_text(row);
     }
     for (const auto& row : rows_) text += row_text(row);
@@ -523,7 +628,7 @@ void CSVLogger::flush() {
   } else {
     std::string text;
     for (const auto& row : rows_) text += row_text(row);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
     struct stat st {};
     ok = fd >= 0 && ::fstat(fd, &st) == 0 && detail::write_all(fd, text, st.st_size, error);
     if (fd < 0) error = errno;

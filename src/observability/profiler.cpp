@@ -2,11 +2,15 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/version.h>
+#include <c10/util/Exception.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -46,7 +50,7 @@ void write_trace(const kineto::ProfilerResult& result, const std::string& path) 
   std::ofstream out(path, std::ios::trunc);
   out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
   out.flush();
-  if (!out) throw Error("Profiler::stop: cannot write the trace " + path);
+  if (!out) throw Error("cannot write it (is the disk full or the directory read-only?)");
 }
 
 }  // namespace
@@ -76,25 +80,69 @@ void Profiler::start(bool cuda) {
   running_ = true;
 }
 
-void Profiler::stop(const std::string& path) {
+bool Profiler::stop(const std::string& path) {
   if (!running_) throw Error("Profiler::stop: not running");
   running_ = false;
   auto result = kineto::disableProfiler();
   const fs::path p(path);
+  // A trace is worth less than the run: what stops it writing is a warning.
+  const auto lost = [&](const std::string& why) {
+    TORCH_WARN("Profiler: the trace ", path, " cannot be written: ", why,
+               "; the profile is lost, and training goes on");
+    return false;
+  };
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  if (ec) throw Error("Profiler::stop: cannot create " + p.parent_path().string() + " for the trace: " + ec.message());
-  std::error_code gone;
-  fs::remove(p, gone);
-  try {
-    result->save(path);
-  } catch (const c10::Error& e) {
-    // No Kineto (its message: "Saving a trace requires ... USE_KINETO=1"), or
-    // a write it could not do: write the events ourselves, which names the path.
-    write_trace(*result, path);
+  if (ec || (p.has_parent_path() && !fs::is_directory(p.parent_path()))) {
+    return lost("cannot create the directory " + p.parent_path().string() + ": " +
+                (ec ? ec.message() : std::string("a file of that name is in the way")));
   }
-  if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) == 0) {
-    throw Error("Profiler::stop: LibTorch wrote no trace to " + path + " (is the disk full or the directory read-only?)");
+  // The trace is written under a temporary name that this process creates
+  // (O_EXCL | O_NOFOLLOW: no link there is followed, no file of another
+  // replaced), then renamed to `path`: a symbolic link put at `path` is
+  // replaced, never written through (issue 37 item 1).
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const auto drop_tmp = [&] {
+    std::error_code ignored;
+    if (fs::is_regular_file(fs::symlink_status(tmp, ignored))) fs::remove(tmp, ignored);
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return lost("cannot create " + tmp + ": " + std::strerror(errno));
+  ::close(fd);
+  try {
+    try {
+      result->save(tmp);
+    } catch (const c10::Error& e) {
+      // No Kineto (its message: "Saving a trace requires ... USE_KINETO=1"), or
+      // a write it could not do: write the events ourselves.
+      write_trace(*result, tmp);
+    }
+  } catch (const std::exception& e) {
+    drop_tmp();
+    return lost(e.what());
+  }
+  if (!fs::is_regular_file(fs::symlink_status(tmp, ec)) || fs::file_size(tmp, ec) == 0) {
+    drop_tmp();
+    return lost("LibTorch wrote no trace (is the disk full or the directory read-only?)");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    drop_tmp();
+    return lost("cannot rename " + tmp + " to it: " + why);
+  }
+  return true;
+}
+
+std::string unused_trace_path(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return path;
+  const std::string ext = ".pt.trace.json";
+  const bool trace = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  const std::string stem = trace ? path.substr(0, path.size() - ext.size()) : fs::path(path).replace_extension().string();
+  const std::string suffix = trace ? ext : fs::path(path).extension().string();
+  for (int n = 1;; ++n) {
+    const std::string candidate = stem + "." + std::to_string(n) + suffix;
+    if (!fs::exists(fs::symlink_status(candidate, ec))) return candidate;
   }
 }
 

@@ -372,7 +372,9 @@ void FSDPStrategy::clip_gradients_value(torch::optim::Optimizer& optimizer, doub
   }
 }
 
-std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const {
+std::unique_ptr<NoSync> FSDPStrategy::no_backward_sync(const std::shared_ptr<torch::nn::Module>& module,
+                                                       bool enabled) const {
+  if (!enabled) return nullptr;  // Lightning: `if not enabled: yield; return`
   if (!is_wrapped_root(module)) {
     throw ConfigError("Blocking backward sync is only possible if the module passed to "
                       "`FSDPStrategy.no_backward_sync` is wrapped in `FullyShardedDataParallel`. Got: " +

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <vector>
 #include <utility>
 
 #include "fsdp/error.h"
@@ -45,8 +47,8 @@ Corpus Corpus::map_file(const std::string& path, const std::string& flag) {
   }
   void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;
-  ::close(fd);  // the mapping keeps the file
   if (p == MAP_FAILED) {
+    ::close(fd);
     throw ConfigError(name + ": cannot memory-map its " + std::to_string(st.st_size) + " bytes: " +
                       std::strerror(err) +
                       "; expected a file that fits this process's address space (see ulimit -v)");
@@ -54,6 +56,7 @@ Corpus Corpus::map_file(const std::string& path, const std::string& flag) {
   ::madvise(p, static_cast<size_t>(st.st_size), MADV_RANDOM);  // samples are random windows: no read-ahead
   Corpus c;
   c.mapping_ = p;
+  c.fd_ = fd;  // read()'s: samples are copied out with pread, never through the mapping
   c.data_ = static_cast<const uint8_t*>(p);
   c.size_ = st.st_size;
   c.name_ = name;
@@ -76,6 +79,7 @@ Corpus& Corpus::operator=(Corpus&& other) noexcept {
   release();
   text_ = std::move(other.text_);
   mapping_ = std::exchange(other.mapping_, nullptr);
+  fd_ = std::exchange(other.fd_, -1);
   // A held text's bytes may move with it (a short string lives inside it).
   data_ = mapping_ != nullptr ? static_cast<const uint8_t*>(mapping_) : reinterpret_cast<const uint8_t*>(text_.data());
   size_ = std::exchange(other.size_, 0);
@@ -88,10 +92,70 @@ Corpus::~Corpus() { release(); }
 
 void Corpus::release() {
   if (mapping_ != nullptr) ::munmap(mapping_, static_cast<size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   mapping_ = nullptr;
   data_ = nullptr;
   size_ = 0;
   text_.clear();
+}
+
+void Corpus::read(int64_t offset, int64_t length, uint8_t* out) const {
+  if (offset < 0 || length < 0 || offset > size_ - length) {
+    throw Error("Corpus::read: bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+                ") lie outside " + name_ + " (" + std::to_string(size_) + " bytes)");
+  }
+  if (fd_ < 0) {
+    std::memcpy(out, data_ + offset, static_cast<size_t>(length));
+    return;
+  }
+  int64_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd_, out + done, static_cast<size_t>(length - done), static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      struct stat st {};
+      const std::string now =
+          ::fstat(fd_, &st) == 0 ? std::to_string(st.st_size) + " bytes now" : std::string("its size unknown");
+      throw ConfigError(name_ + ": cannot read bytes [" + std::to_string(offset) + ", " +
+                        std::to_string(offset + length) + ") of a sample: " +
+                        (err != 0 ? std::string(std::strerror(err)) : std::string("they lie past its end")) +
+                        " (it held " + std::to_string(size_) + " bytes when the run started, " + now +
+                        "): it was truncated or rewritten while the run reads it. The run stops here; its newest "
+                        "checkpoint is intact: restore the file and --resume");
+    }
+    done += n;
+  }
+}
+
+std::string Corpus::fingerprint() const {
+  constexpr int64_t kPage = 4096, kPages = 64;
+  // FNV-1a, 64 bits: the size first, then the sampled pages.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&](const uint8_t* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  };
+  const uint64_t size = static_cast<uint64_t>(size_);
+  mix(reinterpret_cast<const uint8_t*>(&size), sizeof size);
+  std::vector<uint8_t> page(static_cast<size_t>(kPage));
+  if (size_ <= kPage * kPages) {
+    for (int64_t at = 0; at < size_; at += kPage) {
+      const int64_t n = std::min(kPage, size_ - at);
+      read(at, n, page.data());
+      mix(page.data(), n);
+    }
+  } else {
+    for (int64_t i = 0; i < kPages; ++i) {  // the first and the last page among them
+      const auto at = static_cast<int64_t>(static_cast<unsigned __int128>(size_ - kPage) * static_cast<unsigned>(i) /
+                                           (kPages - 1));
+      read(at, kPage, page.data());
+      mix(page.data(), kPage);
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::to_string(size_) + ":fnv1a64:" + hex;
 }
 
 BatchSampler::BatchSampler(Corpus corpus, int64_t context, int64_t batch, uint64_t seed, int rank, int world,
@@ -104,7 +168,15 @@ BatchSampler::BatchSampler(Corpus corpus, int64_t context, int64_t batch, uint64
       seed_(seed),
       rank_(rank),
       world_(world),
-      device_(device) {}
+      device_(device) {
+  if (training_size_ < context_ + 2) {
+    throw ConfigError("--context " + std::to_string(context_) + ": the training text of " + corpus_.name() + " (" +
+                      std::to_string(training_size_) + " bytes) cannot hold a sample: --context " +
+                      std::to_string(context_) + " needs at least " + std::to_string(context_ + 2) +
+                      " bytes (a sample of " + std::to_string(context_ + 1) +
+                      " and room to place it); expected --context at most " + std::to_string(training_size_ - 2));
+  }
+}
 
 namespace {
 
@@ -140,18 +212,30 @@ Batch BatchSampler::held_out(int64_t i) const {
                 " (at least " + std::to_string(min_bytes_to_hold_out(context_)) +
                 " bytes needed); check has_held_out() first");
   }
-  return draw(training_size_, held_out_size_, seed_ + 7777, i * batch_ * world_);
+  return draw(training_size_, held_out_size_, seed_ + 7777, i * batch_ * world_, kHeldOutSamples);
+}
+
+int64_t BatchSampler::held_out_rounds() const {
+  const int64_t per_round = batch_ * world_;
+  return (kHeldOutSamples + per_round - 1) / per_round;
+}
+
+int64_t BatchSampler::held_out_rows(int64_t i) const {
+  const int64_t first = i * batch_ * world_ + rank_ * batch_;
+  return std::clamp<int64_t>(kHeldOutSamples - first, 0, batch_);
 }
 
 // This rank's windows of the step whose samples start at `first` in the
 // stream of `seed` over [offset, offset + length) of the corpus.
-Batch BatchSampler::draw(int64_t offset, int64_t length, uint64_t seed, int64_t first) const {
+Batch BatchSampler::draw(int64_t offset, int64_t length, uint64_t seed, int64_t first, int64_t wrap) const {
   const int64_t span = context_ + 1;
   at::Tensor windows = at::empty({batch_, span}, at::kByte);
   uint8_t* out = windows.data_ptr<uint8_t>();
   for (int64_t i = 0; i < batch_; ++i) {
-    const int64_t start = start_of(seed, first + rank_ * batch_ + i, length - span);
-    std::memcpy(out + i * span, corpus_.data() + offset + start, static_cast<size_t>(span));
+    int64_t sample = first + rank_ * batch_ + i;
+    if (wrap > 0) sample %= wrap;
+    const int64_t start = start_of(seed, sample, length - span);
+    corpus_.read(offset + start, span, out + i * span);  // pread: a truncated file is an error, never SIGBUS
   }
   at::Tensor b = windows.to(at::kLong).to(device_);
   return {b.narrow(1, 0, context_), b.narrow(1, 1, context_)};

@@ -109,19 +109,28 @@ CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int6
   return s;
 }
 
-// Where the sample stream continues after the checkpoint a run resumed from
-// (batches.h): its "samples", or, for a checkpoint from before they were
-// kept, step * batch * its world size.
-// The integer value `key` of the checkpoint a run resumed from, if it has one.
-std::optional<int64_t> saved_int(const ResumePoint& from, const std::string& key) {
-  const auto it = from.values.find(key);
-  if (it == from.values.end() || !std::holds_alternative<int64_t>(it->second)) return std::nullopt;
-  return std::get<int64_t>(it->second);
-}
-
-int64_t resume_position(const ResumePoint& from, int64_t step, int64_t batch, int world) {
-  if (const auto samples = saved_int(from, "samples")) return *samples;
-  return step * batch * saved_int(from, "world").value_or(world);
+// ConfigError when the checkpoint a run resumed from (`from`) trained on the
+// same --data path as `c` and recorded another fingerprint of it
+// (Corpus::fingerprint) than `now`: the file changed in place. With
+// --allow-data-change, said on stderr instead. A changed path is a changed
+// flag (overridden_flags names it); a checkpoint from before fingerprints
+// has none to compare.
+void check_data_unchanged(const ResumePoint& from, const TrainConfig& c, const std::string& now) {
+  const auto text = [&](const char* key) -> std::optional<std::string> {
+    const auto it = from.values.find(key);
+    if (it == from.values.end() || !std::holds_alternative<std::string>(it->second)) return std::nullopt;
+    return std::get<std::string>(it->second);
+  };
+  const auto was = text("data_fingerprint"), path = text("config.run.data");
+  if (!was || !path || *path != c.data || *was == now) return;
+  const std::string what = (c.data.empty() ? std::string("the generated corpus") : "--data " + c.data) +
+                           " changed since " + from.path + " was saved: its fingerprint (size:hash of sampled "
+                           "pages) was " + *was + ", it is " + now;
+  if (!c.allow_data_change) {
+    throw ConfigError(what + ". The run would continue on other text than it trained on; expected the same file, or "
+                             "--allow-data-change to resume on the changed one on purpose");
+  }
+  std::cerr << "fsdp-train: WARNING: " << what << "; resuming on it (--allow-data-change)" << std::endl;
 }
 
 // What train_step did: the mean loss over the ranks, the gradient norm
@@ -151,16 +160,22 @@ StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::
   return r;
 }
 
-// [collective] The mean loss over 4 fixed held-out batches (the same on every rank).
+// [collective] The mean loss over the held-out set (kHeldOutSamples samples,
+// the same at any world size; the same value on every rank). Every rank
+// runs the same forwards; the padding rows of a round are left out.
 double evaluate(const FSDPStrategy& strategy, Model& model, const BatchSampler& batches) {
   torch::NoGradGuard no_grad;
-  double sum = 0;
-  const int n = 4;
-  for (int i = 0; i < n; ++i) {
+  double sum = 0;  // over this rank's samples, of each sample's mean loss
+  for (int64_t i = 0; i < batches.held_out_rounds(); ++i) {
     const Batch b = batches.held_out(i);
-    sum += models::gpt_loss(model(b.inputs), b.targets).to(at::kDouble).item<double>();
+    const at::Tensor logits = model(b.inputs);
+    const int64_t rows = batches.held_out_rows(i);
+    if (rows == 0) continue;
+    sum += models::gpt_loss(logits.narrow(0, 0, rows), b.targets.narrow(0, 0, rows)).to(at::kDouble).item<double>() *
+           static_cast<double>(rows);
   }
-  return strategy.all_reduce(at::full({1}, sum / n, at::kDouble)).item<double>();
+  return strategy.all_reduce(at::full({1}, sum, at::kDouble), dist::ReduceOp::kSum).item<double>() /
+         static_cast<double>(kHeldOutSamples);
 }
 
 // [collective] Every rank's resident memory in MiB, as text, in rank order.
@@ -212,14 +227,19 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   // One job per run directory: rank 0 holds its lock until train() returns.
   const RunDirectory run(c.out);
   // [collective] Whether the job continues the run, agreed by every rank:
-  // any rank's --resume (a launcher's restart sets it on the ranks it
-  // restarted, and torchrun restarts the nodes of an elastic job with
-  // different counts: a failed node's counts, a node restarted for one that
-  // joined does not), or run.json recording this torchrun job (its workers
-  // started again after a node left or joined).
-  const bool continues = c.resume || (rank == 0 && run.records_torchrun_job());
-  const auto votes = strategy.group().all_gather_bytes(continues ? "1" : "0");
-  if (c.resume_from.empty() && std::find(votes.begin(), votes.end(), "1") != votes.end()) {
+  // any rank's --resume, or a restart of the job that wrote run.json, which
+  // rank 0 proves (job_token: the launcher's restart count alone proves
+  // nothing, and torchrun restarts the nodes of an elastic job with
+  // different counts). A restart repeats the command line: it continues
+  // the run even with --overwrite, and takes the run's own newest
+  // checkpoint over --resume-from's.
+  std::string job;
+  if (rank == 0) job = job_token();
+  const bool restarted = rank == 0 && run.records_job(job);
+  const auto votes = strategy.group().all_gather_bytes(restarted ? "restart" : c.resume ? "resume" : "");
+  const bool any_restart = std::find(votes.begin(), votes.end(), "restart") != votes.end();
+  const bool any_resume = std::find(votes.begin(), votes.end(), "resume") != votes.end();
+  if (any_restart || (c.resume_from.empty() && any_resume)) {
     c.resume = true;
     c.overwrite = false;
   }
@@ -228,12 +248,20 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
                        if (rank == 0) lock.emplace(c.out);
                      }),
                      "");
-  const RunIdentity identity = run.begin(strategy, c);
+  const RunIdentity identity = run.begin(strategy, c, job);
   // A file one rank cannot map stops every rank with its error, not a hang.
   std::optional<Corpus> corpus;
-  dist::agree(strategy.group(), dist::capture([&] { corpus.emplace(read_corpus(c)); }), "reading --data");
-  const BatchSampler batches(std::move(*corpus), c.model.context, c.batch, c.strategy.seed(), rank, nranks,
-                             strategy.root_device());
+  // Its fingerprint goes into each checkpoint; a resume compares it.
+  std::string data_fingerprint;
+  std::optional<BatchSampler> sampler;
+  dist::agree(strategy.group(), dist::capture([&] {
+                corpus.emplace(read_corpus(c));
+                data_fingerprint = corpus->fingerprint();
+                sampler.emplace(std::move(*corpus), c.model.context, c.batch, c.strategy.seed(), rank, nranks,
+                                strategy.root_device());
+              }),
+              "reading --data");
+  const BatchSampler& batches = *sampler;
   const bool evaluates = c.eval_every > 0 && batches.has_held_out();
   if (c.eval_every > 0 && !evaluates) {
     strategy.print("fsdp-train: " + batches.corpus().name() + " is too short to hold any text out (" +
@@ -252,10 +280,16 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     CheckpointState s = run_state(model, opt, 0);
     from = run.resume(strategy, c, identity, s);
     if (!from.path.empty()) {
-      start = s.get<int64_t>("step");
-      position = resume_position(from, start, c.batch, nranks);
+      // Where the sample stream continues (batches.h), every value checked
+      // against this run's settings: the same values, and so the same
+      // error, on every rank.
+      const ResumedPosition at = resumed_position(from.path, from.values, s.get<int64_t>("step"), c, nranks);
+      start = at.step;
+      position = at.samples;
       strategy.print("fsdp-train: resumed from " + from.path + " at step " + std::to_string(start));
-      const auto saved_world = saved_int(from, "world");
+      dist::agree(strategy.group(), dist::capture([&] { check_data_unchanged(from, c, data_fingerprint); }),
+                  "--resume: comparing --data with the checkpoint's");
+      const auto& saved_world = at.world;
       if (saved_world && *saved_world != nranks) {
         resized.emplace();
         resized->from_world = static_cast<int>(*saved_world);
@@ -264,6 +298,12 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
       }
     }
   }
+  // Before step 1: what every save will need (checkpoints/ usable, the
+  // saves' names free), so that a run never trains to lose it at a save.
+  dist::agree_from(strategy.group(), 0, dist::capture([&] {
+                     if (rank == 0) run.check_saves(c, start);
+                   }),
+                   "");
   // Rank 0 writes the metrics (on resume, those after the checkpoint's step
   // go), the loggers' files and the log; its error reaches every rank.
   const LoggerChoice chosen = chosen_loggers(c.loggers);
@@ -320,7 +360,11 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     if (profiled.contains(step + 1) && !profiler.running()) profiler.start(strategy.root_device().is_cuda());
     detail::Span step_span;
     step_span.begin("step", std::to_string(step + 1));
-    const Batch batch = batches.training(position);
+    // A --data file truncated under the run is a named error on every rank
+    // (Corpus::read), never SIGBUS nor a rank left waiting.
+    Batch batch;
+    dist::agree(strategy.group(), dist::capture([&] { batch = batches.training(position); }),
+                "step " + std::to_string(step + 1) + ": reading --data");
     const auto ts = std::chrono::steady_clock::now();
     const RuntimeStats before = runtime_stats(model.ptr());
     StepMetrics m;
@@ -376,14 +420,25 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     }
     step_span.end();
     if (profiler.running() && (m.step == profiled.last || last)) {
-      dist::agree(strategy.group(), dist::capture([&] { profiler.stop(trace_path); }), "--profile-steps: ");
-      strategy.print("fsdp-train: profiled steps " + std::to_string(std::max(profiled.first, start + 1)) + "-" +
-                     std::to_string(m.step) + ": " + (fs::path(c.out) / "profile").string() +
-                     "/rank_<r>.pt.trace.json (open in https://ui.perfetto.dev or chrome://tracing)");
+      // A trace that cannot be written is a warning (Profiler::stop); an
+      // earlier job's trace is kept, this job's goes beside it.
+      const std::string path = unused_trace_path(trace_path);
+      bool written = false;
+      dist::agree(strategy.group(), dist::capture([&] { written = profiler.stop(path); }), "--profile-steps: ");
+      if (written && rank == 0) {
+        auto any_rank = [&](const std::string& p) {  // rank 0's name, said for every rank
+          const std::string name = fs::path(p).filename().string();
+          return (fs::path(c.out) / "profile").string() + "/rank_<r>" + name.substr(name.find('.'));
+        };
+        std::cout << "fsdp-train: profiled steps " << std::max(profiled.first, start + 1) << "-" << m.step << ": "
+                  << any_rank(path)
+                  << (path != trace_path ? " (an earlier job's " + any_rank(trace_path) + " is kept)" : std::string())
+                  << " (open in https://ui.perfetto.dev or chrome://tracing)" << std::endl;
+      }
     }
     if ((c.save_every > 0 && m.step % c.save_every == 0) || last) {
       CheckpointState s = run_state(model, opt, m.step);
-      s.value("samples", position).value("world", int64_t{nranks});
+      s.value("samples", position).value("world", int64_t{nranks}).value("data_fingerprint", data_fingerprint);
       put_config(s, c, identity);
       run.save(strategy, s, m.step, c.keep, identity);
     }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "fsdp/error.h"
+#include "fsdp/text/bytes_json.h"
 
 namespace fsdp::train {
 
@@ -96,14 +97,14 @@ void MetricsWriter::write(const StepMetrics& m) {
   if (m.nonfinite) j["nonfinite"] = true;
   if (m.skipped) j["skipped"] = true;
   if (m.resumed_from) j["resumed_from"] = *m.resumed_from;
-  if (!m.set_aside.empty()) j["set_aside"] = m.set_aside;
+  for (const auto& path : m.set_aside) j["set_aside"].push_back(text::escape_bytes(path));  // paths are bytes
   if (m.resized) {
     j["resized"] = {{"from_world", m.resized->from_world},
                     {"to_world", m.resized->to_world},
                     {"step", m.resized->step},
                     {"seconds_lost", number_json(m.resized->seconds_lost)}};
   }
-  log_.log_line(m.step, j.dump());
+  log_.log_line(m.step, text::json_text(j.dump()));
 }
 
 }  // namespace fsdp::train

@@ -1,5 +1,10 @@
 #include "progress.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -17,18 +22,32 @@ std::string progress_line(const StepMetrics& m, int64_t steps, double eta_s, con
 }
 
 Progress::Progress(const std::string& log_path, bool resumed, int64_t steps, int64_t log_every, bool terminal)
-    : log_path_(log_path), log_(log_path, resumed ? std::ios::app : std::ios::trunc), steps_(steps),
-      log_every_(log_every), terminal_(terminal) {}
+    : log_path_(log_path), steps_(steps), log_every_(log_every), terminal_(terminal) {
+  // O_NOFOLLOW: a symbolic link put where train.log belongs is never written
+  // through (issue 37 item 1; RunDirectory refuses one before step 1 too).
+  log_fd_ = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | (resumed ? 0 : O_TRUNC),
+                   0644);
+  if (log_fd_ < 0) log_error_ = std::strerror(errno);
+}
+
+Progress::~Progress() {
+  if (log_fd_ >= 0) ::close(log_fd_);
+}
 
 void Progress::log(const std::string& line, int64_t step) {
-  log_ << line << std::endl;
-  if (!log_) {  // a full disk: said once, and the run goes on
+  std::string why = log_error_;
+  if (log_fd_ >= 0) {
+    const std::string text = line + "\n";
+    const ssize_t n = ::write(log_fd_, text.data(), text.size());  // one write: lines never interleave
+    if (n < 0) why = std::strerror(errno);
+    else if (static_cast<size_t>(n) != text.size()) why = "a short write";
+  }
+  if (!why.empty()) {  // a full disk: said once, and the run goes on
     if (!log_failed_) {
-      std::cerr << "fsdp-train: WARNING: cannot write " << log_path_ << " at step " << step
-                << " (is the disk full?); training goes on, its lines go to the console only" << std::endl;
+      std::cerr << "fsdp-train: WARNING: cannot write " << log_path_ << " at step " << step << " (" << why
+                << "; is the disk full?); training goes on, its lines go to the console only" << std::endl;
     }
     log_failed_ = true;
-    log_.clear();
   }
 }
 

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +21,9 @@ class Progress {
   // Opens `log_path`: appended to on a resume, else emptied. `terminal`:
   // stdout is a terminal.
   Progress(const std::string& log_path, bool resumed, int64_t steps, int64_t log_every, bool terminal);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
 
   // Writes the line to train.log and (as above) stdout.
   void report(const StepMetrics& m, double eta_s, const std::vector<std::string>& mem_mib);
@@ -33,7 +35,8 @@ class Progress {
   void log(const std::string& line, int64_t step);
 
   std::string log_path_;
-  std::ofstream log_;  // a failed write is said once on stderr (log_failed_), never an error
+  int log_fd_ = -1;        // train.log; a failed write is said once on stderr (log_failed_), never an error
+  std::string log_error_;  // why it could not be opened, if it could not
   int64_t steps_, log_every_;
   bool terminal_, log_failed_ = false;
 };

@@ -20,10 +20,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <iostream>
 #include <random>
+#include <regex>
 #include <sstream>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "fsdp/error.h"
 #include "fsdp/dist/rank_errors.h"
@@ -51,13 +55,41 @@ std::string host_name() {
   return buf;
 }
 
+// ConfigError when `path` is a symbolic link: nothing beneath --out is
+// followed. `what`: what fsdp-train writes there.
+void refuse_link(const std::string& root, const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return;
+  std::error_code ec;
+  const fs::path target = fs::read_symlink(path, ec);
+  throw ConfigError("--out " + root + ": " + path + " is a symbolic link" +
+                    (ec ? std::string() : " (to " + target.string() + ")") + " where fsdp-train writes " + what +
+                    "; it follows no link beneath --out, and wrote nothing through this one: expected no link there "
+                    "(remove it; --out itself may be a link), or pass another --out");
+}
+
+// open(2) of one of fsdp-train's files with O_NOFOLLOW: a symbolic link
+// there is refused (ConfigError naming it and `what`); -1 and errno for
+// any other failure.
+int open_own_file(const std::string& root, const std::string& path, int flags, const std::string& what) {
+  const int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) refuse_link(root, path, what);
+    errno = err;
+  }
+  return fd;
+}
+
 }  // namespace
 
 RunLock::RunLock(const std::string& root) {
   const std::string path = (fs::path(root) / ".lock").string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a symbolic link there is refused, its target never written.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     const int err = errno;
+    if (err == ELOOP) refuse_link(root, path, "its lock file (.lock: the host and pid of the job that holds it)");
     throw Error("--out " + root + ": cannot open the lock file " + path + ": " + std::strerror(err));
   }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -137,14 +169,29 @@ void write_identity(const std::string& path, const RunIdentity& id) {
   j["host"] = host_name();
   j["pid"] = static_cast<int64_t>(::getpid());
   if (id.legacy) j["legacy_checkpoints"] = true;
-  if (!id.job.empty()) j["torchelastic_run_id"] = id.job;
+  if (!id.job.empty()) j["job"] = id.job;
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(1) << "\n";
-    if (!out.flush()) throw Error("--out: cannot write " + tmp);
+  const std::string text = j.dump(1) + "\n";
+  const std::string root = fs::path(path).parent_path().string();
+  const int fd = open_own_file(root, tmp, O_WRONLY | O_CREAT | O_TRUNC, "the run's identity (run.json's temporary)");
+  bool ok = fd >= 0;
+  int err = ok ? 0 : errno;
+  for (size_t done = 0; ok && done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      ok = false;
+    } else {
+      done += static_cast<size_t>(n);
+    }
   }
-  fs::rename(tmp, path);  // whole or not at all
+  if (fd >= 0) ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    throw Error("--out: cannot write " + tmp + ": " + std::strerror(err));
+  }
+  fs::rename(tmp, path);  // whole or not at all; a link at `path` would be replaced, never followed
 }
 
 std::string new_run_id() {
@@ -171,8 +218,10 @@ bool incomplete(const std::string& path) {
 std::optional<RunIdentity> RunDirectory::identity() const {
   const std::string path = identity_path();
   std::error_code ec;
-  if (!fs::exists(path, ec)) return std::nullopt;
-  if (!fs::is_regular_file(path, ec)) throw ConfigError(path + " is not a regular file; refusing to read it");
+  const auto st = fs::symlink_status(path, ec);
+  if (!fs::exists(st)) return std::nullopt;
+  refuse_link(root_, path, "the run's identity (run.json)");
+  if (!fs::is_regular_file(st)) throw ConfigError(path + " is not a regular file; refusing to read it");
   std::ifstream in(path);
   try {
     const Json j = Json::parse(in);
@@ -180,7 +229,7 @@ std::optional<RunIdentity> RunDirectory::identity() const {
     id.id = j.at("run_id").get<std::string>();
     id.digest = j.at("config_digest").get<std::string>();
     id.legacy = j.value("legacy_checkpoints", false);
-    id.job = j.value("torchelastic_run_id", std::string());
+    id.job = j.value("job", std::string());
     if (id.id.empty()) throw std::invalid_argument("empty run_id");
     return id;
   } catch (const std::exception& e) {
@@ -190,16 +239,105 @@ std::optional<RunIdentity> RunDirectory::identity() const {
   }
 }
 
-std::string torchrun_job() {
-  const char* job = std::getenv("TORCHELASTIC_RUN_ID");
-  return job != nullptr ? job : "";
+namespace {
+
+// The value of the environment variable `name`, if set.
+std::optional<std::string> env_var(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::optional<std::string>(v) : std::nullopt;
 }
 
-bool RunDirectory::records_torchrun_job() const {
-  if (torchrun_job().empty()) return false;
+// The start time of process `pid` (field 22 of /proc/<pid>/stat, in clock
+// ticks since boot): with the pid, who a process is (a pid is reused).
+std::string start_time_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = stat.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return "";
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 22) return field;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string job_token() {
+  const auto run_id = env_var("TORCHELASTIC_RUN_ID"), restarts = env_var("TORCHELASTIC_RESTART_COUNT"),
+             max_restarts = env_var("TORCHELASTIC_MAX_RESTARTS"), agent_store = env_var("TORCHELASTIC_USE_AGENT_STORE");
+  auto addr = env_var("MASTER_ADDR"), port = env_var("MASTER_PORT");
+  if (!restarts || !max_restarts) return "";
+  if (run_id) {
+    // The store that lives as long as the job: the agent's (MASTER_ADDR:
+    // MASTER_PORT), or, when the agents keep it from the workers
+    // (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, the elastic setup of
+    // docs/launching.md), the c10d rendezvous' own at the agent's
+    // --rdzv-endpoint (the parent's command line; torchrun's port 29400 if
+    // it names none).
+    std::optional<std::string> host = addr, port_text = port;
+    if (agent_store != std::optional<std::string>("True")) {
+      host.reset();
+      std::ifstream in("/proc/" + std::to_string(::getppid()) + "/cmdline");
+      std::vector<std::string> args;
+      for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+      for (size_t i = 0; i < args.size(); ++i) {
+        std::string endpoint;
+        for (const char* flag : {"--rdzv-endpoint", "--rdzv_endpoint"}) {
+          const std::string f = flag;
+          if (args[i] == f && i + 1 < args.size()) endpoint = args[i + 1];
+          if (args[i].rfind(f + "=", 0) == 0) endpoint = args[i].substr(f.size() + 1);
+        }
+        if (endpoint.empty()) continue;
+        const auto colon = endpoint.rfind(':');
+        host = colon == std::string::npos ? endpoint : endpoint.substr(0, colon);
+        port_text = colon == std::string::npos ? std::string("29400") : endpoint.substr(colon + 1);
+        if (host->size() > 2 && host->front() == '[' && host->back() == ']') host = host->substr(1, host->size() - 2);
+      }
+    }
+    if (!host || !port_text) return "";
+    addr = host;
+    port = port_text;
+    int p = 0;
+    const auto [ptr, ec] = std::from_chars(port->data(), port->data() + port->size(), p);
+    if (ec != std::errc() || ptr != port->data() + port->size() || p < 1 || p > 65535) return "";
+    try {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<std::uint16_t>(p);
+      so.isServer = false;
+      so.waitWorkers = false;
+      so.timeout = std::chrono::seconds(60);
+      c10d::TCPStore store(*addr, so);
+      const std::string key = "fsdp-train/job";
+      if (!store.check({key})) {
+        const std::string fresh = new_run_id();
+        store.set(key, std::vector<uint8_t>(fresh.begin(), fresh.end()));
+      }
+      const auto v = store.get(key);
+      return "torchrun " + std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      std::cerr << "fsdp-train: WARNING: cannot reach torchrun's agent store at " << *addr << ":" << *port << " ("
+                << e.what() << "): this start cannot be told from a new job; a restart of it will not resume"
+                << std::endl;
+      return "";
+    }
+  }
+  // fsdp-run: this process's parent, if it is fsdp-run.
+  const pid_t parent = ::getppid();
+  std::ifstream comm("/proc/" + std::to_string(parent) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  const std::string started = start_time_of(parent);
+  if (name != "fsdp-run" || started.empty()) return "";
+  return "fsdp-run " + host_name() + " " + std::to_string(parent) + " " + started;
+}
+
+bool RunDirectory::records_job(const std::string& job) const {
+  if (job.empty()) return false;
   try {
     const auto had = identity();
-    return had && had->job == torchrun_job();
+    return had && had->job == job;
   } catch (const ConfigError&) {  // begin() names a damaged run.json
     return false;
   }
@@ -219,12 +357,148 @@ bool RunDirectory::holds_run() const {
   return fs::is_directory(dir, ec) && !fs::is_empty(dir, ec);
 }
 
-RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig& c) const {
+namespace {
+
+// ConfigError unless the directory `dir` (a folder fsdp-train writes into)
+// can be written: created files and folders in it, and entered.
+void check_writable_dir(const std::string& root, const std::string& dir, const std::string& what) {
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    throw ConfigError("--out " + root + ": " + dir + ", where fsdp-train writes " + what + ", cannot be written (" +
+                      std::strerror(err) + "): expected a directory this user may write; fix its permissions, or "
+                      "pass another --out");
+  }
+}
+
+// "a directory", "a FIFO (named pipe)", ... for `st`.
+std::string kind_of(fs::file_status st) {
+  switch (st.type()) {
+    case fs::file_type::regular: return "a regular file";
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::symlink: return "a symbolic link";
+    case fs::file_type::fifo: return "a FIFO (named pipe)";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::block:
+    case fs::file_type::character: return "a device";
+    default: return "not a regular file";
+  }
+}
+
+// The files a sharded save writes into its step-NNNNNNNN directory before
+// its commit (src/checkpoint/sharded_writer.cpp; the save id is
+// new_save_id's "<hex>-<hex>"): the data files __<rank>_<id>.distcp
+// (data-<rank>-<id>.bin before issue 18) and the temporaries of those and of
+// the commit files.
+bool sharded_save_file(const std::string& name) {
+  static const std::regex own(
+      "__[0-9]+_[0-9a-f]+-[0-9a-f]+\\.distcp(\\.tmp-[0-9a-f]+-[0-9a-f]+)?|"
+      "data-[0-9]+-[0-9a-f]+(-[0-9a-f]+)?\\.bin(\\.tmp-[0-9a-f]+-[0-9a-f]+)?|"  // the layout before issue 18
+      "(\\.metadata|fsdp_index\\.json|meta\\.pt|index\\.json)\\.tmp-[0-9a-f]+-[0-9a-f]+");
+  return std::regex_match(name, own);
+}
+
+// Whether `path` is what a killed sharded save of fsdp-train's leaves: a
+// directory (not a link) with no commit file, holding only regular files
+// of the names that save writes (or nothing). What it cannot prove its own
+// (a user's checkpoints/step-00000001/notes.txt) is not.
+bool killed_save(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(path, ec)) || !incomplete(path)) return false;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    if (!fs::is_regular_file(fs::symlink_status(e.path(), ec)) || !sharded_save_file(e.path().filename().string())) {
+      return false;
+    }
+  }
+  return !ec;
+}
+
+}  // namespace
+
+void RunDirectory::check_own_names() const {
+  std::error_code ec;
+  const fs::path root(root_);
+  const std::pair<const char*, const char*> files[] = {
+      {"run.json", "the run's identity (run.json)"},
+      {"run.json.tmp", "the run's identity (run.json's temporary)"},
+      {"metrics.jsonl", "the metrics of each step (metrics.jsonl)"},
+      {"train.log", "its log (train.log)"},
+      {"loss.svg", "the loss curve (loss.svg)"},
+      {".write-test", "the probe that the directory can be written (.write-test)"}};
+  for (const auto& [name, what] : files) {
+    const std::string p = (root / name).string();
+    refuse_link(root_, p, what);
+    const auto st = fs::symlink_status(p, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st)) {
+      throw ConfigError("--out " + root_ + ": " + p + " is " + kind_of(st) + " where fsdp-train writes " + what +
+                        ": expected a regular file or nothing there; move it away, or pass another --out");
+    }
+  }
+  const std::pair<const char*, const char*> dirs[] = {{"checkpoints", "the run's checkpoints (checkpoints/)"},
+                                                      {"csv", "the CSV logger's files (csv/)"},
+                                                      {"profile", "the profiler's traces (profile/)"}};
+  for (const auto& [name, what] : dirs) {
+    const std::string p = (root / name).string();
+    refuse_link(root_, p, what);
+    const auto st = fs::symlink_status(p, ec);
+    if (!fs::exists(st)) continue;
+    if (!fs::is_directory(st)) {
+      throw ConfigError("--out " + root_ + ": " + p + " is " + kind_of(st) + " where fsdp-train keeps " + what +
+                        ": expected a directory or nothing there; move it away, or pass another --out");
+    }
+    check_writable_dir(root_, p, what);
+  }
+  // Beneath csv/ and profile/: the folders and files the loggers write.
+  for (const char* name : {"csv", "profile"}) {
+    const fs::path dir = root / name;
+    if (!fs::is_directory(fs::symlink_status(dir, ec))) continue;
+    for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+      refuse_link(root_, e.path().string(), std::string("the loggers' files (") + name + "/)");
+    }
+  }
+}
+
+void RunDirectory::check_saves(const TrainConfig& c, int64_t start) const {
+  std::error_code ec;
+  const fs::path dir = fs::path(root_) / "checkpoints";
+  refuse_link(root_, dir.string(), "the run's checkpoints (checkpoints/)");
+  const auto st = fs::symlink_status(dir, ec);
+  if (!fs::exists(st)) {
+    check_writable_dir(root_, root_, "the run's checkpoints (checkpoints/)");
+    return;
+  }
+  if (!fs::is_directory(st)) {
+    throw ConfigError("--out " + root_ + ": " + dir.string() + " is " + kind_of(st) +
+                      " where fsdp-train keeps the run's checkpoints: every save would fail (the first at step " +
+                      std::to_string(c.save_every > 0 ? std::min(c.steps, (start / c.save_every + 1) * c.save_every)
+                                                      : c.steps) +
+                      "): expected a directory or nothing there; move it away, or pass another --out");
+  }
+  check_writable_dir(root_, dir.string(), "the run's checkpoints (checkpoints/)");
+  for (const auto& [step, path] : checkpoints()) {
+    const bool saved_here = step > start && step <= c.steps && (step == c.steps || (c.save_every > 0 && step % c.save_every == 0));
+    if (!saved_here || path != checkpoint_path(step)) continue;
+    refuse_link(root_, path, "the checkpoint of step " + std::to_string(step));
+    bool checkpoint = true;
+    try {
+      inspect_checkpoint(path);
+    } catch (const std::exception&) {
+      checkpoint = killed_save(path);  // a killed save's: the save replaces it
+    }
+    if (!checkpoint) {
+      throw ConfigError("--out " + root_ + ": " + path + " is in the way of the save at step " + std::to_string(step) +
+                        ": it is not a checkpoint (nor what a killed save leaves), and fsdp-train writes none over "
+                        "what is not its own: move it away, or pass another --out");
+    }
+  }
+}
+
+RunIdentity RunDirectory::begin(const FSDPStrategy& strategy, const TrainConfig& c, const std::string& job) const {
   RunIdentity id;
   const auto failure = dist::capture([&] {
     if (strategy.global_rank() != 0) return;
+    check_own_names();
     id = RunIdentity{new_run_id(), config_digest(c)};
-    id.job = torchrun_job();
+    id.job = job;
     std::optional<RunIdentity> had;
     try {
       had = identity();
@@ -458,17 +732,21 @@ std::vector<std::string> RunDirectory::remove_dead_temporaries() const {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
   // Every writer names its temporary "<final name>.tmp-<save id>"
-  // (src/checkpoint/files.cpp, AtomicFile); none is alive: the caller holds the lock.
-  auto temporary = [](const fs::path& p) { return p.filename().string().find(".tmp-") != std::string::npos; };
+  // (src/checkpoint/files.cpp, AtomicFile); none is alive: the caller holds
+  // the lock. Only regular files of exactly the names a save gives its
+  // temporaries go (a user's step-00000001/notes.tmp-1.txt stays).
+  static const std::regex full_temporary("step-[0-9]{8}\\.tmp-[0-9a-f]+-[0-9a-f]+");
+  auto regular = [&](const fs::path& p) { return fs::is_regular_file(fs::symlink_status(p, ec)); };
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("step-", 0) != 0) continue;
-    if (temporary(e.path())) {
-      fs::remove_all(e.path());
+    if (std::regex_match(name, full_temporary) && regular(e.path())) {
+      fs::remove(e.path());
       removed.push_back(e.path().string());
-    } else if (e.is_directory(ec)) {
+    } else if (fs::is_directory(fs::symlink_status(e.path(), ec))) {
       for (const auto& f : fs::directory_iterator(e.path())) {
-        if (temporary(f.path()) && !f.is_directory(ec)) {
+        const std::string file = f.path().filename().string();
+        if (file.find(".tmp-") != std::string::npos && sharded_save_file(file) && regular(f.path())) {
           fs::remove(f.path());
           removed.push_back(f.path().string());
         }
@@ -583,7 +861,9 @@ void RunDirectory::save(const FSDPStrategy& strategy, const CheckpointState& sta
       try {
         id = run_id_of(inspect_checkpoint(p));
       } catch (const ConfigError&) {
-        if (s < step && incomplete(p)) fs::remove_all(p);  // a killed save of this job's run (the lock)
+        // A killed save of this job's run (the lock): only what it can prove
+        // is a sharded save's; anything else there is a user's, and stays.
+        if (s < step && killed_save(p)) fs::remove_all(p);
         continue;
       }
       if (belongs_to(id, run) && ++kept > keep) fs::remove_all(p);
@@ -702,8 +982,81 @@ models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std:
   return c;
 }
 
+ResumedPosition resumed_position(const std::string& path, const std::map<std::string, CheckpointValue>& values,
+                                 int64_t step, const TrainConfig& c, int world_now) {
+  constexpr int64_t kMaxSamplesPerStep = int64_t{1} << 40;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto out_of_range = [&](const std::string& name, const std::string& value, const std::string& expected) {
+    return ConfigError("--resume: " + path + ": its '" + name + "' = " + value + " is out of range for this run: expected " +
+                       expected + "; the checkpoint is damaged or was edited (--resume-from another checkpoint, or "
+                       "--overwrite to start over)");
+  };
+  auto integer = [&](const char* name) -> std::optional<int64_t> {
+    const auto it = values.find(name);
+    if (it == values.end()) return std::nullopt;
+    if (!std::holds_alternative<int64_t>(it->second)) {
+      throw ConfigError("--resume: " + path + ": its '" + name + "' is not an integer: expected the " +
+                        (std::string(name) == "world" ? "world size it was saved at" : "sample stream's position") +
+                        " as an int; the checkpoint is damaged or was edited");
+    }
+    return std::get<int64_t>(it->second);
+  };
+  if (step < 0 || step > c.steps) {
+    throw out_of_range("step", std::to_string(step),
+                       "0 to --steps " + std::to_string(c.steps) +
+                           (step > c.steps ? " (pass --steps " + std::to_string(step) + " or more to go on from it)" : ""));
+  }
+  ResumedPosition p;
+  p.step = step;
+  p.world = integer("world");
+  if (p.world && (*p.world < 1 || *p.world > std::numeric_limits<int>::max())) {
+    throw out_of_range("world", std::to_string(*p.world), "1 to " + std::to_string(std::numeric_limits<int>::max()));
+  }
+  const auto samples = integer("samples");
+  if (samples) {
+    const int64_t most = step > kMax / kMaxSamplesPerStep ? kMax : step * kMaxSamplesPerStep;
+    if (*samples < step || *samples > most) {
+      throw out_of_range("samples", std::to_string(*samples),
+                         std::to_string(step) + " to " + std::to_string(most) + " at step " + std::to_string(step) +
+                             " (each step takes at least 1 sample and fewer than 2^40)");
+    }
+    p.samples = *samples;
+  } else {
+    const int64_t w = p.world.value_or(world_now);
+    if (c.batch > 0 && step > kMax / c.batch / w) {
+      throw out_of_range("step", std::to_string(step), "a step whose samples (step x batch x world) fit in 64 bits");
+    }
+    p.samples = step * c.batch * w;
+  }
+  // The steps still to do must not run the position past 64 bits.
+  const int64_t per_step = c.batch * world_now;
+  if (c.steps > step && (kMax - p.samples) / per_step < c.steps - step) {
+    throw out_of_range("samples", std::to_string(p.samples),
+                       "a position that " + std::to_string(c.steps - step) + " more steps of " + std::to_string(per_step) +
+                           " samples (--batch x world) take no further than 2^63 - 1");
+  }
+  return p;
+}
+
 std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& c) {
   std::vector<std::string> out;
+  // Integers compare, and print, exactly (a seed of 2^64 - 1 is saved as
+  // the int64 -1: the same seed).
+  auto check_int = [&](const char* key, const char* flag, uint64_t now) {
+    const std::string* v = config_value(info, key);
+    if (!v) return;
+    int64_t saved = 0;
+    const char* end = v->data() + v->size();
+    const auto [ptr, ec] = std::from_chars(v->data(), end, saved);
+    if (ec != std::errc() || ptr != end) {
+      out.push_back(std::string(flag) + " " + *v + " -> " + std::to_string(now));
+      return;
+    }
+    const bool is_seed = std::string(key) == "run.seed";
+    const std::string was = is_seed ? std::to_string(static_cast<uint64_t>(saved)) : std::to_string(saved);
+    const std::string is = is_seed ? std::to_string(now) : std::to_string(static_cast<int64_t>(now));
+    if (was != is) out.push_back(std::string(flag) + " " + was + " -> " + is);
+  };
   auto check = [&](const char* key, const char* flag, double now) {
     const std::string* v = config_value(info, key);
     if (!v) return;
@@ -716,10 +1069,10 @@ std::vector<std::string> overridden_flags(const CheckpointInfo& info, const Trai
   };
   check("run.lr", "--lr", c.lr);
   check("run.min_lr", "--min-lr", min_learning_rate(c));
-  check("run.warmup_steps", "--warmup-steps", static_cast<double>(warmup_steps(c)));
-  check("run.steps", "--steps", static_cast<double>(c.steps));
-  check("run.batch", "--batch", static_cast<double>(c.batch));
-  check("run.seed", "--seed", static_cast<double>(c.strategy.seed()));
+  check_int("run.warmup_steps", "--warmup-steps", static_cast<uint64_t>(warmup_steps(c)));
+  check_int("run.steps", "--steps", static_cast<uint64_t>(c.steps));
+  check_int("run.batch", "--batch", static_cast<uint64_t>(c.batch));
+  check_int("run.seed", "--seed", c.strategy.seed());
   // Settings by name; an empty one is its default, said in words.
   auto check_text = [&](const char* key, const char* flag, const std::string& now, const char* empty) {
     const std::string* v = config_value(info, key);

@@ -59,15 +59,31 @@ struct RunIdentity {
   // it: run.json's "legacy_checkpoints"); its checkpoints without a run id
   // count as the run's.
   bool legacy = false;
-  // The torchrun job that runs it (TORCHELASTIC_RUN_ID, its --rdzv-id; run.json's
-  // "torchelastic_run_id"), empty under other launchers. A worker that the
-  // same job starts again (a restart for a node that joined or left keeps
-  // TORCHELASTIC_RESTART_COUNT) continues the run: same_torchrun_job.
+  // The job that writes it (job_token(); run.json's "job"), empty when its
+  // launcher gives no proof of one. A worker that the same job starts again
+  // continues the run (RunDirectory::records_job).
   std::string job;
 };
 
-// [local] TORCHELASTIC_RUN_ID, or "" when torchrun did not start the process.
-std::string torchrun_job();
+// [local; rank 0] What proves that this process belongs to the job that
+// started it, across that job's restarts and in no other job; "" when
+// nothing does. A restart repeats the command line, so only this tells a
+// restart (which continues the run, --overwrite or not) from a new job
+// (which starts over with --overwrite), and the launcher's run id does
+// not: torchrun's is "none" for every job of the static rendezvous
+// (--master-port, --rdzv-backend static), and a user may reuse --rdzv-id.
+// - torchrun (its whole environment: TORCHELASTIC_RUN_ID,
+//   TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, MASTER_ADDR,
+//   MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True): a random token kept in
+//   the agent's store (key "fsdp-train/job"), set by the job's first start
+//   and read by its restarts: the store lives as long as the job's agents,
+//   and a new job's agent serves a new, empty one. "torchrun <token>".
+// - fsdp-run (TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS
+//   without TORCHELASTIC_RUN_ID): the fsdp-run process that restarts its
+//   workers, the parent of this one (its pid and start time on this host).
+//   "fsdp-run <host> <pid> <start>".
+// A leaked TORCHELASTIC_RESTART_COUNT without the rest proves nothing.
+std::string job_token();
 
 // 16 hex digits over the settings that make a run what it is: the model
 // shape, the schedule (lr, min_lr, warm-up, steps), batch, seed, data,
@@ -99,11 +115,11 @@ class RunDirectory {
   // ConfigError naming the file when it is not what begin() writes.
   std::optional<RunIdentity> identity() const;
 
-  // [local] Whether run.json records the torchrun job that started this
-  // process (torchrun_job(), not empty): a worker of that job started
-  // again, which continues the run. False when run.json is absent or
-  // unreadable (begin() names it).
-  bool records_torchrun_job() const;
+  // [local] Whether run.json records the job `job` (job_token(), not
+  // empty): this process is a worker of that job started again, which
+  // continues the run. False when run.json is absent or unreadable
+  // (begin() names it).
+  bool records_job(const std::string& job) const;
 
   // [local] Whether the directory holds a run: run.json, metrics.jsonl,
   // train.log, loss.svg, event files, csv/, profile/, or anything in
@@ -120,7 +136,27 @@ class RunDirectory {
   //   run;
   // - otherwise a new run, and ConfigError if the directory already holds
   //   one (holds_run), saying what --resume and --overwrite would do.
-  RunIdentity begin(const FSDPStrategy& strategy, const TrainConfig& config) const;
+  // `job`: job_token() on rank 0, recorded in run.json.
+  RunIdentity begin(const FSDPStrategy& strategy, const TrainConfig& config, const std::string& job = "") const;
+
+  // [local; rank 0, before anything is written there] ConfigError when a
+  // name that fsdp-train writes under the directory is taken by something
+  // it must not write through or into: a symbolic link (--out itself may be
+  // one; nothing beneath it is followed, and no link's target is touched),
+  // a directory or FIFO where a file of ours belongs (run.json, its
+  // temporary, metrics.jsonl, train.log, loss.svg), a file where a
+  // directory of ours belongs (checkpoints, csv, profile), or a directory
+  // the run cannot write into. The error names the path and what belongs
+  // there.
+  void check_own_names() const;
+
+  // [local; rank 0, before step 1] What the saves of steps start+1..steps
+  // (every save_every, and the last) need: checkpoints/ a directory that
+  // can be written, and no step-NNNNNNNN name of a save taken by a symbolic
+  // link or by something that is not a checkpoint (a user's directory or
+  // file there would be written into, or break the save at its step).
+  // ConfigError naming the path and the step.
+  void check_saves(const TrainConfig& config, int64_t start) const;
 
   // [local] The checkpoints in <root>/checkpoints, newest first (by the step
   // in the name); none when the folder does not exist.
@@ -181,6 +217,27 @@ class RunDirectory {
  private:
   std::string root_;
 };
+
+// Where a resumed run continues, from the values its checkpoint records:
+// the step done, the sample stream's position, and the world it was saved
+// at (none in checkpoints from before it was kept).
+struct ResumedPosition {
+  int64_t step = 0;
+  int64_t samples = 0;
+  std::optional<int64_t> world;
+};
+
+// [local] The values of the checkpoint `path` that a resume continues from
+// (`values`: ResumePoint::values; `step`: its "step"), each checked against
+// the run's settings before anything trains: 0 <= step <= config.steps;
+// 1 <= world <= 2^31 - 1; step <= samples <= step * 2^40 (every step takes
+// at least one sample, and no step takes 2^40), and the samples of the
+// steps still to do (batch x `world_now` each) fit in 64 bits. A value of
+// another type is refused as well. ConfigError naming the checkpoint, the
+// value and the range expected. A checkpoint without "samples" (from before
+// they were kept) continues at step * batch * its world (or `world_now`).
+ResumedPosition resumed_position(const std::string& path, const std::map<std::string, CheckpointValue>& values,
+                                 int64_t step, const TrainConfig& config, int world_now);
 
 // The model shape, the run settings (lr, min_lr, warmup_steps, steps,
 // batch, seed, data, precision, sharding_strategy, state_dict_type, mesh)

@@ -2,8 +2,13 @@
 // before training, and the learning-rate schedule.
 #include "fsdp/train/train_config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -14,7 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/error.h"
+#include "fsdp/train/batches.h"  // kGeneratedCorpusBytes
 #include "fsdp/observability/profiler.h"  // parse_step_range
+#include "fsdp/text/bytes_json.h"
 
 namespace fsdp::train {
 
@@ -48,17 +55,20 @@ bool activation_checkpointing(const FSDPStrategyOptions& strategy) {
 std::string config_json(const TrainConfig& c) {
   const FSDPStrategyOptions& s = c.strategy;
   const FSDPOptions& f = s.fsdp();
+  // Paths and names are bytes: held losslessly (fsdp/text/bytes_json.h).
+  const auto bytes = [](const std::string& v) { return text::escape_bytes(v); };
   nlohmann::ordered_json j = {
-      {"preset", c.preset},
+      {"preset", bytes(c.preset)},
       {"model",
        {{"vocab", c.model.vocab_size}, {"context", c.model.context}, {"dim", c.model.dim}, {"layers", c.model.layers},
         {"heads", c.model.heads}}},
       {"steps", c.steps}, {"batch", c.batch}, {"lr", c.lr}, {"warmup_steps", warmup_steps(c)},
-      {"min_lr", min_learning_rate(c)}, {"on_nonfinite_loss", to_string(c.on_nonfinite_loss)}, {"out", c.out},
-      {"data", c.data}, {"save_every", c.save_every}, {"keep", c.keep}, {"resume", c.resume},
-      {"resume_from", c.resume_from}, {"overwrite", c.overwrite}, {"empty_init", c.empty_init},
-      {"log_every", c.log_every}, {"eval_every", c.eval_every}, {"loggers", c.loggers},
-      {"profile_steps", c.profile_steps}};
+      {"min_lr", min_learning_rate(c)}, {"on_nonfinite_loss", to_string(c.on_nonfinite_loss)}, {"out", bytes(c.out)},
+      {"data", bytes(c.data)}, {"save_every", c.save_every}, {"keep", c.keep}, {"resume", c.resume},
+      {"resume_from", bytes(c.resume_from)}, {"overwrite", c.overwrite}, {"empty_init", c.empty_init},
+      {"allow_data_change", c.allow_data_change}, {"log_every", c.log_every}, {"eval_every", c.eval_every},
+      {"loggers", bytes(c.loggers)},
+      {"profile_steps", bytes(c.profile_steps)}};
   j["strategy"] = {{"sharding_strategy", to_string(s.sharding_strategy())},
                    {"state_dict_type", to_string(s.state_dict_type())},
                    {"precision", s.precision()},
@@ -72,7 +82,7 @@ std::string config_json(const TrainConfig& c) {
                    {"limit_all_gathers", s.limit_all_gathers()},
                    {"sync_module_states", s.sync_module_states()},
                    {"max_reductions_in_flight", f.max_reductions_in_flight()}};
-  return j.dump();
+  return text::json_text(j.dump());
 }
 
 namespace {
@@ -149,7 +159,7 @@ LoggerChoice chosen_loggers(const std::string& names) {
   return out;
 }
 
-void validate(const TrainConfig& c) {
+void validate_settings(const TrainConfig& c) {
   auto positive = [](int64_t v, const char* flag) {
     if (v <= 0) throw ConfigError(std::string(flag) + " must be positive, got " + std::to_string(v));
   };
@@ -190,6 +200,15 @@ void validate(const TrainConfig& c) {
     throw ConfigError("--heads " + std::to_string(c.model.heads) + " does not divide the model width --dim " +
                       std::to_string(c.model.dim) + ": expected a divisor of it");
   }
+  if (c.data.empty() && c.model.context + 2 > kGeneratedCorpusBytes) {
+    // The generated corpus holds nothing out at such a context: its training text is all of it.
+    throw ConfigError("--context " + std::to_string(c.model.context) + ": the generated corpus (" +
+                      std::to_string(kGeneratedCorpusBytes) + " bytes; no --data) is too short: --context " +
+                      std::to_string(c.model.context) + " needs at least " + std::to_string(c.model.context + 2) +
+                      " bytes (a sample of " + std::to_string(c.model.context + 1) +
+                      " and room to place it); expected --context at most " +
+                      std::to_string(kGeneratedCorpusBytes - 2) + ", or a --data file that long");
+  }
   if (!c.data.empty()) {
     std::error_code ec;
     if (!fs::exists(c.data, ec)) throw ConfigError("--data " + c.data + ": no such file");
@@ -225,13 +244,48 @@ void validate(const TrainConfig& c) {
       }
     }
   }
+}
+
+void validate(const TrainConfig& c) {
+  validate_settings(c);
   std::error_code ec;
   fs::create_directories(c.out, ec);
   bool writable = false;
   if (!ec) {
+    // Created new (O_EXCL, which never follows a symbolic link), never
+    // through a link that is there: nothing beneath --out is followed.
     const std::string probe = (fs::path(c.out) / ".write-test").string();
-    writable = static_cast<bool>(std::ofstream(probe));
-    fs::remove(probe, ec);
+    int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    // Every rank probes at once: another rank's probe may come and go
+    // between the open and the lstat; then try again (bounded).
+    for (int tries = 0; fd < 0 && errno == EEXIST && tries < 100; ++tries) {
+      struct stat gone {};
+      if (::lstat(probe.c_str(), &gone) == 0) break;
+      fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    }
+    if (fd < 0 && errno == EEXIST) {
+      struct stat st {};
+      const bool there = ::lstat(probe.c_str(), &st) == 0;
+      if (there && S_ISLNK(st.st_mode)) {
+        std::error_code link_ec;
+        const std::string target = fs::read_symlink(probe, link_ec).string();
+        throw ConfigError("--out " + c.out + ": " + probe + " is a symbolic link" +
+                          (link_ec ? std::string() : " (to " + target + ")") + " where fsdp-train writes the probe "
+                          "that the directory can be written (.write-test); it follows no link beneath --out, and "
+                          "wrote nothing through this one: expected no link there (remove it; --out itself may be a "
+                          "link), or pass another --out");
+      }
+      // A probe a killed run left, or another rank's (gone again by now):
+      // removed, and made anew.
+      if (!there || (S_ISREG(st.st_mode) && (::unlink(probe.c_str()) == 0 || errno == ENOENT))) {
+        fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+      }
+    }
+    writable = fd >= 0;
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+    }
   }
   if (!writable) throw ConfigError("--out " + c.out + ": the run directory cannot be created or written");
 }

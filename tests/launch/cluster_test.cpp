@@ -379,7 +379,9 @@ TEST(Restarts, RanksRestartedADifferentNumberOfTimesContinueTheRunTogether) {
   std::vector<pid_t> pids;
   std::vector<int> fds(2, -1);
   for (int rank = 0; rank < 2; ++rank) {
-    pids.push_back(spawn(train(out, 6),
+    // Rank 0 alone says --resume (since issue 37 a restart count set by
+    // hand proves no restart): any rank's --resume continues the run on all.
+    pids.push_back(spawn(rank == 0 ? concat(train(out, 6), {"--resume"}) : train(out, 6),
                          clean_env({"RANK=" + std::to_string(rank), "LOCAL_RANK=" + std::to_string(rank),
                                     "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
                                     "TORCHELASTIC_RESTART_COUNT=" + std::string(rank == 0 ? "1" : "0")}),
@@ -492,6 +494,10 @@ TEST(Slurm, JobsThatCannotFormNameTheVariables) {
       {clean_env({"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29999", "OMPI_COMM_WORLD_RANK=0",
                   "OMPI_COMM_WORLD_SIZE=2"}),
        "fsdp-train: RANK=1 disagrees with OMPI_COMM_WORLD_RANK=0"},
+      // Before the fix (issue 37, item 18): trained as world 1.
+      {clean_env({"SLURM_NTASKS=1", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=1", "MASTER_PORT=29999"}),
+       "fsdp-train: SLURM_NTASKS=1 disagrees with OMPI_COMM_WORLD_SIZE=2: OMPI_COMM_WORLD_SIZE says the job has 2 "
+       "processes, but the world formed here has 1 rank(s)"},
   };
   for (const auto& trap : traps) {
     auto r = run_program(train(dir.path() + "/run", 3), 60s, trap.env);

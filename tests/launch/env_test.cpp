@@ -273,6 +273,8 @@ TEST(SlurmNodeList, MalformedListsNameTheVariableAndTheValue) {
       {"node[1-2-3]", "the range '1-2-3'"},
       {"host0 host1", "a space"},
       {"n[1-9999999]x[1-999]", "more than 1000000 hosts"},
+      {"n[0-999999,0-999999]", "more than 1000000 hosts, the most fsdp-cpp reads"},
+      {"n[0-999],m[1-999999]", "more than 1000000 hosts"},
       {"n[1234567890]", "of up to 9 digits"},
   };
   for (const auto& [list, why] : cases) {
@@ -290,6 +292,50 @@ TEST(SlurmNodeList, MalformedListsNameTheVariableAndTheValue) {
       EXPECT_NE(what.find(why), std::string::npos) << list << ": " << what;
     }
   }
+}
+
+// A node list of 40 ranges of a million hosts each is refused before any
+// host is made, naming the variable and the limit. Before the fix (issue 37,
+// item 17): each bracket was expanded before the count was checked: 2.1 GB,
+// and under `ulimit -v` a bare std::bad_alloc.
+TEST(SlurmNodeList, AHugeListIsCountedBeforeItIsExpanded) {
+  std::string list = "n[";
+  for (int i = 0; i < 40; ++i) list += std::string(i ? "," : "") + "0-999999";
+  list += "]";
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* var : {"SLURM_NODELIST", "SLURM_STEP_NODELIST"}) {
+    std::string what;
+    try {
+      if (std::string(var) == "SLURM_NODELIST") {
+        fsdp::dist::expand_slurm_nodelist(list, var);
+      } else {
+        read_dist_env(env_of({{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}, {var, list}}));
+      }
+    } catch (const ConfigError& e) {
+      what = e.what();
+    }
+    EXPECT_EQ(what.rfind(std::string(var) + "='n[0-999999,", 0), 0u) << what;
+    EXPECT_NE(what.find("more than 1000000 hosts, the most fsdp-cpp reads"), std::string::npos) << what;
+    EXPECT_LT(what.size(), 600u) << "the value is shown shortened";
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // The address of a large list that is within the limit is its first host.
+  auto env = read_dist_env(env_of({{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "1"}, {"SLURM_NODELIST", "gpu[0007-999999]"}}));
+  EXPECT_EQ(env.master_addr, "gpu0007");
+  EXPECT_EQ(env.num_nodes, 2);
+}
+
+// WORLD_SIZE=2147483647 is one node of that many ranks. Before the fix
+// (issue 37): `fsdp-run --print-env` showed "nodes: 0" (ceil(world / local)
+// overflowed int).
+TEST(DistEnv, TheLargestWorldSizeHasItsNodeCount) {
+  auto env = read_dist_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}, {"MASTER_ADDR", "h"},
+                                   {"MASTER_PORT", "29500"}}));
+  EXPECT_EQ(env.num_nodes, 1);
+  EXPECT_NE(fsdp::dist::describe(env).find("\nnodes: 1\n"), std::string::npos) << fsdp::dist::describe(env);
+  env = read_dist_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}, {"LOCAL_WORLD_SIZE", "2147483646"},
+                              {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}}));
+  EXPECT_EQ(env.num_nodes, 2);
 }
 
 namespace {
@@ -399,6 +445,57 @@ TEST(ClusterEnv, DetectsEachEnvironmentInOrder) {
       // fsdp-run's workers (GROUP_RANK), fsdp-run started by mpirun on each node: the MPI rank is the node's.
       {with(good(), {{"GROUP_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), "env", 3, 4,
        1, 2, 2, "10.1.2.3", 29500, ""},
+      // Every scheduler variable that declares a world larger than 1 agrees with the world formed (issue 37,
+      // item 18). Before the fix: SLURM_NTASKS=1 beside OMPI_COMM_WORLD_SIZE=2 trained as world 1, and with
+      // GROUP_RANK set Open MPI's and SLURM's sizes were not looked at.
+      {{{"SLURM_NTASKS", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}}, "", 0, 0, 0, 0, 0, "", 0,
+       "SLURM_NTASKS=1 disagrees with OMPI_COMM_WORLD_SIZE=2: OMPI_COMM_WORLD_SIZE says the job has 2 processes, but "
+       "the world formed here has 1 rank(s): expected OMPI_COMM_WORLD_SIZE=1, or FSDP_CLUSTER=mpi to form the world "
+       "OMPI_COMM_WORLD_SIZE describes; unset the variables that are not this job's (slurm variables read: "
+       "SLURM_NTASKS=1, OMPI_COMM_WORLD_SIZE=2)"},
+      {with(ompi2, {{"SLURM_NTASKS", "1"}, {"FSDP_CLUSTER", "mpi"}}), "mpi", 1, 2, 1, 2, 1, "127.0.0.1", 29600, ""},
+      {with(slurm2, {{"PMI_SIZE", "4"}, {"PMI_RANK", "1"}}), "", 0, 0, 0, 0, 0, "", 0,
+       "SLURM_NTASKS=2 disagrees with PMI_SIZE=4"},
+      // mpirun inside an sbatch script: every rank has the batch step's SLURM_PROCID=0.
+      {with(slurm2, {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                     {"OMPI_COMM_WORLD_RANK", "1"}}),
+       "", 0, 0, 0, 0, 0, "", 0,
+       "SLURM_PROCID=0 disagrees with OMPI_COMM_WORLD_RANK=1: SLURM_NTASKS and OMPI_COMM_WORLD_SIZE both say the job "
+       "has 2 processes, but not that this process is the same one of them: expected one launcher's variables "
+       "(FSDP_CLUSTER=mpi reads OMPI_COMM_WORLD_RANK)"},
+      {with(good(), {{"GROUP_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "3"}}), "", 0, 0, 0,
+       0, 0, "", 0,
+       "WORLD_SIZE=4 disagrees with OMPI_COMM_WORLD_SIZE=3: OMPI_COMM_WORLD_SIZE says the job has 3 processes, but "
+       "the world formed here has 4 rank(s) on 2 node(s): expected OMPI_COMM_WORLD_SIZE=4 (a process per rank) or 2 "
+       "(a launcher, such as torchrun or fsdp-run, per node)"},
+      {with(good(), {{"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"SLURM_NTASKS", "3"}}), "", 0, 0, 0, 0, 0, "",
+       0, "WORLD_SIZE=4 disagrees with SLURM_NTASKS=3"},
+      {with(good(), {{"TORCHELASTIC_RUN_ID", "j"}, {"GROUP_RANK", "1"}, {"PMI_SIZE", "8"}, {"PMI_RANK", "1"}}), "", 0,
+       0, 0, 0, 0, "", 0, "WORLD_SIZE=4 disagrees with PMI_SIZE=8"},
+      // ... but a launcher per node, or one process per rank, is one job.
+      {with(good(), {{"TORCHELASTIC_RUN_ID", "j"}, {"GROUP_RANK", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "1"}}),
+       "torchelastic", 3, 4, 1, 2, 2, "10.1.2.3", 29500, ""},
+      {with(good(), {{"GROUP_RANK", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}}), "env", 3, 4, 1, 2, 2,
+       "10.1.2.3", 29500, ""},
+      {with(good(), {{"SLURM_NTASKS", "8"}, {"SLURM_JOB_NAME", "interactive"}}), "env", 3, 4, 1, 2, 2, "10.1.2.3",
+       29500, ""},
+      // SLURM_TASKS_PER_NODE and every node list set are checked (issue 37). Before the fix: garbage in
+      // SLURM_TASKS_PER_NODE was ignored, and SLURM_NODELIST was not read when SLURM_STEP_NODELIST was set.
+      {with(slurm2, {{"SLURM_TASKS_PER_NODE", "2(x3"}}), "", 0, 0, 0, 0, 0, "", 0,
+       "SLURM_TASKS_PER_NODE='2(x3' is not SLURM's tasks per node: expected counts separated by commas, each with an "
+       "optional (xN) repeat, e.g. 2(x3),1 (the entry '2(x3')"},
+      {with(slurm2, {{"SLURM_TASKS_PER_NODE", "two"}}), "", 0, 0, 0, 0, 0, "", 0,
+       "SLURM_TASKS_PER_NODE='two' is not SLURM's tasks per node"},
+      {with(slurm2, {{"SLURM_TASKS_PER_NODE", "2(x1)"}, {"SLURM_NODEID", "1"}}), "", 0, 0, 0, 0, 0, "", 0,
+       "(it lists 1 node(s), none for SLURM_NODEID=1)"},
+      {with(slurm2, {{"SLURM_TASKS_PER_NODE", "2,"}}), "", 0, 0, 0, 0, 0, "", 0, "(the count '' is not a number >= 1)"},
+      {with(slurm2, {{"SLURM_STEP_NODELIST", "n7"}, {"SLURM_NODELIST", "gpu-[01-"}}), "", 0, 0, 0, 0, 0, "", 0,
+       "SLURM_NODELIST='gpu-[01-' is not a SLURM node list"},
+      {with(slurm2, {{"SLURM_STEP_NODELIST", "n7"}, {"SLURM_JOB_NODELIST", "a b"}}), "", 0, 0, 0, 0, 0, "", 0,
+       "SLURM_JOB_NODELIST='a b' is not a SLURM node list"},
+      {with(slurm2, {{"SLURM_STEP_NODELIST", "n[7-8]"}, {"SLURM_TASKS_PER_NODE", "1(x2)"}, {"SLURM_NODEID", "1"},
+                     {"SLURM_LOCALID", "0"}}),
+       "slurm", 1, 2, 0, 1, 1, "n7", 19242, ""},
       {{{"FSDP_CLUSTER", "slurm"}}, "", 0, 0, 0, 0, 0, "", 0,
        "FSDP_CLUSTER=slurm, but SLURM_NTASKS is not set: expected a task started by srun"},
       {{{"FSDP_CLUSTER", "mpi"}}, "", 0, 0, 0, 0, 0, "", 0, "FSDP_CLUSTER=mpi, but neither OMPI_COMM_WORLD_SIZE"},
@@ -558,4 +655,13 @@ TEST(AgentStore, EachAttemptJoinsUnderAFreshPrefix) {
   attempt_sum(2, fsdp::testing::free_port(), {0}, std::chrono::seconds(1), &errors);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("is the launcher running"), std::string::npos) << errors[0];
+  // A huge declared world: rank 0's passes over the hellos and the report of
+  // the missing ranks take bounded time. Before the fix (issue 37, item 13):
+  // each pass asked the store once per rank, 2,000,000 round trips here.
+  errors.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  attempt_sum(2000000, port, {0}, std::chrono::seconds(1), &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("1 of 2000000 ranks joined; missing rank(s): 1, 2, 3,"), std::string::npos) << errors[0];
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 8.0);
 }

@@ -5,6 +5,8 @@
 // checks the event files in loggers_python_test.cpp.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -260,4 +262,109 @@ TEST(StrategyLoggers, RankZeroLogsToEveryLoggerAndAnUnwritableOneStopsEveryRank)
     expect_config_error([&] { strategy.setup_environment(); },
                         "cannot create the log directory '" + tmp.path() + "/blocked/tb/version_0'");
   });
+}
+
+// Issue 37 item 8: metrics.csv deleted during a run is made again at the
+// next flush, header first, with the rows from then on, and said once (also
+// when it is deleted again). Before the fix every later flush failed
+// ("cannot write ...: No such file or directory": it was appended to without
+// O_CREAT) and the rest of the run's rows were lost.
+TEST(CSVLogger, AMetricsCsvDeletedDuringTheRunIsRecreatedWithItsHeader) {
+  TempDir tmp;
+  CapturedWarnings warnings;
+  CSVLogger csv(tmp.path(), "exp", std::nullopt, /*flush_logs_every_n_steps=*/1);
+  const std::string path = tmp.path() + "/exp/version_0/metrics.csv";
+  csv.log_metrics({{"loss", 3}}, 1);
+  csv.log_metrics({{"loss", 2}}, 2);
+  ASSERT_EQ(read_file(path), "loss,step\r\n3,1\r\n2,2\r\n");
+  fs::remove(path);
+  csv.log_metrics({{"loss", 1.5}}, 3);
+  csv.log_metrics({{"loss", 1}}, 4);
+  EXPECT_EQ(read_file(path), "loss,step\r\n1.5,3\r\n1,4\r\n");
+  fs::remove(path);
+  csv.log_metrics({{"loss", 0.5}}, 5);
+  EXPECT_EQ(read_file(path), "loss,step\r\n0.5,5\r\n");
+  EXPECT_EQ(warnings.count(path + " was deleted during the run; it is written again from step 3 on, with its header"),
+            1u);
+  EXPECT_EQ(warnings.count("was deleted during the run"), 1u) << "said more than once";
+  EXPECT_EQ(warnings.count("cannot write"), 0u);
+}
+
+namespace {
+
+// This process's peak resident memory (VmHWM, KiB), and a reset of it to
+// the current one (Linux's clear_refs "5"; false where it is refused).
+long peak_kb() {
+  const std::string status = read_file("/proc/self/status");
+  const auto at = status.find("VmHWM:");
+  return at == std::string::npos ? 0 : std::atol(status.c_str() + at + 6);
+}
+bool reset_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+}  // namespace
+
+// Issue 37 item 17: a resume over a big metrics.jsonl reads its tail only.
+// A 200 MB file (sparse: a hole of NUL bytes between step 5's line and step
+// 6's, as a crash on some filesystems leaves) resumes after step 8 within
+// 32 MB more than the memory before, cutting steps 9-10, and a resume past
+// its end records the gap. Before the fix the whole file was read and held
+// (with a copy per line): hundreds of MB (2.5 GB RSS for a 1 GiB file).
+TEST(JsonLinesLogger, AResumeOverABigFileReadsItsTailOnly) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/metrics.jsonl";
+  auto line = [](int step) { return "{\"step\":" + std::to_string(step) + ",\"loss\":" + std::to_string(1.0 / step) + "}\n"; };
+  {
+    std::string head = "{\"hparams\":{\"lr\":0.5}}\n";
+    for (int s = 1; s <= 5; ++s) head += line(s);
+    write_file(path, head);
+    ASSERT_EQ(::truncate(path.c_str(), 200 << 20), 0);
+    std::ofstream f(path, std::ios::app | std::ios::binary);
+    for (int s = 6; s <= 10; ++s) f << line(s);
+  }
+  const auto size = static_cast<int64_t>(fs::file_size(path));
+  const std::string nine = "{\"step\":9,\"loss\":0.01}\n";  // what the resumed logger writes
+  const long before = resident_kb(::getpid());
+  const bool reset = reset_peak();
+  CapturedWarnings warnings;
+  {
+    JsonLinesLogger resumed(path, 8);
+    resumed.log_metrics({{"loss", 0.01}}, 9);
+  }
+  const long grown_kb = peak_kb() - (reset ? before : 0);
+  if (reset) {
+    EXPECT_LT(grown_kb, 32 << 10) << "KiB more at the peak, for a " << size << "-byte file";
+  }
+  const int64_t cut = size - static_cast<int64_t>(line(9).size() + line(10).size());
+  const int64_t kept = cut + static_cast<int64_t>(nine.size());
+  EXPECT_EQ(static_cast<int64_t>(fs::file_size(path)), kept);
+  std::string end(static_cast<size_t>(fs::file_size(path) - (cut - static_cast<int64_t>(line(8).size()))), '\0');
+  {
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(cut - static_cast<int64_t>(line(8).size()));
+    in.read(end.data(), static_cast<std::streamsize>(end.size()));
+  }
+  EXPECT_EQ(end, line(8) + nine);
+  // Whole lines of later steps are cut without a word (the damaged line of
+  // step 6 lies before the kept ones: a tail read does not reach it).
+  EXPECT_EQ(warnings.count("cut off a torn or damaged tail"), 0u);
+  // Past the end, with a torn last line: cut, named, and the steps missing are a gap.
+  {
+    std::ofstream f(path, std::ios::app | std::ios::binary);
+    f << "{\"step\":10,\"lo";
+  }
+  {
+    JsonLinesLogger resumed(path, 12);
+    resumed.open();
+  }
+  EXPECT_EQ(warnings.count("cut off a torn or damaged tail at byte offset " + std::to_string(kept)), 1u);
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(kept);
+  std::string last;
+  std::getline(in, last);
+  EXPECT_EQ(last, "{\"gap\":[10,12]}");
 }

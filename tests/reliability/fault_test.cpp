@@ -390,7 +390,7 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
 }
 
 // Issue 28 item 1 (b): the disk that holds the run's logs fills between
-// saves (its checkpoints live on another disk, through a symlink). Every
+// saves (its checkpoints live on another disk, mounted at checkpoints/). Every
 // failed metrics write is reported on the console, training goes on, the
 // checkpoints are saved and the run ends well; once there is room again, the
 // run resumes, and the steps whose lines were lost are recorded as a gap.
@@ -398,12 +398,13 @@ TEST(FullDisk, SaveFailsSayingSoAndThePreviousCheckpointSurvives) {
 // tmpfs is unmounted (lazily) even when an assertion fails.
 TEST(FullDisk, MetricsOnAFullDiskAreReportedTheRunGoesOnAndResumes) {
   TempDir dir;
-  const std::string mnt = dir.path() + "/disk", out = mnt + "/run", ckpts = dir.path() + "/checkpoints";
+  const std::string mnt = dir.path() + "/disk", out = mnt + "/run", ckpts = out + "/checkpoints";
   const SmallTmpfs disk(mnt, "size=256k");
   if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
   fs::create_directories(out);
-  fs::create_directories(ckpts);
-  fs::create_symlink(ckpts, out + "/checkpoints");
+  // Another disk mounted there (fsdp-train follows no symbolic link beneath --out since issue 37).
+  const SmallTmpfs checkpoint_disk(ckpts, "size=64m");
+  if (!checkpoint_disk.mounted()) GTEST_SKIP() << checkpoint_disk.why_not();
   auto flags = [&](int steps) {
     return std::vector<std::string>{FSDP_TRAIN_PATH, "--preset", "tiny", "--steps", std::to_string(steps), "--batch",
                                     "2", "--save-every", "4", "--log-every", "100", "--eval-every", "0", "--out", out};

@@ -386,6 +386,28 @@ TEST(Strategy, ClippingAndNoSyncNeedAWrappedRoot) {
   });
 }
 
+// Lightning's no_backward_sync(module, enabled): enabled=false gives no
+// guard (the backward syncs) and checks no module, so that one line serves
+// every micro-batch of a gradient accumulation. Before (issue 37, item 22):
+// there was no `enabled` argument, and this did not compile.
+TEST(Strategy, NoBackwardSyncTakesLightningsEnabled) {
+  const auto batches = make_batches(2, 4, 3);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto s = strategy_on(pg, FSDPStrategyOptions().auto_wrap_module_types<BlockImpl>());
+    EXPECT_TRUE(s.no_backward_sync(make_net(1), /*enabled=*/false) == nullptr);  // a plain module: no error
+    auto model = s.setup_module(make_net(2));
+    for (int micro = 0; micro < 2; ++micro) {
+      const bool last = micro == 1;
+      auto guard = s.no_backward_sync(model.ptr(), /*enabled=*/!last);
+      EXPECT_EQ(guard != nullptr, !last);
+      torch::nn::functional::cross_entropy(model(batches[micro].tokens.narrow(0, pg.rank() * 2, 2)),
+                                           batches[micro].target.narrow(0, pg.rank() * 2, 2))
+          .backward();
+      EXPECT_EQ(runtime_stats(model.ptr()).reductions > 0, last) << "micro-batch " << micro;
+    }
+  });
+}
+
 TEST(Strategy, CheckpointsFollowTheStateDictType) {
   TempDir dir;
   run_ranks(2, [&](dist::ProcessGroup& pg) {

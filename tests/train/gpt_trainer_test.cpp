@@ -799,18 +799,10 @@ TEST(GptTrainer, ANewRunIntoAUsedOutIsRefusedAndNeverResumesAnotherRun) {
   EXPECT_NE(run_a2, run_a);
   EXPECT_FALSE(fs::exists(a + "/checkpoints/step-00000004"));
   EXPECT_EQ(metrics(a).size(), 2u);
-  // fsdp-run restarts it with the same command line (--overwrite included):
-  // the restart continues the new run from its step 2.
-  // (fsdp-run sets TORCHELASTIC_RESTART_COUNT itself: the restarted worker
-  // is run alone here, as rank 0 of 1.)
-  ra.steps = 4;
-  auto r = run_program(command_line(ra), std::chrono::seconds(240), {"TORCHELASTIC_RESTART_COUNT=1"});
-  ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_NE(r.output.find("resumed from " + a + "/checkpoints/step-00000002 at step 2"), std::string::npos)
-      << r.output;
-  EXPECT_EQ(id_of_dir(a), run_a2);
-  EXPECT_EQ(id_of_checkpoint(a + "/checkpoints/step-00000004"), run_a2);
-  EXPECT_EQ(metrics(a).size(), 4u);
+  // A restart of that job by its launcher (--overwrite still on its command
+  // line) resumes the new run: tests/train/run_identity_test.cpp, with real
+  // fsdp-run and torchrun restarts (a TORCHELASTIC_RESTART_COUNT set by hand
+  // proves no restart since issue 37).
   // Contradictory or unusable flags are named before anything is touched.
   auto bad = tiny(a, 4);
   bad.overwrite = true;
@@ -819,7 +811,7 @@ TEST(GptTrainer, ANewRunIntoAUsedOutIsRefusedAndNeverResumesAnotherRun) {
   bad = tiny(a, 4);
   bad.resume_from = dir.path() + "/nowhere";
   expect_config_error([&] { train::validate(bad); }, "--resume-from " + bad.resume_from + ": no such checkpoint");
-  bad.resume_from = a + "/checkpoints/step-00000004";
+  bad.resume_from = a + "/checkpoints/step-00000002";
   bad.overwrite = true;
   expect_config_error([&] { train::validate(bad); }, "lies inside --out " + a + ", which --overwrite empties first");
 }

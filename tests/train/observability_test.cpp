@@ -2,9 +2,12 @@
 // lines by --logger), its profiler trace (--profile-steps: FSDP's phases of
 // every unit, per rank), fsdp-bench's trace, the readable loss curve, and
 // --overwrite removing the loggers' files but nothing else.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -12,6 +15,8 @@
 
 #include "../support/errors.h"
 #include "../support/subprocess.h"
+#include "../support/tmpfs.h"
+#include "../support/warnings.h"
 #include "fsdp/error.h"
 #include "fsdp/observability/profiler.h"
 #include "fsdp/train/gpt_trainer.h"
@@ -229,4 +234,139 @@ TEST(Observability, OverwriteRemovesTheLoggersFilesButKeepsForeignOnes) {
   EXPECT_EQ(read_file(out + "/profile/mine.json"), "{}");
   EXPECT_NE(r.output.find(out + "/csv/version_0/notes.txt"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(out + "/profile/mine.json"), std::string::npos) << r.output;
+}
+
+// Issue 37 item 7: a trace that cannot be written is a warning, and the run
+// goes on (the loggers' rule): Profiler::stop says why and returns false.
+// Its directory a regular file: before the fix, "Profiler::stop: cannot
+// create .../profile" ended the run after the profiled steps. (fsdp-train
+// now also refuses a `profile` file before step 1; this is the profiler's
+// own rule, for a directory that goes away during the run.)
+TEST(Observability, ATraceThatCannotBeWrittenIsAWarning) {
+  TempDir tmp;
+  write_file(tmp.path() + "/profile", "a file where the traces' directory belongs");
+  CapturedWarnings warnings;
+  Profiler profiler;
+  profiler.start();
+  (void)at::ones({8, 8}).matmul(at::ones({8, 8}));
+  const std::string path = tmp.path() + "/profile/rank_0.pt.trace.json";
+  EXPECT_FALSE(profiler.stop(path));
+  EXPECT_FALSE(profiler.running());
+  EXPECT_EQ(warnings.count("Profiler: the trace " + path + " cannot be written: cannot create the directory " +
+                           tmp.path() + "/profile"),
+            1u);
+  EXPECT_EQ(warnings.count("the profile is lost, and training goes on"), 1u);
+  EXPECT_EQ(read_file(tmp.path() + "/profile"), "a file where the traces' directory belongs");
+  EXPECT_THROW(profiler.stop(path), Error);  // not running: a misuse stays an error
+}
+
+// Issue 37 item 7: a resumed job that profiles again keeps the earlier
+// job's trace and writes its own beside it (rank_<r>.1.pt.trace.json), and
+// says so. Before the fix, the second job's trace silently replaced the
+// first's.
+TEST(Observability, AResumedJobsTraceKeepsTheEarlierJobs) {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/run";
+  auto r = run_train(1, out, {"--steps", "3", "--save-every", "1", "--profile-steps", "3:3", "--logger", "none"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const std::string first = read_file(out + "/profile/rank_0.pt.trace.json");
+  ASSERT_FALSE(first.empty());
+  fs::remove_all(out + "/checkpoints/step-00000003");  // the next job redoes step 3
+  r = run_train(1, out, {"--steps", "3", "--save-every", "1", "--profile-steps", "3:3", "--logger", "none", "--resume"});
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_EQ(read_file(out + "/profile/rank_0.pt.trace.json"), first);
+  const std::string second = out + "/profile/rank_0.1.pt.trace.json";
+  ASSERT_TRUE(fs::exists(second));
+  EXPECT_EQ(fsdp_spans(second).count("fsdp::step 3"), 1u);
+  EXPECT_NE(r.output.find("fsdp-train: profiled steps 3-3: " + out + "/profile/rank_<r>.1.pt.trace.json (an earlier "
+                          "job's " + out + "/profile/rank_<r>.pt.trace.json is kept)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(unused_trace_path(out + "/profile/rank_0.pt.trace.json"), out + "/profile/rank_0.2.pt.trace.json");
+  EXPECT_EQ(unused_trace_path(out + "/profile/rank_1.pt.trace.json"), out + "/profile/rank_1.pt.trace.json");
+}
+
+// Issue 37 item 7: a full disk at the trace (a tmpfs with no room left) is
+// a warning and false, and no partial trace is left. Before the fix:
+// Error "LibTorch wrote no trace" (the run ended). Needs root for the tmpfs.
+TEST(Observability, AFullDiskAtTheTraceIsAWarning) {
+  TempDir tmp;
+  SmallTmpfs disk(tmp.path() + "/disk", "size=64k");
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  fs::create_directories(disk.path() + "/profile");
+  disk.fill();
+  CapturedWarnings warnings;
+  Profiler profiler;
+  profiler.start();
+  for (int i = 0; i < 200; ++i) (void)at::ones({8, 8}).matmul(at::ones({8, 8}));
+  const std::string path = disk.path() + "/profile/rank_0.pt.trace.json";
+  EXPECT_FALSE(profiler.stop(path));
+  EXPECT_FALSE(profiler.running());
+  EXPECT_EQ(warnings.count("Profiler: the trace " + path + " cannot be written"), 1u);
+  EXPECT_FALSE(fs::exists(path)) << "a partial trace was left";
+}
+
+// Issue 37 item 14: the loss curve of extreme losses finishes, small. Losses
+// near 1e17 (1e17 + 5 == 1e17: the old tick loop stopped advancing and wrote
+// until a 20 MB tmpfs was full), all equal, 1e-300 apart, spanning the
+// doubles (±1e308), and 200 000 steps. Before the fix the first never
+// returned.
+TEST(Observability, TheLossCurveOfExtremeLossesFinishesAndStaysSmall) {
+  TempDir tmp;
+  auto curve = [&](const std::vector<double>& losses) {
+    SCOPED_TRACE("losses " + std::to_string(losses.front()) + ", ... (" + std::to_string(losses.size()) + ")");
+    const std::string out = tmp.path() + "/run";
+    fs::create_directories(out);
+    std::string lines;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      nlohmann::json j{{"step", i + 1}, {"loss", losses[i]}};
+      if (i % 7 == 0) j["eval_loss"] = losses[i];
+      lines += j.dump() + "\n";
+    }
+    write_file(out + "/metrics.jsonl", lines);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string path = train::write_loss_curve(out, "extreme");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+    const std::string svg = read_file(path);
+    EXPECT_LT(svg.size(), 256u << 10) << svg.size() << " bytes";
+    EXPECT_NE(svg.find("</svg>"), std::string::npos);
+    EXPECT_EQ(svg.find("nan"), std::string::npos) << "a coordinate that is not a number:\n" << svg.substr(0, 3000);
+    EXPECT_EQ(svg.find("inf"), std::string::npos) << "an infinite coordinate:\n" << svg.substr(0, 3000);
+    return svg;
+  };
+  curve({1e17, 1e17 + 16, 1e17, 1e17 + 32});
+  curve({1e17, 1e17, 1e17});
+  curve({2.5, 2.5});
+  curve({1.0, 1.0 + 4.4e-16});  // adjacent doubles
+  curve({1e308, -1e308, 1.7e308});
+  curve({1e-300, 2e-300, 3e-300});
+  std::vector<double> many(200000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = 3.0 / std::sqrt(1.0 + static_cast<double>(i));
+  many[123456] = 50;  // a spike stays visible when the points are thinned
+  const std::string svg = curve(many);
+  EXPECT_NE(svg.find(">200000</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">50</text>"), std::string::npos) << "the spike's height sets the axis";
+  const std::string line = svg.substr(svg.find("<polyline"), svg.find("\"/>", svg.find("<polyline")) - svg.find("<polyline"));
+  EXPECT_NE(line.find(",44.0 "), std::string::npos) << "the spike (at the plot's top, y 44) was thinned away";
+}
+
+// Issue 37 item 14 (and item 1): loss.svg is written to a file of the
+// run's own, never through a symlink; what cannot be written is an Error
+// naming it, which fsdp-train reports as a warning. Before the fix the
+// symlink's target was replaced by the drawing.
+TEST(Observability, ALossCurveIsNeverWrittenThroughASymlink) {
+  TempDir tmp;
+  const std::string out = tmp.path() + "/run";
+  fs::create_directories(out);
+  write_file(out + "/metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n");
+  write_file(tmp.path() + "/victim", "mine");
+  fs::create_symlink(tmp.path() + "/victim", out + "/loss.svg");
+  try {
+    train::write_loss_curve(out);
+    ADD_FAILURE() << "wrote through the symlink";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write " + out + "/loss.svg: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(a symlink; it is not followed)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_file(tmp.path() + "/victim"), "mine");
 }

@@ -39,6 +39,10 @@
 // 1/N of the unit plus padding; a unit's full parameters exist from its
 // pre-forward to its post-forward (FULL_SHARD) or to its post-backward
 // (SHARD_GRAD_OP), and again from its pre-backward to its post-backward.
+// A unit with no parameter that requires a gradient (frozen) whose outputs
+// still require one (trainable layers run before it) is gathered again when
+// backward reaches it, since the gradient flowing through it needs its full
+// weights, and is freed at the end of backward.
 // Backward also holds one full-gradient buffer per unit being reduced (at
 // most FSDPOptions::max_reductions_in_flight, plus the computing unit's).
 //
@@ -60,6 +64,11 @@
 
 #include "fsdp/core/detail/forward_call.h"
 #include "fsdp/core/options.h"
+
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
 
 namespace fsdp {
 
@@ -179,7 +188,36 @@ class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
 namespace detail {
 // Makes `module` (and, by policy, its submodules) FSDP units. Collective.
 void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options);
+// The ConfigError of torch::save / torch::load on an FSDP unit (below).
+[[noreturn]] void refuse_torch_serialize(const torch::nn::Module& module, bool saving);
 }  // namespace detail
+
+// TORCH::SAVE AND TORCH::LOAD. `torch::save(model, path)` and
+// `torch::load(model, path)` on a holder of an FSDP unit (a
+// FullyShardedDataParallel, or a Unit that became one) throw ConfigError,
+// on every rank and before touching the file: LibTorch's Module::save would
+// write this rank's shards of the parameters (1-D slices, or empty tensors)
+// under the parameters' full names, and Module::load would replace the shards
+// with whatever the file holds, unchecked. Save with fsdp::save_checkpoint
+// (fsdp/checkpoint/checkpoint_io.h; its full format is one torch.save file),
+// or gather the full parameters with fsdp::full_parameters or fsdp::state_dict
+// under FULL_STATE_DICT (collectives) and save those; load with
+// fsdp::load_checkpoint. A holder whose module is no unit saves and loads as
+// LibTorch's do. (Reaching the module another way, as
+// torch::save(model.ptr(), path) or model->save(archive), is LibTorch's
+// Module::save, which fsdp-cpp cannot see: it writes the shards.)
+template <class ModuleImpl>
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive, const Unit<ModuleImpl>& unit) {
+  if (unit.is_fsdp_unit()) detail::refuse_torch_serialize(*unit.ptr(), /*saving=*/true);
+  unit.ptr()->save(archive);
+  return archive;
+}
+template <class ModuleImpl>
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, Unit<ModuleImpl>& unit) {
+  if (unit.is_fsdp_unit()) detail::refuse_torch_serialize(*unit.ptr(), /*saving=*/false);
+  unit.ptr()->load(archive);
+  return archive;
+}
 
 // [collective] An FSDP-wrapped module: a Unit activated at construction.
 // Used for the root model and for manual nesting (a member, or an element of

@@ -95,7 +95,10 @@ struct InitOptions {
   Backend backend = Backend::kAuto;
   std::chrono::milliseconds timeout = kDefaultTimeout;  // per collective
   // How long the ranks wait for each other to join (and a rank for rank 0's
-  // store to accept it); the error names the missing ranks.
+  // store to accept it); the error names the missing ranks (the first 16 and
+  // their count, in bounded time whatever world_size). A store that takes
+  // the connection and never answers (its server stopped) fails after this
+  // plus at most 5 s, naming master_addr:master_port.
   std::chrono::milliseconds rendezvous_timeout = kDefaultRendezvousTimeout;
   // An existing store shared by all ranks (a c10d HashStore for ranks that are
   // threads of one process, a FileStore, ...). When set, no TCPStore is made;

@@ -48,12 +48,15 @@
 //     SLURM_LOCALID               the local rank (default: the rank)
 //     SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE with SLURM_NODEID
 //                                 the local world size ("2(x3),1": this
-//                                 node's entry); default NTASKS / nodes
+//                                 node's entry; checked whenever set);
+//                                 default NTASKS / nodes
 //     SLURM_NNODES, SLURM_JOB_NUM_NODES  the node count (default: the hosts
 //                                 of the node list, else 1)
-//     SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST (the first set)
-//                                 MASTER_ADDR = its first host, unless
-//                                 MASTER_ADDR is set (expand_slurm_nodelist)
+//     SLURM_STEP_NODELIST, SLURM_NODELIST, SLURM_JOB_NODELIST
+//                                 MASTER_ADDR = the first host of the first
+//                                 one set, unless MASTER_ADDR is set; each
+//                                 one set is checked (expand_slurm_nodelist's
+//                                 rules), counted but never expanded
 //     SLURM_JOB_ID                MASTER_PORT = 15000 + its last 4 digits, as
 //                                 Lightning's SLURMEnvironment derives it
 //                                 (12910 without a job id), unless
@@ -72,10 +75,23 @@
 //                                 (default 1800, like PyTorch)
 //     FSDP_RENDEZVOUS_TIMEOUT_S   optional: how long init_process_group waits
 //                                 for every rank to join, in seconds (default
-//                                 180); the error names the missing ranks
+//                                 180); the error names the missing ranks (the
+//                                 first 16, and their count). It bounds the
+//                                 connection to the store too: one that takes
+//                                 connections and never answers (rank 0
+//                                 stopped) fails after it plus at most 5 s,
+//                                 naming the address
 // Never silent: when a scheduler's variables say the world is larger than 1
 // and the job cannot be formed (no SLURM_PROCID, no address), read_dist_env
 // throws a ConfigError naming the variables it read and the one to set.
+// Nor does one scheduler's world hide another's: every one of SLURM_NTASKS
+// (in a SLURM job, as above), OMPI_COMM_WORLD_SIZE and PMI_SIZE that is set
+// beside the variables the world came from and says more than 1 must equal
+// the world size, or, under a node launcher (env, torchelastic), the node
+// count (torchrun or fsdp-run started once per node); where srun or mpirun
+// started every rank (slurm, mpi), an MPI rank of the same world must be
+// this process's rank. Else a ConfigError names both variables, e.g.
+//   "SLURM_NTASKS=1 disagrees with OMPI_COMM_WORLD_SIZE=2: ...".
 // No collectives; no side effects. Dependencies: the standard library only
 // (fsdp-run, which links no LibTorch, uses it for --print-env).
 #pragma once
@@ -176,9 +192,11 @@ DistEnv read_dist_env(const EnvLookup& lookup = process_env());
 //   "rack[1-2]-n[8-9]"    -> rack1-n8 rack1-n9 rack2-n8 rack2-n9
 // A range's numbers are zero-padded to the width of its first number
 // ("[08-10]": 08 09 10). Throws ConfigError naming `what` (the variable) and
-// the value for a malformed list: empty names, unbalanced or nested brackets,
-// a range that is not "N" or "N-M" with N <= M, spaces, or more than
-// 1,000,000 hosts. Cost: linear in the hosts listed.
+// the value (its first 200 characters) for a malformed list: empty names,
+// unbalanced or nested brackets, a range that is not "N" or "N-M" with
+// N <= M, spaces, or more than 1,000,000 hosts, which is found by counting
+// before any host is made. Cost: linear in the list's length, then in the
+// hosts listed.
 std::vector<std::string> expand_slurm_nodelist(const std::string& list, const std::string& what);
 
 // What read_dist_env found, one "name: value" line each (cluster, rank,

@@ -144,7 +144,9 @@ class TensorBoardLogger : public Logger {
 // one "name: value" per line, strings double-quoted). Rows are buffered and
 // written every `flush_logs_every_n_steps` steps, on flush() and on
 // destruction (a new column rewrites the file atomically: write, then
-// rename). Memory: the rows not yet written.
+// rename). A metrics.csv deleted during the run is recreated with its
+// header at the next flush (the rows it held are gone), said once as a
+// warning. Memory: the rows not yet written.
 class CSVLogger : public Logger {
  public:
   explicit CSVLogger(std::string root_dir, std::string name = "lightning_logs", LoggerVersion version = std::nullopt,
@@ -171,6 +173,7 @@ class CSVLogger : public Logger {
   bool written_ = false;                                  // metrics.csv has this run's header
   int64_t calls_ = 0;
   bool failing_ = false;
+  bool recreated_ = false;  // metrics.csv was deleted and made again (warned once)
 };
 
 // One JSON object per line in one file — fsdp-train's metrics.jsonl. Each

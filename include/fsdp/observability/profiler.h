@@ -6,7 +6,7 @@
 //   for (int64_t step = 1; step <= steps; ++step) {
 //     if (step == 5) prof.start();
 //     ... forward, backward, optimizer step ...
-//     if (step == 7) prof.stop("profile/rank_" + std::to_string(rank) + ".pt.trace.json");
+//     if (step == 7) prof.stop(fsdp::unused_trace_path("profile/rank_" + std::to_string(rank) + ".pt.trace.json"));
 //   }
 //
 // The trace holds LibTorch's operators and FSDP's phases as user
@@ -47,14 +47,23 @@ class Profiler {
   // Costs a few milliseconds.
   void start(bool cuda = false);
   // Stops and writes the Chrome trace to `path` (its directory created).
-  // Error naming the path when it cannot be written. Costs the trace's
+  // A trace that cannot be written (its directory is a file, the disk is
+  // full) is a warning naming the path and the reason, through c10's
+  // warning handler (TORCH_WARN, as the loggers' failures), and false: the
+  // profile is lost, training goes on; a partly written trace is removed.
+  // Error only when the profiler is not running. Costs the trace's
   // processing: about a second per 100 000 events.
-  void stop(const std::string& path);
+  bool stop(const std::string& path);
   bool running() const { return running_; }
 
  private:
   bool running_ = false;
 };
+
+// `path` if nothing is there, else the first of "<stem>.1<ext>",
+// "<stem>.2<ext>", ... that is free, where <ext> is ".pt.trace.json" (or the
+// last extension): a later job's trace keeps an earlier one's.
+std::string unused_trace_path(const std::string& path);
 
 // Steps "A:B" (1-based, A <= B, both included) to profile; parse_step_range
 // gives a ConfigError naming `what` ("--profile-steps") and the expected form.

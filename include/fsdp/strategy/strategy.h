@@ -359,8 +359,12 @@ class FSDPStrategy {
   // scaler->update().
   ShardedGradScaler* grad_scaler() const { return scaler_.get(); }
   // Gradient accumulation without communication (FSDP's no_sync); Lightning's
-  // error if the root is not FSDP-wrapped.
-  std::unique_ptr<NoSync> no_backward_sync(const std::shared_ptr<torch::nn::Module>& module) const;
+  // error if the root is not FSDP-wrapped. `enabled` false (Lightning's
+  // `enabled`): a null guard, the backward syncs, and the module is not
+  // checked, so that one line serves every micro-batch of an accumulation:
+  //   auto guard = strategy.no_backward_sync(model.ptr(), /*enabled=*/!last_micro_batch);
+  std::unique_ptr<NoSync> no_backward_sync(const std::shared_ptr<torch::nn::Module>& module,
+                                           bool enabled = true) const;
 
   // [collective] Checkpoints in the options' state_dict_type (kFull: one
   // file, kSharded: a directory); see fsdp/checkpoint_io.h. Errors as Lightning's.

@@ -32,6 +32,15 @@ int64_t held_out_bytes(int64_t total, int64_t context);
 // `context`: (context + 2) * 9.
 int64_t min_bytes_to_hold_out(int64_t context);
 
+// The size of the generated corpus a run trains on without --data
+// (generated_corpus's default, fsdp/train/gpt_trainer.h).
+constexpr int64_t kGeneratedCorpusBytes = int64_t{1} << 20;
+
+// The held-out set: the first kHeldOutSamples samples of the held-out
+// stream, the same samples at any world size and batch (an elastic resize
+// evaluates on the same set).
+constexpr int64_t kHeldOutSamples = 64;
+
 // One token per byte of `text` (0..255), a CPU tensor of int64.
 at::Tensor bytes_to_tokens(const std::string& text);
 
@@ -48,8 +57,9 @@ class Corpus {
   // the flag, the path, and (when it cannot be mapped) the size and the
   // system's reason: a file that cannot be opened, is not a regular file, is
   // empty, or does not fit the address space (e.g. under ulimit -v).
-  // Requires: the file is not truncated while the Corpus lives (reading a
-  // page past a shrunk file's end raises SIGBUS).
+  // The samples are copied out with pread(2) (read()), never through the
+  // mapping: a file truncated while the run reads it is a ConfigError
+  // naming it, not SIGBUS.
   static Corpus map_file(const std::string& path, const std::string& flag = "--data");
 
   // Holds `text` itself (its size in memory). `name` names it in messages.
@@ -62,8 +72,20 @@ class Corpus {
   ~Corpus();  // unmaps
 
   int64_t size() const { return size_; }
-  // The bytes [0, size()); valid while the Corpus lives.
+  // The bytes [0, size()); valid while the Corpus lives. Reading a mapped
+  // file through it after the file shrank raises SIGBUS: read() is the
+  // guarded copy.
   const uint8_t* data() const { return data_; }
+  // Copies the bytes [offset, offset + length) into `out`: from the file
+  // with pread(2), or from the held text. ConfigError naming the file, the
+  // bytes asked for and its size now when the file no longer holds them (it
+  // was truncated or replaced while the run reads it). Thread-safe.
+  void read(int64_t offset, int64_t length, uint8_t* out) const;
+  // A cheap fingerprint of the contents, to notice a file changed between
+  // a checkpoint and a resume: "<size>:fnv1a64:<16 hex digits>", the hash
+  // over 64 pages of 4 KiB spread evenly over the bytes (all of them when
+  // fewer). Costs 64 reads of a page. ConfigError as read().
+  std::string fingerprint() const;
   // What it is, for messages: "--data PATH" or the name given to hold().
   const std::string& name() const { return name_; }
 
@@ -73,6 +95,7 @@ class Corpus {
 
   std::string text_;  // hold()'s bytes; empty for a mapping
   void* mapping_ = nullptr;
+  int fd_ = -1;  // the mapped file, open for read()
   const uint8_t* data_ = nullptr;
   int64_t size_ = 0;
   std::string name_;
@@ -86,8 +109,10 @@ struct Batch {
 class BatchSampler {
  public:
   // Samples `corpus` (kept by the sampler), its last held_out_bytes() apart.
-  // Costs nothing per byte of the corpus. Requires: a corpus at least
-  // context + 2 bytes long (train::validate checks a --data file), batch >
+  // Costs nothing per byte of the corpus. ConfigError naming the corpus,
+  // its size and the context when the training text cannot hold a sample
+  // (fewer than context + 2 bytes: a sample and a choice of where it
+  // starts; train::validate checks this before a run). Requires: batch >
   // 0, 0 <= rank < world.
   BatchSampler(Corpus corpus, int64_t context, int64_t batch, uint64_t seed, int rank, int world, at::Device device);
 
@@ -95,7 +120,8 @@ class BatchSampler {
   // sample position `position` (>= 0): the samples position + rank * batch
   // onwards. Costs a hash per sample, a copy of this rank's windows (batch x
   // (context + 1) bytes, a few pages of the corpus touched) and their
-  // conversion to int64 on the device.
+  // conversion to int64 on the device. ConfigError (Corpus::read) when the
+  // file shrank under the run.
   Batch training(int64_t position) const;
 
   // The samples one step takes: batch * world.
@@ -111,17 +137,27 @@ class BatchSampler {
   // text.
   bool has_held_out() const { return held_out_size_ > 0; }
 
-  // The i-th of the fixed evaluation batches: this rank's slice of the
-  // samples [i * batch * world, (i + 1) * batch * world) of a stream like
-  // the training one, with seed + 7777, over the held-out tail. Costs as
-  // training(). Requires has_held_out(): an fsdp::Error otherwise (it never
-  // draws from the training text).
+  // The held-out set is samples [0, kHeldOutSamples) of a stream like the
+  // training one, with seed + 7777, over the held-out tail: the same at
+  // any world size and batch. It is evaluated in held_out_rounds() rounds;
+  // in round i rank r takes the samples i * batch * world + r * batch
+  // onwards, its first held_out_rows(i) rows real samples and the rest
+  // padding (repeats, to be left out of the mean) so that every rank's
+  // batch has `batch` rows: every rank runs the same forwards.
+  int64_t held_out_rounds() const;
+  int64_t held_out_rows(int64_t i) const;
+  // Round i's batch of this rank. Costs as training(). Requires
+  // has_held_out(): an fsdp::Error otherwise (it never draws from the
+  // training text).
   Batch held_out(int64_t i) const;
 
   const Corpus& corpus() const { return corpus_; }
 
  private:
-  Batch draw(int64_t offset, int64_t length, uint64_t seed, int64_t first) const;
+  // The windows of the samples first, first + 1, ... of the stream of
+  // `seed` over [offset, offset + length), each index taken modulo `wrap`
+  // (0: none).
+  Batch draw(int64_t offset, int64_t length, uint64_t seed, int64_t first, int64_t wrap = 0) const;
 
   Corpus corpus_;
   int64_t training_size_, held_out_size_;

@@ -61,6 +61,12 @@ struct TrainConfig {
   bool resume = false;
   std::string resume_from;
   bool overwrite = false;
+  // A resume from a checkpoint whose --data was the same path refuses
+  // (ConfigError) when the file's contents changed since (its size and
+  // sampled pages: Corpus::fingerprint, kept in each checkpoint as
+  // "data_fingerprint"); allow_data_change (--allow-data-change) accepts it
+  // on purpose and says so.
+  bool allow_data_change = false;
   // The strategy the run trains under, with the strategy's own defaults
   // (fsdp/strategy/strategy.h, whose FSDP settings default to FSDPOptions'):
   // --state-dict-type, --sharding-strategy, --precision, --cpu-offload,
@@ -90,8 +96,10 @@ struct TrainConfig {
   // a resume lists the flags it changes in train.log).
   std::string loggers = "tensorboard,jsonl";
   // "A:B": record steps A to B with LibTorch's profiler (Kineto), a Chrome
-  // trace per rank in out/profile/rank_<r>.pt.trace.json (fsdp/observability/profiler.h).
-  // Empty: no profiling.
+  // trace per rank in out/profile/rank_<r>.pt.trace.json (fsdp/observability/profiler.h);
+  // a later job of the run (a resume) keeps that and writes
+  // rank_<r>.<n>.pt.trace.json, the first free n. A trace that cannot be
+  // written is a warning. Empty: no profiling.
   std::string profile_steps;
 };
 
@@ -111,6 +119,11 @@ models::GPTConfig preset(const std::string& name);
 // (with overwrite) lies outside the run directory. ConfigError naming the
 // setting otherwise.
 void validate(const TrainConfig& config);
+
+// validate's checks that write nothing (all but the run directory's
+// creation and write test), with the same errors: what
+// `fsdp-train --print-config` checks before it prints.
+void validate_settings(const TrainConfig& config);
 
 // `config` as one JSON object (`fsdp-train --print-config`): the run's
 // settings, the model's sizes, and under "strategy" the strategy's and its
