@@ -20,6 +20,7 @@
 #include "../support/models.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
+#include "../support/train_config.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
@@ -31,13 +32,7 @@ namespace fs = std::filesystem;
 namespace {
 
 train::TrainConfig tiny(const std::string& out, int64_t steps) {
-  train::TrainConfig c;
-  c.preset = "tiny";
-  c.model = train::preset("tiny");
-  c.steps = steps;
-  c.batch = 2;
-  c.out = out;
-  c.log_every = 1000;
+  train::TrainConfig c = tiny_train_config(out, steps, 2);
   c.eval_every = 0;
   return c;
 }

@@ -31,6 +31,7 @@
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "../support/tmpfs.h"
+#include "../support/train_config.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
@@ -42,16 +43,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-train::TrainConfig tiny(const std::string& out, int64_t steps) {
-  train::TrainConfig c;
-  c.preset = "tiny";
-  c.model = train::preset("tiny");
-  c.steps = steps;
-  c.batch = 4;
-  c.out = out;
-  c.log_every = 1000;
-  return c;
-}
+train::TrainConfig tiny(const std::string& out, int64_t steps) { return tiny_train_config(out, steps, 4); }
 
 // fsdp-train's command line for `c`.
 std::vector<std::string> command_line(const train::TrainConfig& c) {

@@ -23,6 +23,7 @@
 #include "../support/models.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
+#include "../support/train_config.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/text/bytes_json.h"
@@ -35,17 +36,11 @@ namespace fs = std::filesystem;
 namespace {
 
 train::TrainConfig tiny(const std::string& out, int64_t steps) {
-  train::TrainConfig c;
-  c.preset = "tiny";
-  c.model = train::preset("tiny");
+  train::TrainConfig c = tiny_train_config(out, steps, 2);
   c.model.dim = 16;
   c.model.layers = 1;
   c.model.heads = 2;
   c.model.context = 16;
-  c.steps = steps;
-  c.batch = 2;
-  c.out = out;
-  c.log_every = 1000;
   c.eval_every = 0;
   return c;
 }
