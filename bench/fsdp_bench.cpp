@@ -22,13 +22,13 @@
 
 #include "fsdp/core/activation_checkpointing.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/gpt.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/observability/profiler.h"
-#include "../src/core/trace_span.h"
+#include "fsdp/core/trace_span.h"
 
 namespace {
 

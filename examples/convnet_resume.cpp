@@ -12,7 +12,7 @@
 // with PyTorch. Without a launcher it runs as rank 0 of 1.
 #include <ATen/CPUGeneratorImpl.h>
 #include <fsdp/checkpoint/checkpoint_io.h>
-#include <fsdp/dist/process_group.h>
+#include <fsdp/distributed/process_group.h>
 #include <fsdp/fsdp.h>
 #include <torch/torch.h>
 

@@ -1,13 +1,13 @@
-// The README's "FSDP directly" example as a whole program: blocks wrapped
+// The "FSDP directly" example of docs/usage.md as a whole program: blocks wrapped
 // with fsdp::FullyShardedDataParallel, a few training steps on random data,
-// then the README's state dicts (FULL, saved and loaded back) and a sharded
+// then its state dicts (FULL, saved and loaded back) and a sharded
 // checkpoint on disk (in a temporary directory, removed at the end). Run:
 //   build/bin/fsdp-run --nproc-per-node 2 -- build/bin/example-fsdp-directly
-// Without a launcher it runs as rank 0 of 1. The README shows the regions
+// Without a launcher it runs as rank 0 of 1. docs/usage.md shows the regions
 // between "// [readme:NAME]" and "// [/readme]" (scripts/check_readme_snippets.py
 // keeps them equal).
 #include <fsdp/checkpoint/checkpoint_io.h>
-#include <fsdp/dist/process_group.h>
+#include <fsdp/distributed/process_group.h>
 #include <fsdp/state_dict/optim_state_dict.h>
 #include <fsdp/state_dict/state_dict.h>
 
@@ -17,7 +17,7 @@
 #include <stdexcept>
 #include <string>
 
-// After training: the README's state dicts and checkpoint (defined below main).
+// After training: docs/usage.md's state dicts and checkpoint (defined below main).
 template <class Model>
 void save_and_load(Model& model, torch::optim::Optimizer& optimizer, const fsdp::dist::ProcessGroupPtr& world, int step);
 

@@ -2,7 +2,7 @@
 // changes docs/porting.md walks through are marked "FSDP:". Run:
 //   build/bin/fsdp-run --nproc-per-node 2 -- build/bin/example-port-a-model
 // Without a launcher it runs as rank 0 of 1.
-#include <fsdp/dist/process_group.h>
+#include <fsdp/distributed/process_group.h>
 #include <fsdp/fsdp.h>
 #include <fsdp/core/unit_list.h>
 #include <torch/torch.h>

@@ -22,6 +22,12 @@ Three rules, over every `#include "..."` in include/fsdp/ and src/:
    private half of unit x (its pimpl), not a unit of its own.
 3. A folder under include/fsdp/ or src/ that LAYERS does not name is a
    violation: a new module gets its place in LAYERS first.
+4. Private headers stay private. A header under `src/<module>/` is its
+   module's own: a file of another module may not include it (it uses the
+   module's public headers, include/fsdp/<module>/, where a narrow door such
+   as include/fsdp/core/detail/unit_view.h is made for it), no public header
+   includes a private one (a user's build could not find it), and the thin
+   mains in tools/, examples/ and bench/ include public headers only.
 """
 import os
 import re
@@ -36,18 +42,27 @@ LAYERS = [
     ("text", []),
     # fsdp-run and the job's environment as launchers describe it
     # (torchrun, SLURM, MPI): standard library only, no LibTorch.
-    ("launch", ["error"]),
+    ("launch", ["error", "text"]),
     # Metrics loggers and the profiler: files and LibTorch's own profiler.
     ("observability", ["error", "text"]),
-    ("dist", ["error", "launch"]),
-    ("core", ["error", "launch", "dist"]),
-    ("state_dict", ["error", "launch", "dist", "core"]),
-    ("checkpoint", ["error", "fault_points", "text", "launch", "dist", "core", "state_dict"]),
-    ("strategy", ["error", "fault_points", "text", "launch", "observability", "dist", "core", "state_dict", "checkpoint"]),
-    ("models", ["error", "launch", "dist", "core"]),
-    ("train", ["error", "text", "launch", "observability", "dist", "core", "state_dict", "checkpoint", "strategy", "models"]),
+    # File formats below checkpoints, FSDP-free: PyTorch's pickles (torch.save,
+    # DCP), safetensors, fsdp-cpp's own index records, atomic files.
+    ("formats", ["error", "text"]),
+    ("distributed", ["error", "text", "launch"]),
+    ("core", ["error", "text", "launch", "distributed"]),
+    ("state_dict", ["error", "text", "launch", "distributed", "core"]),
+    ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "state_dict"]),
+    ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "state_dict", "checkpoint"]),
+    ("models", ["error", "launch", "distributed", "core"]),
+    ("train", ["error", "text", "formats", "launch", "observability", "distributed", "core", "state_dict", "checkpoint", "strategy", "models"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
+# Folders of deprecated forwarding headers (old paths of a renamed module):
+# their headers are treated like the top-level forwarding headers.
+FORWARDING_FOLDERS = {"include/fsdp/dist"}
+
+# The thin mains: they may include public headers only (rule 4).
+MAINS = ("tools", "examples", "bench")
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 FORWARDING_LINE = re.compile(r'^\s*(//.*|#\s*pragma\b.*|#\s*include\s+[<"][^>"]+[>"]\s*(//.*)?)?$')
@@ -64,12 +79,17 @@ def module_of(path):
         rest = parts[1:]
     else:
         return None, None
-    if len(rest) == 1:
+    if len(rest) == 1 or os.path.dirname(path) in FORWARDING_FOLDERS:
         return "", path  # an umbrella or forwarding header
     stem = os.path.splitext(rest[-1])[0]
     if stem.endswith("_impl"):  # x_impl.h: the private half of unit x (its Impl, as in the pimpl idiom)
         stem = stem[: -len("_impl")]
     return rest[0], rest[0] + ":" + stem
+
+
+def is_private(path):
+    """Whether a repository path is a private header or source: a module's file under src/."""
+    return path.startswith("src/")
 
 
 def resolve(repo, src, inc):
@@ -126,7 +146,8 @@ def main(repo):
         for d, dirs, fnames in os.walk(os.path.join(repo, top)):
             rel = os.path.relpath(d, repo)
             depth = rel.split("/")
-            if rel != top and len(depth) == len(top.split("/")) + 1 and depth[-1] not in names:
+            if rel != top and len(depth) == len(top.split("/")) + 1 and depth[-1] not in names \
+                    and rel not in FORWARDING_FOLDERS:
                 problems.append(f"{rel}/: a folder that is no module (add it to LAYERS in scripts/check_layers.py)")
             for n in fnames:
                 if n.endswith((".h", ".cpp")):
@@ -156,14 +177,34 @@ def main(repo):
                 continue
             if tmod not in allowed[mod]:
                 problems.append(f"{f} ({mod}) includes {target} ({tmod}): {mod} may use only {sorted(allowed[mod])}")
+            if is_private(target) and not is_private(f):
+                problems.append(f"{f} (public) includes {target}, a private header of {tmod}: "
+                                "a public header includes public headers only")
+            elif is_private(target) and tmod != mod:
+                problems.append(f"{f} ({mod}) includes {target}, a private header of {tmod}: "
+                                f"use {tmod}'s public headers (include/fsdp/{tmod}/)")
             if tunit != unit:
                 unit_edges.setdefault(unit, set()).add(tunit)
+    for top in MAINS:
+        for d, dirs, fnames in os.walk(os.path.join(repo, top)):
+            for n in sorted(fnames):
+                if not n.endswith((".h", ".cpp")):
+                    continue
+                f = os.path.relpath(os.path.join(d, n), repo)
+                with open(os.path.join(repo, f), encoding="utf-8") as fh:
+                    text = fh.read()
+                for inc in INCLUDE.findall(text):
+                    target = resolve(repo, f, inc)
+                    if target is not None and is_private(target):
+                        count += 1
+                        problems.append(f"{f} includes {target}, a private header of {module_of(target)[0]}: "
+                                        "tools, examples and benchmarks use the public API (include/fsdp/)")
     for comp in find_cycles(file_edges):
         problems.append("include cycle among files: " + ", ".join(comp))
     for comp in find_cycles(unit_edges):
         problems.append("import back up (a cycle among units, x.h with x.cpp): " + ", ".join(comp))
     return report("check_layers", problems, f"{len(files)} files in {len(names)} modules, {count} includes: every "
-                  "module includes only those below it, and no unit imports back up")
+                  "module includes only those below it, no unit imports back up, and no private header is reached from outside its module")
 
 
 def report(tool, problems, summary):

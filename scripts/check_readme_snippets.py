@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Checks that the README's C++ snippets are code of the examples that CI
-builds and runs (issue 31): every ```cpp block of README.md is preceded by a
-marker line naming a region of a file under examples/,
+"""Checks that the C++ snippets of the README and of docs/ are code of the
+examples that CI builds and runs: every ```cpp block of README.md, and every
+```cpp block of docs/*.md that has one, is preceded by a marker line naming a
+region of a file under examples/,
 
     <!-- snippet: examples/FILE.cpp#NAME -->
 
@@ -16,11 +17,12 @@ whitespace is ignored.
 
     scripts/check_readme_snippets.py [REPO]     exit status 0: every block matches; 1: a problem (listed)
 
-A mismatch prints a unified diff naming README.md's line and the example's
-file:line. A block without a marker, a marker without a block, a missing file
-or region, a region left open, nested or named twice, and a region of
-examples/ that no README block shows (the two would drift apart) are
-problems too.
+A mismatch prints a unified diff naming the page's line and the example's
+file:line. A README block without a marker, a marker without a block, a
+missing file or region, a region left open, nested or named twice, and a
+region of examples/ that no block of README.md or docs/*.md shows (the two
+would drift apart) are problems too. (docs/ may hold ```cpp blocks without a
+marker: sketches that are not whole examples, as porting.md's steps.)
 """
 import difflib
 import os
@@ -30,6 +32,7 @@ import sys
 from check_layers import report  # the same report and exit status
 
 README = "README.md"
+DOCS = "docs"
 EXAMPLES = "examples"
 
 FENCE_OPEN = re.compile(r"^(\s*)(`{3,}|~{3,})\s*(\S*)")
@@ -125,14 +128,19 @@ def at_lines(diff_line, readme_offset, example_offset):
             + diff_line[m.end():])
 
 
+def pages(repo):
+    """README.md, then docs/*.md, as (relative path, lines)."""
+    names = [README] + sorted(os.path.join(DOCS, n).replace(os.sep, "/")
+                              for n in (os.listdir(os.path.join(repo, DOCS))
+                                        if os.path.isdir(os.path.join(repo, DOCS)) else [])
+                              if n.endswith(".md"))
+    for name in names:
+        with open(os.path.join(repo, name), encoding="utf-8") as fh:
+            yield name, fh.read().splitlines()
+
+
 def main(repo):
     problems = []
-    with open(os.path.join(repo, README), encoding="utf-8") as fh:
-        readme = fh.read().splitlines()
-    blocks, stray = readme_blocks(readme)
-    for path, name, line in stray:
-        problems.append(f"{README}:{line}: snippet marker {path}#{name} is not followed by a ```cpp block")
-
     # Every region of every example, so that unused ones are found too.
     files = {}
     for d, _, names in os.walk(os.path.join(repo, EXAMPLES)):
@@ -143,40 +151,45 @@ def main(repo):
                     files[rel] = regions(rel, fh.read().splitlines(), problems)
 
     used, checked = set(), 0
-    for lang, line, code, marker in blocks:
-        if lang != "cpp":
-            continue
-        checked += 1
-        if marker is None:
-            problems.append(f"{README}:{line - 1}: ```cpp block has no <!-- snippet: examples/FILE.cpp#NAME --> "
-                            "line before it")
-            continue
-        path, name, marker_line = marker
-        path = os.path.normpath(path).replace(os.sep, "/")
-        if path not in files:
-            if os.path.isfile(os.path.join(repo, path)):
-                with open(os.path.join(repo, path), encoding="utf-8") as fh:
-                    files[path] = regions(path, fh.read().splitlines(), problems)
-            else:
-                problems.append(f"{README}:{marker_line}: {path} (snippet {name}) does not exist")
+    for page, lines in pages(repo):
+        blocks, stray = readme_blocks(lines)
+        for path, name, line in stray:
+            problems.append(f"{page}:{line}: snippet marker {path}#{name} is not followed by a ```cpp block")
+        for lang, line, code, marker in blocks:
+            if lang != "cpp":
                 continue
-        if name not in files[path]:
-            problems.append(f"{README}:{marker_line}: {path} has no region '{name}' (// [readme:{name}])")
-            continue
-        used.add((path, name))
-        start, region = files[path][name]
-        block = [l.rstrip() for l in code]
-        if block != region:
-            diff = difflib.unified_diff(block, region, f"{README}:{line}", f"{path}:{start}", lineterm="")
-            problems.append(f"{README}:{line}: the block differs from {path}#{name} (-README, +example):\n"
-                            + "\n".join(at_lines(d, line - 1, start - 1) for d in diff))
+            if marker is None:
+                if page == README:
+                    problems.append(f"{page}:{line - 1}: ```cpp block has no "
+                                    "<!-- snippet: examples/FILE.cpp#NAME --> line before it")
+                continue
+            checked += 1
+            path, name, marker_line = marker
+            path = os.path.normpath(path).replace(os.sep, "/")
+            if path not in files:
+                if os.path.isfile(os.path.join(repo, path)):
+                    with open(os.path.join(repo, path), encoding="utf-8") as fh:
+                        files[path] = regions(path, fh.read().splitlines(), problems)
+                else:
+                    problems.append(f"{page}:{marker_line}: {path} (snippet {name}) does not exist")
+                    continue
+            if name not in files[path]:
+                problems.append(f"{page}:{marker_line}: {path} has no region '{name}' (// [readme:{name}])")
+                continue
+            used.add((path, name))
+            start, region = files[path][name]
+            block = [l.rstrip() for l in code]
+            if block != region:
+                diff = difflib.unified_diff(block, region, f"{page}:{line}", f"{path}:{start}", lineterm="")
+                problems.append(f"{page}:{line}: the block differs from {path}#{name} (-{page}, +example):\n"
+                                + "\n".join(at_lines(d, line - 1, start - 1) for d in diff))
     for path in sorted(files):
         for name, (start, _) in sorted(files[path].items()):
             if (path, name) not in used:
                 problems.append(f"{path}:{start - 1}: region '{name}' is shown by no ```cpp block of {README} "
-                                f"(add <!-- snippet: {path}#{name} --> before one, or remove the region)")
-    return report("check_readme_snippets", problems, f"{checked} ```cpp blocks of {README} equal their regions in "
-                  f"{len({p for p, _ in used})} example files ({len(used)} regions, none unused)")
+                                f"or {DOCS}/*.md (add <!-- snippet: {path}#{name} --> before one, or remove the region)")
+    return report("check_readme_snippets", problems, f"{checked} marked ```cpp blocks of {README} and {DOCS}/*.md "
+                  f"equal their regions in {len({p for p, _ in used})} example files ({len(used)} regions, none unused)")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
       std::cout << fsdp::launch::usage();
       return 0;
     }
-    if (options.print_env) return fsdp::launch::print_env(fsdp::dist::process_env(), std::cout, std::cerr);
+    if (options.print_env) return fsdp::launch::print_env(fsdp::launch::process_env(), std::cout, std::cerr);
     for (const auto& w : options.warnings) std::cerr << w << "\n";
     return fsdp::launch::launch(options);
   } catch (const fsdp::ConfigError& e) {

@@ -5,8 +5,9 @@
 
 #include <iostream>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/error.h"
+#include "fsdp/launch/env.h"  // backend_name
 
 int main() {
   try {
@@ -26,7 +27,7 @@ int main() {
     const bool ok = at::allclose(t, at::full({3}, expect_sum)) && at::equal(gathered, full) &&
                     at::allclose(shard, full.narrow(0, mine.offset, mine.numel));
     pg->barrier();
-    std::cout << "rank " << r << "/" << n << " backend " << fsdp::dist::backend_name(pg->backend())
+    std::cout << "rank " << r << "/" << n << " backend " << fsdp::launch::backend_name(pg->backend())
               << ": all_reduce, all_gather, reduce_scatter " << (ok ? "ok" : "WRONG") << std::endl;
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

@@ -7,32 +7,32 @@
 #include <fcntl.h>
 #include <stdio.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 
-#include "dcp.h"
+#include "fsdp/formats/dcp.h"
 #include "parts.h"
-#include "../fault_points/fault_points.h"
+#include "fsdp/fault_points/fault_points.h"
 #include "fsdp/error.h"
+#include "fsdp/text/enum_names.h"
 
 namespace fsdp {
 
 namespace fs = std::filesystem;
 
-const char* to_string(CheckpointFormat format) {
-  return format == CheckpointFormat::kFull ? "full" : "sharded";
-}
+namespace {
+constexpr text::EnumName<CheckpointFormat> kCheckpointFormatNames[] = {{CheckpointFormat::kFull, "full"},
+                                                                       {CheckpointFormat::kSharded, "sharded"}};
+}  // namespace
+
+const char* to_string(CheckpointFormat format) { return text::name_of(kCheckpointFormatNames, format); }
 
 CheckpointFormat parse_checkpoint_format(const std::string& name, const std::string& what) {
-  std::string n;
-  for (char c : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  for (auto f : {CheckpointFormat::kFull, CheckpointFormat::kSharded}) {
-    if (n == to_string(f)) return f;
-  }
-  throw ConfigError("Unknown " + what + ": " + name + " (expected one of \"full\", \"sharded\")");
+  if (auto f = text::value_of(kCheckpointFormatNames, text::to_lower(name))) return *f;
+  throw ConfigError("Unknown " + what + ": " + name + " (expected one of " +
+                    text::list_names(kCheckpointFormatNames, ", ", "\"") + ")");
 }
 
 namespace detail {
@@ -61,8 +61,8 @@ namespace {
 
 bool is_sharded_checkpoint(const std::string& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) && (fs::is_regular_file(fs::path(path) / detail::checkpoint::kDcpMetadataFile, ec) ||
-                                        fs::is_regular_file(fs::path(path) / detail::checkpoint::kIndexFile, ec));
+  return fs::is_directory(path, ec) && (fs::is_regular_file(fs::path(path) / formats::kDcpMetadataFile, ec) ||
+                                        fs::is_regular_file(fs::path(path) / formats::kIndexFile, ec));
 }
 
 // Removes what a killed replacement left beside `path`: the staging names
@@ -71,7 +71,7 @@ bool is_sharded_checkpoint(const std::string& path) {
 // fsdp-cpp's own files (remove_own_directory); anything else, whatever its
 // name, stays (issue 37 item 2).
 void remove_stale_replacements(const std::string& path) {
-  namespace ck = detail::checkpoint;
+  namespace ck = formats;
   std::error_code ec;
   const fs::path target(path);
   const std::string stale = target.filename().string() + ".fsdp-new-";
@@ -98,7 +98,7 @@ void remove_stale_replacements(const std::string& path) {
 // may be a symbolic link to one) or replaces a regular file. Never a
 // symbolic link where a file belongs, a device, a FIFO or a socket.
 void check_destination(const std::string& path, CheckpointFormat format) {
-  namespace ck = detail::checkpoint;
+  namespace ck = formats;
   const std::string kind = ck::entry_kind(path);
   if (kind.empty() || kind == "a regular file" || kind == "a directory") return;
   std::error_code ec;
@@ -122,7 +122,7 @@ bool other_format_at(const std::string& path, CheckpointFormat format, dist::Pro
       std::error_code ec;
       const bool full = format == CheckpointFormat::kFull;
       if (full ? is_sharded_checkpoint(path) : (fs::exists(path, ec) && !fs::is_directory(path, ec))) other = "1";
-      if (full && !other.empty()) detail::checkpoint::refuse_foreign_entries(path, "save_checkpoint");
+      if (full && !other.empty()) formats::refuse_foreign_entries(path, "save_checkpoint");
     });
   }
   const std::string agreed = group.broadcast_bytes(dist::outcome(other, failure), 0);
@@ -139,7 +139,7 @@ void exchange_paths(const std::string& a, const std::string& b) {
                 std::strerror(err) + ")" +
                 (err == EINVAL || err == ENOSYS ? ": this file system cannot; remove the old checkpoint first" : ""));
   }
-  detail::checkpoint::sync_dir(fs::path(b).parent_path().empty() ? "." : fs::path(b).parent_path().string());
+  formats::sync_dir(fs::path(b).parent_path().empty() ? "." : fs::path(b).parent_path().string());
 }
 
 // [collective] Replaces the checkpoint of the other format at `path`: the
@@ -152,7 +152,7 @@ void replace_other_format(const std::string& path, const CheckpointState& state,
     throw ConfigError("save_checkpoint: " + path + " holds a checkpoint of the other format; replacing it is done "
                       "synchronously: save with async_save=false (or to another path)");
   }
-  const std::string staging = path + ".fsdp-new-" + group.broadcast_bytes(detail::checkpoint::new_save_id(), 0);
+  const std::string staging = path + ".fsdp-new-" + group.broadcast_bytes(formats::new_save_id(), 0);
   save_checkpoint(staging, state, group, options);  // [collective] complete and committed there
   dist::Failure error;
   if (group.rank() == 0) {
@@ -163,7 +163,7 @@ void replace_other_format(const std::string& path, const CheckpointState& state,
       // The old one, now under the staging name: a file, or a directory of
       // fsdp-cpp's own files (refused before, other_format_at).
       if (fs::is_directory(fs::symlink_status(staging))) {
-        detail::checkpoint::remove_own_directory(staging);
+        formats::remove_own_directory(staging);
       } else {
         fs::remove(staging);
       }

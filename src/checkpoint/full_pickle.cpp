@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <set>
 
-#include "format.h"
-#include "../state_dict/optimizer_kinds.h"
-#include "pickle_writer.h"
-#include "torch_pickle.h"
+#include "fsdp/formats/format.h"
+#include "fsdp/formats/pickle_writer.h"
+#include "fsdp/formats/torch_pickle.h"
+#include "fsdp/state_dict/detail/optimizer_kinds.h"
+#include "parts.h"
 
-namespace fsdp::detail::checkpoint {
+namespace fsdp::detail {
+
+using formats::EntryRecord;
+using formats::EntryType;
+using formats::Index;
 
 namespace {
 
@@ -64,7 +69,7 @@ class FullPickler {
   void tensor(const std::string& key) {
     const auto& t = index_.tensors.at(key);
     const std::string& record = record_of_.at(key);  // "data/<n>"
-    p_.tensor(record.substr(5), pickle::storage_class(t.dtype), t.shape);
+    p_.tensor(record.substr(5), formats::pickle::storage_class(t.dtype), t.shape);
   }
 
   void entry(const EntryRecord& e) {
@@ -164,18 +169,18 @@ class FullPickler {
 
   const Index& index_;
   const std::map<std::string, std::string>& record_of_;
-  pickle::Writer p_;
+  formats::pickle::Writer p_;
 };
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::function<void(pickle::Writer&)>>> python_group_options(
+std::vector<std::pair<std::string, std::function<void(formats::pickle::Writer&)>>> python_group_options(
     const std::string& kind, const std::map<std::string, double>& options) {
   using T = PythonOption::Type;
-  std::vector<std::pair<std::string, std::function<void(pickle::Writer&)>>> out;
+  std::vector<std::pair<std::string, std::function<void(formats::pickle::Writer&)>>> out;
   const auto& table = python_options(kind);
   if (table.empty()) {  // a checkpoint without the optimizer's class: the numbers as stored
-    for (const auto& [k, v] : options) out.emplace_back(k, [v = v](pickle::Writer& w) { w.floating(v); });
+    for (const auto& [k, v] : options) out.emplace_back(k, [v = v](formats::pickle::Writer& w) { w.floating(v); });
     return out;
   }
   auto number = [&](const std::string& k) {
@@ -183,20 +188,20 @@ std::vector<std::pair<std::string, std::function<void(pickle::Writer&)>>> python
     return it == options.end() ? 0.0 : it->second;
   };
   for (const auto& o : table) {
-    std::function<void(pickle::Writer&)> write;
+    std::function<void(formats::pickle::Writer&)> write;
     switch (o.type) {
-      case T::kNumber: write = [v = number(o.key)](pickle::Writer& w) { w.floating(v); }; break;
-      case T::kBool: write = [v = number(o.key) != 0](pickle::Writer& w) { w.boolean(v); }; break;
+      case T::kNumber: write = [v = number(o.key)](formats::pickle::Writer& w) { w.floating(v); }; break;
+      case T::kBool: write = [v = number(o.key) != 0](formats::pickle::Writer& w) { w.boolean(v); }; break;
       case T::kPair:
-        write = [a = number(o.key + ".0"), b = number(o.key + ".1")](pickle::Writer& w) {
+        write = [a = number(o.key + ".0"), b = number(o.key + ".1")](formats::pickle::Writer& w) {
           w.floating(a);
           w.floating(b);
           w.tuple2();
         };
         break;
-      case T::kNone: write = [](pickle::Writer& w) { w.none(); }; break;
-      case T::kFalse: write = [](pickle::Writer& w) { w.boolean(false); }; break;
-      case T::kTrue: write = [](pickle::Writer& w) { w.boolean(true); }; break;
+      case T::kNone: write = [](formats::pickle::Writer& w) { w.none(); }; break;
+      case T::kFalse: write = [](formats::pickle::Writer& w) { w.boolean(false); }; break;
+      case T::kTrue: write = [](formats::pickle::Writer& w) { w.boolean(true); }; break;
     }
     out.emplace_back(o.key, std::move(write));
   }
@@ -207,4 +212,4 @@ std::string full_pickle(const Index& index, const std::map<std::string, std::str
   return FullPickler(index, record_of).write();
 }
 
-}  // namespace fsdp::detail::checkpoint
+}  // namespace fsdp::detail

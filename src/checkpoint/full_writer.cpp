@@ -11,7 +11,7 @@
 
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "parts.h"
-#include "../fault_points/fault_points.h"
+#include "fsdp/fault_points/fault_points.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
@@ -33,13 +33,13 @@ void release_free_memory() {
 }  // namespace
 
 FullFileWriter::FullFileWriter(const std::string& path, int world_size) {
-  ix_.kind = checkpoint::Index::Kind::kFull;
+  ix_.kind = formats::Index::Kind::kFull;
   ix_.world_size = world_size;
-  ix_.save_id = checkpoint::new_save_id();
+  ix_.save_id = formats::new_save_id();
   keep_first_error(capture([&] {
     fs::path parent = fs::path(path).parent_path();
     if (!parent.empty()) fs::create_directories(parent);
-    file_ = std::make_unique<checkpoint::AtomicFile>(path);
+    file_ = std::make_unique<formats::AtomicFile>(path);
     // Write errors are remembered and the rest is discarded (the zip writer
     // must not see a failure: it would throw from its destructor).
     zip_ = std::make_unique<caffe2::serialize::PyTorchStreamWriter>([this](const void* data, size_t n) -> size_t {
@@ -58,28 +58,28 @@ void FullFileWriter::add(const std::string& key, const at::Tensor& tensor) {
   if (!error_.empty()) return;
   keep_first_error(capture([&] {
     const at::Tensor t = tensor.detach().cpu().contiguous();
-    checkpoint::dtype_name(t.scalar_type());  // refuses dtypes the format has no name for
+    formats::dtype_name(t.scalar_type());  // refuses dtypes the format has no name for
     const auto nbytes = static_cast<int64_t>(t.numel() * t.element_size());
     const std::string record = "data/" + std::to_string(next_++);
-    checkpoint::Chunk c{record, 0, nbytes, std::vector<int64_t>(t.sizes().size(), 0), t.sizes().vec(),
-                checkpoint::crc32(t.data_ptr(), static_cast<size_t>(nbytes))};
+    formats::Chunk c{record, 0, nbytes, std::vector<int64_t>(t.sizes().size(), 0), t.sizes().vec(),
+                formats::crc32(t.data_ptr(), static_cast<size_t>(nbytes))};
     zip_->writeRecord(record, t.data_ptr(), static_cast<size_t>(nbytes));
     if (next_ == 1) fault_point("full-after-first-record", 0);
     release_free_memory();
-    ix_.tensors.emplace(key, checkpoint::TensorEntry{t.scalar_type(), t.sizes().vec(), {c}});
+    ix_.tensors.emplace(key, formats::TensorEntry{t.scalar_type(), t.sizes().vec(), {c}});
     ix_.tensor_order.push_back(key);
     record_of_[key] = record;
   }));
 }
 
-void FullFileWriter::finish(std::vector<checkpoint::EntryRecord> entries) {
+void FullFileWriter::finish(std::vector<formats::EntryRecord> entries) {
   if (!error_.empty()) return;
   ix_.entries = std::move(entries);
   keep_first_error(capture([&] {
-    const std::string pickle = checkpoint::full_pickle(ix_, record_of_);
+    const std::string pickle = full_pickle(ix_, record_of_);
     zip_->writeRecord("data.pkl", pickle.data(), pickle.size());
-    const std::string index = checkpoint::to_json(ix_);
-    zip_->writeRecord(checkpoint::kFullIndexRecord, index.data(), index.size());
+    const std::string index = formats::to_json(ix_);
+    zip_->writeRecord(formats::kFullIndexRecord, index.data(), index.size());
     zip_->writeEndOfFile();
   }));
   fault_point("full-before-commit", 0);
@@ -102,7 +102,7 @@ void start_async_full(const std::string& path, const CheckpointState& state,
                       const CheckpointOptions& options) {
   const bool writer = group.rank() == 0;
   auto staged = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
-  auto entries = std::make_shared<std::vector<checkpoint::EntryRecord>>();
+  auto entries = std::make_shared<std::vector<formats::EntryRecord>>();
   auto stage = [&](const std::string& k, const StateValue& v) {
     if (writer) staged->emplace_back(k, std::get<at::Tensor>(v).detach().to(at::kCPU, false, /*copy=*/true));
   };
@@ -138,7 +138,7 @@ void save_full(const std::string& path, const CheckpointState& state,
     if (out) out->add(key, std::get<at::Tensor>(v));
   };
   // [collective] gathers run on every rank; only rank 0 writes, as they come.
-  std::vector<checkpoint::EntryRecord> entries;
+  std::vector<formats::EntryRecord> entries;
   Failure error = capture([&] { entries = visit_state(state, fsdp_model, StateDictType::kFull, options, put); });
   if (out) {
     if (error.empty()) out->finish(std::move(entries));

@@ -1,8 +1,8 @@
-// src/checkpoint/parts.h — what the parts of the checkpoint_files module
-// share (docs/architecture.md): the state's walk (state.cpp), the two
-// writers (full_writer.cpp, sharded_writer.cpp), pending async
-// saves (checkpoint_io.cpp) and the loader's source (loader.cpp, used by
-// tools.cpp). Private to the module.
+// src/checkpoint/parts.h — what the parts of the checkpoint module share
+// (docs/architecture.md): the state's walk (state.cpp), the two writers
+// (full_writer.cpp, sharded_writer.cpp), pending async saves
+// (checkpoint_io.cpp). The loader's parts share loading.h. Private to the
+// module.
 #pragma once
 
 #include <functional>
@@ -14,15 +14,17 @@
 #include <utility>
 #include <vector>
 
-#include "format.h"
-#include "safetensors.h"
+#include "fsdp/formats/dcp.h"
+#include "fsdp/formats/format.h"
+#include "fsdp/formats/safetensors.h"
 #include "fsdp/state_dict/state_dict.h"
-#include "fsdp/dist/rank_errors.h"
-#include "torch_pickle.h"
+#include "fsdp/distributed/rank_errors.h"
+#include "fsdp/formats/torch_pickle.h"
 
 namespace caffe2::serialize {
 class PyTorchStreamWriter;
 }
+
 
 namespace fsdp {
 class CheckpointState;     // fsdp/checkpoint/checkpoint_io.h, which the module's .cpp files include
@@ -31,7 +33,7 @@ struct CheckpointOptions;
 
 namespace fsdp::detail {
 
-// The module's files agree failures across ranks (fsdp/dist/rank_errors.h)
+// The module's files agree failures across ranks (fsdp/distributed/rank_errors.h)
 // unqualified.
 using dist::agree;
 using dist::agree_from;
@@ -57,7 +59,7 @@ using Put = std::function<void(const std::string& tensor_key, const StateValue& 
 // [collective: FULL gathers every unit, on every rank alike] The entries of
 // `state` in order, as state dicts of `type`, each tensor handed to `put`
 // as it comes (no copies); options.filter applied.
-std::vector<checkpoint::EntryRecord> visit_state(const CheckpointState& state,
+std::vector<formats::EntryRecord> visit_state(const CheckpointState& state,
                                            const std::shared_ptr<torch::nn::Module>& fsdp_model, StateDictType type,
                                            const CheckpointOptions& options, const Put& put);
 
@@ -83,15 +85,15 @@ class FullFileWriter {
   FullFileWriter(const std::string& path, int world_size);
   ~FullFileWriter();
   void add(const std::string& key, const at::Tensor& tensor);
-  void finish(std::vector<checkpoint::EntryRecord> entries);
+  void finish(std::vector<formats::EntryRecord> entries);
   const Failure& error() const { return error_; }
 
  private:
   void keep_first_error(const Failure& e);
   Failure error_;
-  std::unique_ptr<checkpoint::AtomicFile> file_;
+  std::unique_ptr<formats::AtomicFile> file_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_;
-  checkpoint::Index ix_;
+  formats::Index ix_;
   std::map<std::string, std::string> record_of_;
   int next_ = 0;
 };
@@ -102,6 +104,21 @@ class FullFileWriter {
 void save_full(const std::string& path, const CheckpointState& state,
                const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                const CheckpointOptions& options);
+
+// ---- PyTorch's pickles of a full checkpoint (full_pickle.cpp) ----
+
+// A param group's options as PyTorch's optimizer of class `kind` holds
+// them (optimizer_kinds.h's python_options: torch 2.15's keys, in its order,
+// "params" not included), each with the writer of its Python value; for a
+// class fsdp-cpp does not know (checkpoints without one), the stored numbers.
+// A formats::GroupOptions.
+std::vector<std::pair<std::string, formats::PickleValue>> python_group_options(
+    const std::string& kind, const std::map<std::string, double>& options);
+
+// The pickle (protocol 2) that makes a full checkpoint a torch.load-able
+// dict: {entry: {key: tensor} | value}, optimizers as PyTorch's
+// {"state": {param: {field: tensor}}, "param_groups": [...]}.
+std::string full_pickle(const formats::Index& index, const std::map<std::string, std::string>& record_of);
 
 // ---- The sharded format (sharded_writer.cpp) ----
 
@@ -116,54 +133,5 @@ struct Source;
 // [local] Writes the checkpoint `src` as a sharded (DCP) checkpoint at
 // `path`, one tensor in memory at a time, each tensor one chunk.
 void copy_to_sharded(const Source& src, const std::string& path);
-
-// ---- Reading (loader.cpp) ----
-
-// An opened checkpoint: its index and where its bytes are.
-struct Source {
-  std::string path;
-  std::string where;  // the index file, for messages
-  checkpoint::Index ix;
-  std::unique_ptr<checkpoint::FullReader> full;  // full format (and raw)
-  std::string dir;                         // sharded format
-  bool raw = false;  // a module state dict from torch.save (open_source's accept_raw): `full` only, no index
-  // A full checkpoint that PyTorch or Lightning wrote (no fsdp-cpp index):
-  // `ix` is built from its pickle (index_pickled); its tensors are views of
-  // the zip's storage records, without chunks or checksums.
-  std::map<std::string, pickle::TensorRef> pickled;  // by tensor key
-  std::set<std::string> numbered;  // optimizer entries keyed by PyTorch's parameter ids (0, 1, ...), not names
-  std::unique_ptr<checkpoint::SafetensorsHeader> safetensors;  // a safetensors file (accept_raw): its header, no index
-
-  const checkpoint::EntryRecord* entry(const std::string& name) const;  // null if absent
-  // The checkpoint's one model entry; ConfigError (starting with `caller`)
-  // if it holds none or several.
-  const checkpoint::EntryRecord& the_model(const std::string& caller) const;
-  // ConfigError if the index has no tensor `key`.
-  const checkpoint::TensorEntry& tensor(const std::string& key) const;
-  // Copies into `targets` (boxes of the tensor `key`) what the checkpoint
-  // holds of them, reading only the chunks that overlap; returns the
-  // elements copied.
-  int64_t fill(const std::string& key, std::vector<Shard>& targets) const;
-  // The whole tensor `key`; ConfigError if its chunks do not cover it.
-  at::Tensor read_whole(const std::string& key) const;
-};
-
-// The entries of the pickle of `s.full` (a torch.save'd dict: Lightning's or
-// FSDP's full checkpoint, or {"model": model.state_dict(), "optimizer":
-// optimizer.state_dict(), ...}) into s.ix and s.pickled (pickled.cpp).
-// A dict of tensors is a model, a dict with "state" and "param_groups" an
-// optimizer, a number, bool, string or tensor a value; other dicts nest
-// ("a.b" for {"a": {"b": ...}}); anything else is left out. ConfigError
-// naming the file when the pickle is not a dict or is malformed.
-void index_pickled(Source& s);
-
-// Opens `path` (either format; ConfigError "does not point to a valid
-// checkpoint" or naming the damage). accept_raw: a PyTorch zip file without
-// fsdp-cpp's index whose pickle may be a module's state dict opens as a raw
-// source, and a safetensors file (by content, or any file named
-// *.safetensors) as one with its header; PyTorch's legacy format and
-// TorchScript archives are named as such. Without accept_raw a safetensors
-// file is "not a valid checkpoint", saying how it loads.
-std::unique_ptr<Source> open_source(const std::string& path, bool accept_raw = false);
 
 }  // namespace fsdp::detail

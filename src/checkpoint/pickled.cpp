@@ -3,13 +3,14 @@
 #include <c10/util/irange.h>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
+#include "loading.h"
 #include "parts.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
 
-using pickle::Value;
-using Kind = pickle::Value::Kind;
+using formats::pickle::Value;
+using Kind = formats::pickle::Value::Kind;
 
 namespace {
 
@@ -50,14 +51,14 @@ class PickleIndexer {
  private:
   [[noreturn]] void fail(const std::string& why) const { throw ConfigError("checkpoint: " + s_.where + " " + why); }
 
-  void tensor(const std::string& key, const pickle::TensorRef& ref) {
-    s_.ix.tensors[key] = checkpoint::TensorEntry{ref.dtype, ref.sizes, {}};
+  void tensor(const std::string& key, const formats::pickle::TensorRef& ref) {
+    s_.ix.tensors[key] = formats::TensorEntry{ref.dtype, ref.sizes, {}};
     s_.ix.tensor_order.push_back(key);
     s_.pickled[key] = ref;
   }
 
-  checkpoint::EntryRecord& add(const std::string& name, checkpoint::EntryType type) {
-    checkpoint::EntryRecord e;
+  formats::EntryRecord& add(const std::string& name, formats::EntryType type) {
+    formats::EntryRecord e;
     e.name = name;
     e.type = type;
     s_.ix.entries.push_back(std::move(e));
@@ -65,7 +66,7 @@ class PickleIndexer {
   }
 
   void model(const std::string& name, const Value& dict) {
-    auto& e = add(name, checkpoint::EntryType::kModel);
+    auto& e = add(name, formats::EntryType::kModel);
     for (const auto& [k, t] : dict.entries) {
       e.keys.push_back(k->text);
       tensor(name + "/" + k->text, t->tensor());
@@ -74,12 +75,12 @@ class PickleIndexer {
 
   void value(const std::string& name, const Value& v) {
     switch (v.kind) {
-      case Kind::kBool: add(name, checkpoint::EntryType::kBool).value = v.boolean; break;
-      case Kind::kInt: add(name, checkpoint::EntryType::kInt).value = v.integer; break;
-      case Kind::kFloat: add(name, checkpoint::EntryType::kFloat).value = v.floating; break;
-      case Kind::kString: add(name, checkpoint::EntryType::kStr).value = v.text; break;
+      case Kind::kBool: add(name, formats::EntryType::kBool).value = v.boolean; break;
+      case Kind::kInt: add(name, formats::EntryType::kInt).value = v.integer; break;
+      case Kind::kFloat: add(name, formats::EntryType::kFloat).value = v.floating; break;
+      case Kind::kString: add(name, formats::EntryType::kStr).value = v.text; break;
       case Kind::kTensor:
-        add(name, checkpoint::EntryType::kTensor);
+        add(name, formats::EntryType::kTensor);
         tensor(name, v.tensor());
         break;
       default: break;  // None, lists, tuples, ...: nothing fsdp-cpp can load
@@ -97,23 +98,23 @@ class PickleIndexer {
       numbered = true;
       return std::to_string(k.integer);
     }
-    fail(where + " has " + pickle::describe(k) + " as a parameter (expected a name or an id 0, 1, ...)");
+    fail(where + " has " + formats::pickle::describe(k) + " as a parameter (expected a name or an id 0, 1, ...)");
   }
 
   void optimizer(const std::string& name, const Value& opt) {
     const std::string where = "optimizer '" + name + "'";
     const Value& state = *field(opt, "state");
     const Value& groups = *field(opt, "param_groups");
-    if (state.kind != Kind::kDict) fail(where + ": 'state' is " + pickle::describe(state) + ", not a dict");
-    if (groups.kind != Kind::kList) fail(where + ": 'param_groups' is " + pickle::describe(groups) + ", not a list");
-    auto& e = add(name, checkpoint::EntryType::kOptimizer);
+    if (state.kind != Kind::kDict) fail(where + ": 'state' is " + formats::pickle::describe(state) + ", not a dict");
+    if (groups.kind != Kind::kList) fail(where + ": 'param_groups' is " + formats::pickle::describe(groups) + ", not a list");
+    auto& e = add(name, formats::EntryType::kOptimizer);
     bool numbered = false, named = false;
     for (const auto& [k, fields] : state.entries) {
       const std::string param = param_key(*k, where + "'s state", numbered, named);
-      if (fields->kind != Kind::kDict) fail(where + ": the state of '" + param + "' is " + pickle::describe(*fields));
+      if (fields->kind != Kind::kDict) fail(where + ": the state of '" + param + "' is " + formats::pickle::describe(*fields));
       for (const auto& [f, t] : fields->entries) {
         if (f->kind != Kind::kString || t->kind != Kind::kTensor) {
-          fail(where + ": the state of '" + param + "' holds " + pickle::describe(*f) + " = " + pickle::describe(*t) +
+          fail(where + ": the state of '" + param + "' holds " + formats::pickle::describe(*f) + " = " + formats::pickle::describe(*t) +
                " (expected field names and tensors; a step that is a number is torch < 1.12's form)");
         }
         const std::string key = param + "." + f->text;
@@ -123,7 +124,7 @@ class PickleIndexer {
     }
     for (const Value* g : groups.items) {
       if (g->kind != Kind::kDict || !field(*g, "params")) {
-        fail(where + ": a param group is " + pickle::describe(*g) + ", not a dict with 'params'");
+        fail(where + ": a param group is " + formats::pickle::describe(*g) + ", not a dict with 'params'");
       }
       e.param_groups.push_back(group(*g, where, numbered, named));
     }
@@ -133,8 +134,8 @@ class PickleIndexer {
 
   // A param group: its parameters, and its options as numbers (bools 0 / 1,
   // a tuple of numbers as key.0, key.1, ...; None and other values left out).
-  checkpoint::ParamGroup group(const Value& g, const std::string& where, bool& numbered, bool& named) {
-    checkpoint::ParamGroup out;
+  formats::ParamGroup group(const Value& g, const std::string& where, bool& numbered, bool& named) {
+    formats::ParamGroup out;
     auto number = [](const Value& v, double& x) {
       if (v.kind == Kind::kFloat) x = v.floating;
       else if (v.kind == Kind::kInt) x = static_cast<double>(v.integer);
@@ -145,7 +146,7 @@ class PickleIndexer {
     for (const auto& [k, v] : g.entries) {
       if (k->kind != Kind::kString) continue;
       if (k->text == "params") {
-        if (v->kind != Kind::kList) fail(where + ": a param group's 'params' is " + pickle::describe(*v));
+        if (v->kind != Kind::kList) fail(where + ": a param group's 'params' is " + formats::pickle::describe(*v));
         for (const Value* p : v->items) out.params.push_back(param_key(*p, where + "'s param_groups", numbered, named));
         continue;
       }
@@ -167,11 +168,11 @@ class PickleIndexer {
 }  // namespace
 
 void index_pickled(Source& s) {
-  const auto parsed = pickle::parse(s.full->read("data.pkl"), s.where);
-  pickle::check_byte_order(*s.full);
+  const auto parsed = formats::pickle::parse(s.full->read("data.pkl"), s.where);
+  formats::pickle::check_byte_order(*s.full);
   const Value& root = parsed.root();
   if (root.kind != Kind::kDict) {
-    throw ConfigError("checkpoint: " + s.where + " holds " + pickle::describe(root) +
+    throw ConfigError("checkpoint: " + s.where + " holds " + formats::pickle::describe(root) +
                       ", not a checkpoint (a dict of state dicts and values)");
   }
   if (is_model(root)) {

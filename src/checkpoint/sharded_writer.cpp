@@ -12,13 +12,14 @@
 #include <set>
 #include <tuple>
 
-#include "dcp.h"
+#include "fsdp/formats/dcp.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
+#include "loading.h"
 #include "parts.h"
-#include "../fault_points/fault_points.h"
+#include "fsdp/fault_points/fault_points.h"
 #include "fsdp/error.h"
-#include "pickle_writer.h"
-#include "torch_pickle.h"
+#include "fsdp/formats/pickle_writer.h"
+#include "fsdp/formats/torch_pickle.h"
 
 namespace fsdp::detail {
 
@@ -28,18 +29,18 @@ namespace {
 
 // A piece this rank writes: its record (chunk filled in by the write) and its data.
 struct Piece {
-  checkpoint::PieceRecord record;
+  formats::PieceRecord record;
   at::Tensor tensor;
 };
 
 struct ShardedJob {
   std::string path, save_id, file_name;
   int rank = 0, world = 1;
-  std::vector<checkpoint::EntryRecord> entries;
+  std::vector<formats::EntryRecord> entries;
   std::vector<Piece> owned;  // the pieces this rank writes
   // The write's outcome: the written pieces' records, or its failure.
-  std::vector<checkpoint::PieceRecord> written;
-  std::vector<checkpoint::DcpItem> bytes_written;  // rank 0: the values and parameter groups
+  std::vector<formats::PieceRecord> written;
+  std::vector<formats::DcpItem> bytes_written;  // rank 0: the values and parameter groups
   Failure write_failure;
 };
 
@@ -56,7 +57,7 @@ std::string saving(const std::string& path) { return "save_checkpoint: saving " 
 // one, as an output directory may), or a directory holding files fsdp-cpp
 // did not write (issue 37 item 2: they would be replaced or removed).
 void check_sharded_destination(const std::string& path, const std::string& caller) {
-  const std::string kind = checkpoint::entry_kind(path);
+  const std::string kind = formats::entry_kind(path);
   std::error_code ec;
   if (kind == "a symbolic link" && !fs::is_directory(path, ec)) {
     throw ConfigError(caller + ": " + path + " is a symbolic link to something that is not a directory: a sharded " +
@@ -67,7 +68,7 @@ void check_sharded_destination(const std::string& path, const std::string& calle
     throw ConfigError(caller + ": " + path + " is " + kind + ", not a directory: a sharded checkpoint is a directory; " +
                       "remove it or write elsewhere");
   }
-  checkpoint::refuse_foreign_entries(path, caller);
+  formats::refuse_foreign_entries(path, caller);
 }
 
 Piece make_piece(const std::string& key, at::ScalarType dtype, std::vector<int64_t> shape, std::vector<int64_t> offsets,
@@ -104,18 +105,18 @@ std::vector<Piece> local_pieces(ShardedJob& job, const CheckpointState& state,
 // (replicas, tensors every rank has) is written by the lowest one. copy: a
 // snapshot of each owned piece (async: training goes on).
 void claim_pieces(ShardedJob& job, std::vector<Piece> pieces, Failure error, dist::ProcessGroup& group, bool copy) {
-  std::vector<checkpoint::PieceRecord> mine;
+  std::vector<formats::PieceRecord> mine;
   for (const auto& p : pieces) mine.push_back(p.record);
-  const std::string payload = checkpoint::encode_pieces(mine);
+  const std::string payload = formats::encode_pieces(mine);
   // Pieces the others could not decode fail here, on every rank alike.
-  if (error.empty()) error = capture([&] { checkpoint::decode_pieces(payload, "this rank's pieces"); });
+  if (error.empty()) error = capture([&] { formats::decode_pieces(payload, "this rank's pieces"); });
   const auto everyone = gather_agreed(group, payload, error, saving(job.path));
   using Box = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>;
-  auto box = [](const checkpoint::PieceRecord& r) { return Box{r.key, r.chunk.offsets, r.chunk.sizes}; };
+  auto box = [](const formats::PieceRecord& r) { return Box{r.key, r.chunk.offsets, r.chunk.sizes}; };
   std::set<Box> taken;  // the boxes of lower ranks
   for (int r = 0; r < group.rank(); ++r) {
     const std::string where = "rank " + std::to_string(r) + "'s pieces";
-    for (const auto& x : checkpoint::decode_pieces(everyone[static_cast<size_t>(r)], where)) taken.insert(box(x));
+    for (const auto& x : formats::decode_pieces(everyone[static_cast<size_t>(r)], where)) taken.insert(box(x));
   }
   for (auto& p : pieces) {
     if (!taken.insert(box(p.record)).second) continue;
@@ -141,7 +142,7 @@ ShardedJob stage(const std::string& path, const CheckpointState& state,
   job.path = path;
   job.rank = group.rank();
   job.world = group.size();
-  job.save_id = group.broadcast_bytes(checkpoint::new_save_id(), 0);
+  job.save_id = group.broadcast_bytes(formats::new_save_id(), 0);
   job.file_name = data_file_name(job.save_id, job.rank);
   auto pieces = local_pieces(job, state, fsdp_model, options, error);
   claim_pieces(job, std::move(pieces), error, group, /*copy=*/options.async_save());
@@ -152,15 +153,15 @@ ShardedJob stage(const std::string& path, const CheckpointState& state,
 // keeps the outcome in the job.
 // Appends a piece to the data file as a DCP item; its record (with where
 // its bytes are) goes to job.written.
-void write_piece(ShardedJob& job, checkpoint::AtomicFile& file, Piece& p) {
+void write_piece(ShardedJob& job, formats::AtomicFile& file, Piece& p) {
   const at::Tensor t = p.tensor.detach().cpu().contiguous();
-  checkpoint::Chunk& c = p.record.chunk;
+  formats::Chunk& c = p.record.chunk;
   c.file = job.file_name;
   c.nbytes = static_cast<int64_t>(t.numel() * t.element_size());
-  c.crc = checkpoint::crc32(t.data_ptr(), static_cast<size_t>(c.nbytes));
-  pickle::Writer pkl;
-  pkl.tensor("0", pickle::storage_class(t.scalar_type()), t.sizes().vec());
-  const checkpoint::WrittenItem item = checkpoint::write_dcp_item(file, job.file_name, pkl.finish(), t.data_ptr(), c.nbytes);
+  c.crc = formats::crc32(t.data_ptr(), static_cast<size_t>(c.nbytes));
+  formats::pickle::Writer pkl;
+  pkl.tensor("0", formats::pickle::storage_class(t.scalar_type()), t.sizes().vec());
+  const formats::WrittenItem item = formats::write_dcp_item(file, job.file_name, pkl.finish(), t.data_ptr(), c.nbytes);
   c.offset = item.data_offset;
   p.record.item_offset = item.storage.offset;
   p.record.item_length = item.storage.length;
@@ -168,17 +169,17 @@ void write_piece(ShardedJob& job, checkpoint::AtomicFile& file, Piece& p) {
 }
 
 // Rank 0's bytes items (values, parameter groups), first in its file as DCP puts them.
-void write_bytes_items(ShardedJob& job, checkpoint::AtomicFile& file) {
+void write_bytes_items(ShardedJob& job, formats::AtomicFile& file) {
   if (job.rank != 0) return;
-  for (auto& [item, pkl] : checkpoint::dcp_bytes_items(job.entries)) {
-    item.bytes = checkpoint::write_dcp_item(file, job.file_name, pkl, nullptr, 0).storage;
+  for (auto& [item, pkl] : formats::dcp_bytes_items(job.entries, python_group_options)) {
+    item.bytes = formats::write_dcp_item(file, job.file_name, pkl, nullptr, 0).storage;
     job.bytes_written.push_back(std::move(item));
   }
 }
 
 void write_data(ShardedJob& job) {
   job.write_failure = capture([&] {
-    checkpoint::AtomicFile file((fs::path(job.path) / job.file_name).string());
+    formats::AtomicFile file((fs::path(job.path) / job.file_name).string());
     write_bytes_items(job, file);
     for (Piece& p : job.owned) {
       write_piece(job, file, p);
@@ -189,44 +190,44 @@ void write_data(ShardedJob& job) {
 }
 
 // The index of every rank's written pieces.
-checkpoint::Index index_of(const ShardedJob& job, const std::vector<std::string>& written) {
-  checkpoint::Index ix;
-  ix.kind = checkpoint::Index::Kind::kSharded;
+formats::Index index_of(const ShardedJob& job, const std::vector<std::string>& written) {
+  formats::Index ix;
+  ix.kind = formats::Index::Kind::kSharded;
   ix.world_size = job.world;
   ix.save_id = job.save_id;
   ix.entries = job.entries;
   for (int r = 0; r < job.world; ++r) ix.files.push_back(data_file_name(job.save_id, r));
   for (size_t r = 0; r < written.size(); ++r) {
-    for (const auto& p : checkpoint::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) checkpoint::add_piece(ix, p);
+    for (const auto& p : formats::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) formats::add_piece(ix, p);
   }
   return ix;
 }
 
 // DCP's Metadata of the index: every tensor's chunks with their items, and
 // the bytes items rank 0 wrote.
-checkpoint::DcpMetadata metadata_of(const ShardedJob& job, const checkpoint::Index& ix, const std::vector<std::string>& written) {
-  std::map<std::string, checkpoint::DcpItem> tensors;
+formats::DcpMetadata metadata_of(const ShardedJob& job, const formats::Index& ix, const std::vector<std::string>& written) {
+  std::map<std::string, formats::DcpItem> tensors;
   for (size_t r = 0; r < written.size(); ++r) {
-    for (const auto& p : checkpoint::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) {
-      checkpoint::DcpItem& it = tensors[p.key];
+    for (const auto& p : formats::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) {
+      formats::DcpItem& it = tensors[p.key];
       it.dtype = p.dtype;
       it.shape = p.shape;
       it.chunks.push_back({p.chunk.offsets, p.chunk.sizes, {p.chunk.file, p.item_offset, p.item_length}});
     }
   }
-  checkpoint::DcpMetadata md;
+  formats::DcpMetadata md;
   md.save_id = job.save_id;
   md.items = job.bytes_written;
   for (const auto& key : ix.tensor_order) {
-    checkpoint::DcpItem it = std::move(tensors.at(key));
-    checkpoint::set_dcp_key(ix.entries, key, it);
+    formats::DcpItem it = std::move(tensors.at(key));
+    formats::set_dcp_key(ix.entries, key, it);
     md.items.push_back(std::move(it));
   }
   return md;
 }
 
 void write_file(const std::string& path, const std::string& bytes) {
-  checkpoint::AtomicFile f(path);
+  formats::AtomicFile f(path);
   f.write(bytes.data(), bytes.size());
   f.commit();
 }
@@ -242,23 +243,23 @@ void write_file(const std::string& path, const std::string& bytes) {
 // in the instant between the two renames leaves the new .metadata with the
 // old meta.pt: the values disagree, and readers refuse it by name.)
 // `values`: the tensor values, which rank 0 holds (it claims every replicated piece).
-void commit_index(const std::string& path, const checkpoint::Index& ix, const checkpoint::DcpMetadata& md,
+void commit_index(const std::string& path, const formats::Index& ix, const formats::DcpMetadata& md,
                   const std::map<std::string, at::Tensor>& values) {
   const fs::path dir(path);
-  checkpoint::AtomicFile meta((dir / checkpoint::kLightningMetaFile).string());
+  formats::AtomicFile meta((dir / formats::kLightningMetaFile).string());
   {
     std::vector<at::Tensor> tensors;
-    const std::string pkl = checkpoint::lightning_meta_pickle(ix.entries, values, tensors);
-    std::vector<checkpoint::RecordBytes> records;
+    const std::string pkl = formats::lightning_meta_pickle(ix.entries, values, tensors);
+    std::vector<formats::RecordBytes> records;
     for (const auto& t : tensors) records.push_back({t.data_ptr(), static_cast<int64_t>(t.numel() * t.element_size())});
-    checkpoint::write_torch_save(meta, checkpoint::kLightningMetaFile, pkl, records);
+    formats::write_torch_save(meta, formats::kLightningMetaFile, pkl, records);
   }
-  const std::string metadata = checkpoint::dcp_metadata_bytes(md);
-  checkpoint::Index own = ix;  // fsdp_index.json also checks .metadata
+  const std::string metadata = formats::dcp_metadata_bytes(md);
+  formats::Index own = ix;  // fsdp_index.json also checks .metadata
   own.has_metadata_crc = true;
-  own.metadata_crc = checkpoint::crc32(metadata.data(), metadata.size());
-  write_file((dir / checkpoint::kDcpIndexFile).string(), checkpoint::to_json(own));
-  checkpoint::AtomicFile commit((dir / checkpoint::kDcpMetadataFile).string());
+  own.metadata_crc = formats::crc32(metadata.data(), metadata.size());
+  write_file((dir / formats::kDcpIndexFile).string(), formats::to_json(own));
+  formats::AtomicFile commit((dir / formats::kDcpMetadataFile).string());
   commit.write(metadata.data(), metadata.size());
   fault_point("sharded-before-index", 0);
   commit.commit();
@@ -269,11 +270,11 @@ void commit_index(const std::string& path, const checkpoint::Index& ix, const ch
   // layout's index.json if it is fsdp-cpp's index. A user's data-train.bin,
   // index.json or __notes.distcp stays (a save refuses such a directory
   // before it writes, check_sharded_destination).
-  checkpoint::remove_unreferenced_own_files(path, ix.files);
-  const std::string legacy = (dir / checkpoint::kIndexFile).string();
-  if (checkpoint::entry_kind(legacy) == "a regular file") {
+  formats::remove_unreferenced_own_files(path, ix.files);
+  const std::string legacy = (dir / formats::kIndexFile).string();
+  if (formats::entry_kind(legacy) == "a regular file") {
     try {
-      checkpoint::parse_index(checkpoint::read_range(legacy, 0, checkpoint::file_size(legacy)), legacy);
+      formats::parse_index(formats::read_range(legacy, 0, formats::file_size(legacy)), legacy);
       fs::remove(legacy);
     } catch (const std::exception&) {
       // Not fsdp-cpp's index (it appeared after the save began): not ours to remove.
@@ -287,13 +288,13 @@ void commit_index(const std::string& path, const checkpoint::Index& ix, const ch
 // referenced by the new index, stays.)
 void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
   Failure failed;
-  const auto written = gather_outcomes(group, checkpoint::encode_pieces(job.written), job.write_failure, failed);
+  const auto written = gather_outcomes(group, formats::encode_pieces(job.written), job.write_failure, failed);
   if (group.rank() == 0 && failed.empty()) {
     failed = capture([&] {
-      const checkpoint::Index ix = index_of(job, written);
+      const formats::Index ix = index_of(job, written);
       std::map<std::string, at::Tensor> values;
       for (const auto& e : ix.entries) {
-        if (e.type != checkpoint::EntryType::kTensor) continue;
+        if (e.type != formats::EntryType::kTensor) continue;
         for (const auto& p : job.owned) {
           if (p.record.key == e.name) values[e.name] = p.tensor;
         }
@@ -315,11 +316,11 @@ void copy_to_sharded(const Source& src, const std::string& path) {
   fs::create_directories(path);
   ShardedJob job;
   job.path = path;
-  job.save_id = checkpoint::new_save_id();
+  job.save_id = formats::new_save_id();
   job.file_name = data_file_name(job.save_id, 0);
   job.entries = src.ix.entries;
   {
-    checkpoint::AtomicFile file((fs::path(path) / job.file_name).string());
+    formats::AtomicFile file((fs::path(path) / job.file_name).string());
     write_bytes_items(job, file);
     for (const auto& key : src.ix.tensor_order) {  // one tensor in memory at a time
       const auto& t = src.tensor(key);
@@ -328,11 +329,11 @@ void copy_to_sharded(const Source& src, const std::string& path) {
     }
     file.commit();
   }
-  const std::vector<std::string> written{checkpoint::encode_pieces(job.written)};
-  const checkpoint::Index ix = index_of(job, written);
+  const std::vector<std::string> written{formats::encode_pieces(job.written)};
+  const formats::Index ix = index_of(job, written);
   std::map<std::string, at::Tensor> values;  // for meta.pt
   for (const auto& e : ix.entries) {
-    if (e.type == checkpoint::EntryType::kTensor) values[e.name] = src.read_whole(e.name);
+    if (e.type == formats::EntryType::kTensor) values[e.name] = src.read_whole(e.name);
   }
   commit_index(path, ix, metadata_of(job, ix, written), values);
 }

@@ -9,11 +9,8 @@
 #include "fsdp/error.h"
 #include "fsdp/core/utils.h"
 #include "fsdp/state_dict/optim_state_dict.h"
-#include "../state_dict/model_index.h"
-#include "../state_dict/optim_state_dict_visit.h"
-#include "../state_dict/optimizer_kinds.h"
-#include "../state_dict/shard_geometry.h"
-#include "../state_dict/state_dict_visit.h"
+#include "fsdp/state_dict/detail/visit.h"
+#include "fsdp/state_dict/detail/optimizer_kinds.h"
 
 namespace fsdp {
 
@@ -102,32 +99,32 @@ bool keep(const CheckpointOptions& o, const std::string& entry, const std::strin
 }
 
 // The index entry of a user value (its bytes, for a tensor, are data).
-checkpoint::EntryRecord value_record(const std::string& name, const CheckpointValue& v) {
-  checkpoint::EntryRecord e;
+formats::EntryRecord value_record(const std::string& name, const CheckpointValue& v) {
+  formats::EntryRecord e;
   e.name = name;
   switch (v.index()) {
-    case 0: e.type = checkpoint::EntryType::kInt; e.value = std::get<int64_t>(v); break;
-    case 1: e.type = checkpoint::EntryType::kFloat; e.value = std::get<double>(v); break;
-    case 2: e.type = checkpoint::EntryType::kBool; e.value = std::get<bool>(v); break;
-    case 3: e.type = checkpoint::EntryType::kStr; e.value = std::get<std::string>(v); break;
-    default: e.type = checkpoint::EntryType::kTensor;
+    case 0: e.type = formats::EntryType::kInt; e.value = std::get<int64_t>(v); break;
+    case 1: e.type = formats::EntryType::kFloat; e.value = std::get<double>(v); break;
+    case 2: e.type = formats::EntryType::kBool; e.value = std::get<bool>(v); break;
+    case 3: e.type = formats::EntryType::kStr; e.value = std::get<std::string>(v); break;
+    default: e.type = formats::EntryType::kTensor;
   }
   return e;
 }
 
-std::vector<checkpoint::ParamGroup> param_groups(const std::vector<OptimParamGroup>& groups) {
-  std::vector<checkpoint::ParamGroup> out;
+std::vector<formats::ParamGroup> param_groups(const std::vector<OptimParamGroup>& groups) {
+  std::vector<formats::ParamGroup> out;
   for (const auto& g : groups) out.push_back({g.params, g.options});
   return out;
 }
 
 // A model's entry: its keys, its tensors to `put`. No copies: every tensor is
 // written (or copied, when async) as it comes.
-checkpoint::EntryRecord model_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& model,
+formats::EntryRecord model_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& model,
                             const CheckpointOptions& options, const Put& put) {
-  checkpoint::EntryRecord rec;
+  formats::EntryRecord rec;
   rec.name = name;
-  rec.type = checkpoint::EntryType::kModel;
+  rec.type = formats::EntryType::kModel;
   auto keys = visit_state_dict(
       model, "", [&](const std::string& key, StateValue v) {
         if (keep(options, name, key)) put(name + "/" + key, v);
@@ -139,11 +136,11 @@ checkpoint::EntryRecord model_entry(const std::string& name, const std::shared_p
   return rec;
 }
 
-checkpoint::EntryRecord optimizer_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& fsdp_model,
+formats::EntryRecord optimizer_entry(const std::string& name, const std::shared_ptr<torch::nn::Module>& fsdp_model,
                                 torch::optim::Optimizer& optimizer, const CheckpointOptions& options, const Put& put) {
-  checkpoint::EntryRecord rec;
+  formats::EntryRecord rec;
   rec.name = name;
-  rec.type = checkpoint::EntryType::kOptimizer;
+  rec.type = formats::EntryType::kOptimizer;
   auto groups = visit_optim_state_dict(
       fsdp_model, optimizer, [&](const std::string& key, StateValue v) {
         if (!keep(options, name, key)) return;
@@ -158,10 +155,10 @@ checkpoint::EntryRecord optimizer_entry(const std::string& name, const std::shar
 
 }  // namespace
 
-std::vector<checkpoint::EntryRecord> visit_state(const CheckpointState& state,
+std::vector<formats::EntryRecord> visit_state(const CheckpointState& state,
                                          const std::shared_ptr<torch::nn::Module>& fsdp_model, StateDictType type,
                                          const CheckpointOptions& options, const Put& put) {
-  std::vector<checkpoint::EntryRecord> entries;
+  std::vector<formats::EntryRecord> entries;
   const StateDictConfig config = type == StateDictType::kFull ? StateDictConfig{FullStateDictConfig{true, true}}
                                                               : StateDictConfig{ShardedStateDictConfig{}};
   for (const auto& e : state.entries()) {

@@ -3,8 +3,9 @@
 #include <filesystem>
 #include <tuple>
 
-#include "dcp.h"
+#include "fsdp/formats/dcp.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
+#include "loading.h"
 #include "parts.h"
 #include "fsdp/error.h"
 
@@ -20,12 +21,12 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   info.world_size = src->ix.world_size;
   for (const auto& e : src->ix.entries) {
     if (e.is_state_dict()) continue;
-    info.values[e.name] = e.type == detail::checkpoint::EntryType::kTensor ? "<tensor>" : detail::checkpoint::value_text(e);
-    info.value_types[e.name] = detail::checkpoint::entry_type_name(e.type);
+    info.values[e.name] = e.type == formats::EntryType::kTensor ? "<tensor>" : formats::value_text(e);
+    info.value_types[e.name] = formats::entry_type_name(e.type);
   }
   for (const auto& key : src->ix.tensor_order) {
     const auto& t = src->ix.tensors.at(key);
-    CheckpointTensorInfo ti{key, detail::checkpoint::dtype_name(t.dtype), t.shape, 0, static_cast<int>(t.chunks.size())};
+    CheckpointTensorInfo ti{key, formats::dtype_name(t.dtype), t.shape, 0, static_cast<int>(t.chunks.size())};
     for (const auto& c : t.chunks) ti.nbytes += c.nbytes;
     info.tensors.push_back(std::move(ti));
   }
@@ -34,9 +35,9 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
 
 namespace {
 
-bool same_chunks(std::vector<detail::checkpoint::Chunk> a, std::vector<detail::checkpoint::Chunk> b) {
-  auto key = [](const detail::checkpoint::Chunk& c) { return std::tie(c.file, c.offset, c.nbytes, c.offsets, c.sizes, c.crc); };
-  auto less = [&](const detail::checkpoint::Chunk& x, const detail::checkpoint::Chunk& y) { return key(x) < key(y); };
+bool same_chunks(std::vector<formats::Chunk> a, std::vector<formats::Chunk> b) {
+  auto key = [](const formats::Chunk& c) { return std::tie(c.file, c.offset, c.nbytes, c.offsets, c.sizes, c.crc); };
+  auto less = [&](const formats::Chunk& x, const formats::Chunk& y) { return key(x) < key(y); };
   std::sort(a.begin(), a.end(), less);
   std::sort(b.begin(), b.end(), less);
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [&](const auto& x, const auto& y) {
@@ -49,35 +50,35 @@ bool same_chunks(std::vector<detail::checkpoint::Chunk> a, std::vector<detail::c
 // Python reads).
 void verify_dcp(const detail::Source& src, std::vector<std::string>& problems) {
   try {
-    const std::string metadata = (fs::path(src.dir) / detail::checkpoint::kDcpMetadataFile).string();
-    const detail::checkpoint::DcpMetadata md = detail::checkpoint::parse_dcp_metadata(detail::checkpoint::read_range(metadata, 0, detail::checkpoint::file_size(metadata)), metadata);
+    const std::string metadata = (fs::path(src.dir) / formats::kDcpMetadataFile).string();
+    const formats::DcpMetadata md = formats::parse_dcp_metadata(formats::read_range(metadata, 0, formats::file_size(metadata)), metadata);
     for (const auto& it : md.items) {
-      std::vector<detail::checkpoint::DcpStorage> items;
+      std::vector<formats::DcpStorage> items;
       if (it.is_bytes) items.push_back(it.bytes);
       for (const auto& c : it.chunks) items.push_back(c.storage);
       for (const auto& s : items) {
-        detail::checkpoint::FullReader zip((fs::path(src.dir) / s.file).string(), s.offset, s.length);
+        formats::FullReader zip((fs::path(src.dir) / s.file).string(), s.offset, s.length);
         for (const auto& record : zip.records()) {
           if (record.rfind("data/", 0) == 0) continue;  // tensor bytes: the chunks' checksums, above
           const std::string bytes = zip.read(record);
-          if (detail::checkpoint::crc32(bytes.data(), bytes.size()) != zip.record_crc(record)) {
+          if (formats::crc32(bytes.data(), bytes.size()) != zip.record_crc(record)) {
             problems.push_back("checksum mismatch in " + zip.where() + " (record " + record + " of '" + it.key +
                                "'): the file is damaged");
           }
         }
       }
     }
-    const detail::checkpoint::Index built = detail::checkpoint::dcp_index(md, src.dir);
+    const formats::Index built = formats::dcp_index(md, src.dir);
     if (src.where == metadata) return;  // the index is .metadata's own
     for (const auto& [key, t] : built.tensors) {
       auto own = src.ix.tensors.find(key);
       if (own == src.ix.tensors.end() || !same_chunks(own->second.chunks, t.chunks)) {
-        problems.push_back(std::string(detail::checkpoint::kDcpMetadataFile) + " and " + detail::checkpoint::kDcpIndexFile + " disagree on tensor '" +
+        problems.push_back(std::string(formats::kDcpMetadataFile) + " and " + formats::kDcpIndexFile + " disagree on tensor '" +
                            key + "'");
       }
     }
     if (built.tensors.size() != src.ix.tensors.size()) {
-      problems.push_back(std::string(detail::checkpoint::kDcpMetadataFile) + " and " + detail::checkpoint::kDcpIndexFile + " list different tensors");
+      problems.push_back(std::string(formats::kDcpMetadataFile) + " and " + formats::kDcpIndexFile + " list different tensors");
     }
   } catch (const std::exception& e) {
     problems.push_back(e.what());
@@ -95,7 +96,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     return {e.what()};
   }
   for (const auto& f : src->ix.files) {
-    if (detail::checkpoint::file_size((fs::path(path) / f).string()) < 0) problems.push_back("missing data file " + f);
+    if (formats::file_size((fs::path(path) / f).string()) < 0) problems.push_back("missing data file " + f);
   }
   if (src->full) {  // every record against the zip's CRC-32 (tensor data: with the chunks, below)
     try {
@@ -111,7 +112,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     int64_t covered = 0;
     if (auto p = src->pickled.find(key); p != src->pickled.end()) {  // written by PyTorch: no checksums of its own
       try {
-        detail::pickle::read_tensor(*src->full, p->second, "tensor '" + key + "'");
+        formats::pickle::read_tensor(*src->full, p->second, "tensor '" + key + "'");
       } catch (const std::exception& e) {
         problems.push_back(e.what());
       }
@@ -119,7 +120,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     }
     for (const auto& c : t.chunks) {
       try {
-        detail::checkpoint::read_chunk(c, key, src->full.get(), src->dir);
+        formats::read_chunk(c, key, src->full.get(), src->dir);
         covered += c.nbytes;
       } catch (const std::exception& e) {
         problems.push_back(e.what());
@@ -141,7 +142,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
     if (overlap) problems.push_back("tensor '" + key + "': two of its chunks overlap");
     if (covered != want && problems.empty()) problems.push_back("tensor '" + key + "': its chunks do not cover it exactly");
   }
-  if (!src->dir.empty() && detail::checkpoint::file_size((fs::path(path) / detail::checkpoint::kDcpMetadataFile).string()) >= 0) {
+  if (!src->dir.empty() && formats::file_size((fs::path(path) / formats::kDcpMetadataFile).string()) >= 0) {
     verify_dcp(*src, problems);
   }
   return problems;
@@ -168,10 +169,10 @@ void refuse_inside(const std::string& in, const std::string& out, const char* ca
 // 4: a device, a FIFO or a symbolic link there would be replaced by the
 // renamed temporary); a directory is named as such.
 void check_output_file(const std::string& out_file, const char* caller) {
-  if (detail::checkpoint::entry_kind(out_file) == "a directory") {
+  if (formats::entry_kind(out_file) == "a directory") {
     throw ConfigError(std::string(caller) + ": the output " + out_file + " is a directory; give a file name");
   }
-  detail::checkpoint::check_file_destination(out_file, caller);
+  formats::check_file_destination(out_file, caller);
 }
 
 void write_full(const detail::Source& src, const std::string& out_file) {
@@ -209,13 +210,13 @@ void export_safetensors(const std::string& path, const std::string& out_file) {
   refuse_inside(path, out_file, "export");
   check_output_file(out_file, "export");
   auto src = detail::open_source(path);
-  const detail::checkpoint::EntryRecord& model = src->the_model("export");
-  std::vector<detail::checkpoint::SafetensorsTensor> plan;
+  const formats::EntryRecord& model = src->the_model("export");
+  std::vector<formats::SafetensorsTensor> plan;
   for (const auto& key : model.keys) {
     const auto& t = src->tensor(model.name + "/" + key);
     plan.push_back({key, t.dtype, t.shape, 0, 0});
   }
-  detail::checkpoint::SafetensorsWriter out(out_file, plan, {{"format", "pt"}, {"producer", "fsdp-cpp"}, {"fsdp_entry", model.name}});
+  formats::SafetensorsWriter out(out_file, plan, {{"format", "pt"}, {"producer", "fsdp-cpp"}, {"fsdp_entry", model.name}});
   for (const auto& t : out.layout())
     out.write(src->read_whole(model.name + "/" + t.name));  // one tensor in memory at a time
   out.commit();

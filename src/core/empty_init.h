@@ -1,4 +1,5 @@
-// Deferred initialisation (fsdp::EmptyInitGuard): private helpers for wrapping.
+// Deferred initialisation (fsdp::EmptyInitGuard): private helpers for wrapping
+// (module_to, for the modules above core: fsdp/core/detail/empty_init.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,6 +9,8 @@
 #include <memory>
 #include <optional>
 #include <vector>
+
+#include "fsdp/core/detail/empty_init.h"  // module_to
 
 namespace torch::nn {
 class Module;
@@ -23,10 +26,5 @@ bool is_unallocated(const at::Tensor& t);
 // the tensors that received values.
 std::vector<at::Tensor> materialize_deferred(torch::nn::Module& root, const std::optional<at::Device>& device,
                           const std::function<bool(const torch::nn::Module&)>& skip);
-
-// Module::to(device) / to(dtype) for a model that may hold unallocated
-// tensors: those keep no bytes and only change their device / dtype.
-void module_to(torch::nn::Module& module, const std::optional<at::Device>& device,
-               const std::optional<at::ScalarType>& dtype);
 
 }  // namespace fsdp::detail

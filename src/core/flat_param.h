@@ -14,7 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/core/detail/unit_view.h"  // ParamInfo, param_view
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::detail {
 
@@ -23,26 +24,6 @@ class BufferPool;
 // The parameter registry of any module (torch::nn::Module keeps it
 // protected; wrap.cpp).
 torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m);
-
-// One original parameter inside a unit's flat parameter.
-struct ParamInfo {
-  at::Tensor param;                  // the original parameter; its TensorImpl never changes
-  std::string name;                  // path relative to the unit's module
-  std::vector<std::string> aliases;  // further names of a tied parameter (relative)
-  // Where the parameter was registered: (module, key) for the name and each
-  // alias, in the unwrapped model's order.
-  std::vector<std::pair<torch::nn::Module*, std::string>> places;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;  // in the unpadded flat parameter
-  int64_t numel = 0;
-  bool requires_grad = true;
-  at::Tensor saved_grad;  // sharded gradient from before this backward (the unit's)
-};
-
-// Parameter `p`'s place in a full (unsharded) flat buffer, in its shape.
-inline at::Tensor param_view(const at::Tensor& flat, const ParamInfo& p) {
-  return flat.narrow(0, p.offset, p.numel).view(p.shape);
-}
 
 // A tensor on `flat`'s storage at `offset` with `sizes`, contiguous, that
 // autograd does not consider a view (optimizers detach_() gradients, which

@@ -5,18 +5,9 @@
 
 #include "fsdp/core/options.h"
 #include "fsdp/error.h"
+#include "fsdp/text/enum_names.h"
 
 namespace fsdp {
-
-const char* to_string(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::kFullShard: return "FULL_SHARD";
-    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::kNoShard: return "NO_SHARD";
-    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
-  }
-  return "?";
-}
 
 namespace {
 // `name` in upper case, '-' as '_': the form the tables below compare.
@@ -25,35 +16,36 @@ std::string canonical_name(const std::string& name) {
   for (char c : name) n += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return n;
 }
+
+constexpr text::EnumName<ShardingStrategy> kShardingStrategyNames[] = {
+    {ShardingStrategy::kFullShard, "FULL_SHARD"},
+    {ShardingStrategy::kShardGradOp, "SHARD_GRAD_OP"},
+    {ShardingStrategy::kNoShard, "NO_SHARD"},
+    {ShardingStrategy::kHybridShard, "HYBRID_SHARD"}};
+// The aliases are the command line's short names (the part after
+// "BACKWARD_"), compared in lower case.
+constexpr text::EnumName<BackwardPrefetch> kBackwardPrefetchNames[] = {
+    {BackwardPrefetch::kBackwardPre, "BACKWARD_PRE", "pre"},
+    {BackwardPrefetch::kBackwardPost, "BACKWARD_POST", "post"},
+    {BackwardPrefetch::kNone, "NONE", "none"}};
 }  // namespace
 
+const char* to_string(ShardingStrategy s) { return text::name_of(kShardingStrategyNames, s); }
+
 ShardingStrategy parse_sharding_strategy(const std::string& name) {
-  const std::string n = canonical_name(name);
-  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
-                 ShardingStrategy::kHybridShard}) {
-    if (n == to_string(s)) return s;
-  }
-  throw ConfigError("sharding strategy '" + name +
-                    "' is unknown: expected one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+  if (auto s = text::value_of(kShardingStrategyNames, canonical_name(name))) return *s;
+  throw ConfigError("sharding strategy '" + name + "' is unknown: expected one of " +
+                    text::list_names(kShardingStrategyNames));
 }
 
-const char* to_string(BackwardPrefetch when) {
-  switch (when) {
-    case BackwardPrefetch::kNone: return "NONE";
-    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
-    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
-  }
-  return "?";
-}
+const char* to_string(BackwardPrefetch when) { return text::name_of(kBackwardPrefetchNames, when); }
 
 BackwardPrefetch parse_backward_prefetch(const std::string& name) {
-  const std::string n = canonical_name(name);
-  for (auto w : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
-    // The command line's short names: the part after "BACKWARD_".
-    if (n == to_string(w) || "BACKWARD_" + n == to_string(w)) return w;
-  }
-  throw ConfigError("backward prefetch '" + name +
-                    "' is unknown: expected one of BACKWARD_PRE (or pre), BACKWARD_POST (or post), NONE (or none)");
+  std::string n = canonical_name(name);
+  if (auto w = text::value_of(kBackwardPrefetchNames, n)) return *w;
+  if (auto w = text::value_of(kBackwardPrefetchNames, text::to_lower(n))) return *w;
+  throw ConfigError("backward prefetch '" + name + "' is unknown: expected one of " +
+                    text::list_names(kBackwardPrefetchNames));
 }
 
 AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {

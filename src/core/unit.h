@@ -1,5 +1,8 @@
 // src/core/unit.h — one FSDP unit: the flat parameter of the parameters it
-// owns, its shard, its hooks. Private to the library.
+// owns, its shard, its hooks; the per-unit half of the engine. What the units
+// of one root share, and the root's duties, are the root's (root_state.h).
+// The modules above core see a unit through fsdp/core/detail/unit_view.h.
+// Private to the library.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -12,9 +15,11 @@
 
 #include "autograd_node.h"
 #include "flat_param.h"
-#include "trace_span.h"
+#include "root_state.h"
+#include "fsdp/core/detail/unit_view.h"
+#include "fsdp/core/trace_span.h"
 #include "fsdp/core/detail/forward_call.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/core/fully_sharded_data_parallel.h"
 #include "fsdp/core/stats.h"
 
@@ -40,7 +45,6 @@ struct UnitConfig {
   int max_reductions_in_flight;
 };
 
-class BufferPool;
 class UnitState;
 
 // A unit's training state. Transitions (anything else is an internal error):
@@ -54,118 +58,92 @@ class UnitState;
 enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward, kSummoned };
 const char* to_string(TrainingState s);
 
-// One unit's gradient reduction, issued and not yet complete.
-struct PendingReduction {
-  std::shared_ptr<UnitState> unit;
-  dist::Work work;         // the collective in flight
-  at::Tensor input;        // what it reads: kept alive until it finished
-  at::Tensor output;       // this rank's reduced gradient (reduce dtype)
-  bool replicate_next = false;  // HYBRID_SHARD: the replicate all-reduce is still to issue
-};
-
-// What the units of one root share, made at the root's first forward (as
-// FSDP2's FSDPStateContext): the buffer pool, the counters, the reductions in
-// flight (in issue order, the same on every rank), and the root's state of
-// the iteration.
-struct RootShared {
-  std::shared_ptr<BufferPool> pool;
-  RuntimeStats stats;
-  std::deque<PendingReduction> pending;
-  // True from a forward that will be differentiated until its backward ends.
-  bool awaiting_backward = false;
-  // The end-of-backward callback is queued on the autograd engine.
-  bool callback_queued = false;
-  // Buffers cast by mixed precision, with their original dtypes.
-  std::vector<std::pair<at::Tensor, at::ScalarType>> cast_buffers;
-  std::vector<std::weak_ptr<UnitState>> tree;        // every unit of the root's tree, pre-order
-  std::vector<std::weak_ptr<UnitState>> order;       // forward order of this iteration
-  std::vector<std::weak_ptr<UnitState>> last_order;  // ... and of the previous one (for prefetching)
-};
-
-class UnitState : public std::enable_shared_from_this<UnitState> {
+// One unit. As a UnitView it is what the modules above core see; as a
+// RootMember it is what its root's duties act on.
+class UnitState final : public UnitView, public RootMember, public std::enable_shared_from_this<UnitState> {
  public:
   // Flattens `params` (already the unit's, in order) and keeps this rank's
   // shard. Collective-free (sync_module_states is done by wrap()).
   UnitState(torch::nn::Module* module, std::vector<ParamInfo> params, UnitConfig config);
-  ~UnitState();
+  ~UnitState() override;
 
   // [collective over the shard group when sharded] Materialises the full
   // parameters and points the original parameters at them.
   void unshard();
   // Frees the full parameters; the original parameters show their shards.
-  void reshard();
+  void reshard() override;
 
+  // The hooks (ForwardScope, autograd; unit.cpp and unit_backward.cpp).
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs);
   void forward_failed();
   void pre_backward();
   void on_grad_ready();
   // [collective] Issues the reduction of the full gradient (waited at the
-  // latest by finish_backward), reshards.
-  void post_backward();
-  // End of backward for the root: issues what is left, completes every
-  // pending reduction of its tree, reshards.
+  // latest by finish_backward), reshards. Nothing unless in pre-backward.
+  void post_backward() override;
+  // End of backward, queued on the autograd engine by the first unit of a
+  // backward: the root's (RootState::finish_backward), with this unit as the
+  // tree when the root is gone.
   void finish_backward();
+
+  // RootMember: the per-unit steps of the root's duties (root_state.h).
+  bool holds_full_params() const override;
+  void end_backward() override;
+  void abandon_backward() override;
+  // The reduced shard of this unit's gradient, for the optimizer.
+  void accept_gradient(at::Tensor shard_grad) override;
 
   // no_sync: keep full gradients, reduce at the next synced backward.
   void set_no_sync(bool on) { no_sync_ = on; }
   // summon_full_params.
   void summon(const SummonOptions& options);
   void unsummon(const SummonOptions& options);
-  // [collective over the shard group when sharded] The full flat parameter
-  // in the master dtype (not the compute dtype), as a new tensor.
-  at::Tensor gather_master() const;
   // This rank's gradient tensors (sharded; the flat gradient or one per parameter).
   std::vector<at::Tensor> sharded_grads() const;
 
-  // Root bookkeeping (set at the root's first forward).
+  // Makes this unit the root of the units under its module, at its first
+  // forward: a RootState, which every unit of the tree joins.
   void lazy_init_root();
   // The unit of the outermost FSDP-wrapped module that holds this unit's
   // module (set by wrap(); none for a model's root).
   void set_outer(const std::shared_ptr<UnitState>& outer) { outer_ = outer; }
 
-  // Adopts a dtype or device change made by Module::to() (model->to(kHalf)):
-  // the flat parameter's new data (use_orig_params=false) or the original
-  // parameters' (true) becomes the shard. Called before every use of the shard.
-  void follow_module_to();
-  // True from a forward that will be differentiated until its backward ends
-  // (or the next forward of the root starts).
-  bool awaiting_backward() const;
-  bool summoned() const { return state_ == TrainingState::kSummoned; }
-  // Rank in the unit's whole world (replicate rank * shard size + shard rank).
-  int world_rank() const;
-  // Buffers cast by mixed precision, with their original dtypes (empty
-  // before the root's first forward).
-  const std::vector<std::pair<at::Tensor, at::ScalarType>>& cast_buffers() const;
+  // UnitView (fsdp/core/detail/unit_view.h).
+  torch::nn::Module* module() const override { return module_; }
+  const std::vector<ParamInfo>& params() const override { return handle_.params(); }
+  const at::Tensor& flat_shard() const override { return handle_.flat_shard(); }
+  int64_t numel() const override { return handle_.numel(); }
+  int64_t padded_numel() const override { return handle_.padded_numel(); }
+  int64_t shard_numel() const override { return handle_.shard_numel(); }
+  int shard_size() const override { return handle_.shard_size(); }
+  // The range of the unpadded flat parameter this rank holds begins here.
+  int64_t shard_begin() const override { return handle_.shard_begin(); }
+  const dist::ProcessGroupPtr& shard_group() const override { return config_.shard_group; }
+  int world_rank() const override;
+  bool summoned() const override { return state_ == TrainingState::kSummoned; }
+  bool awaiting_backward() const override;
+  const std::vector<std::pair<at::Tensor, at::ScalarType>>& cast_buffers() const override;
+  at::Tensor gather_master() const override;
+  void follow_module_to() override;
+
   std::shared_ptr<UnitState> root() const { return root_.lock(); }
   // The units whose forward ran in this iteration, in order (empty before
   // the root's first forward).
-  const std::vector<std::weak_ptr<UnitState>>& forward_order() const;
-
-  torch::nn::Module* module() const { return module_; }
-  const FlatParamHandle& handle() const { return handle_; }
-  const std::vector<ParamInfo>& params() const { return handle_.params(); }
+  const std::vector<std::weak_ptr<RootMember>>& forward_order() const;
   const UnitConfig& config() const { return config_; }
   TrainingState training_state() const { return state_; }
-  int64_t numel() const { return handle_.numel(); }
-  int64_t padded_numel() const { return handle_.padded_numel(); }
-  int64_t shard_numel() const { return handle_.shard_numel(); }
-  int shard_size() const { return handle_.shard_size(); }
-  int shard_rank() const { return handle_.shard_rank(); }
   bool is_unsharded() const { return handle_.unsharded(); }
   at::ScalarType compute_dtype() const { return handle_.compute_dtype(); }
-  const at::Tensor& flat_shard() const { return handle_.flat_shard(); }
   // Bytes of full parameters / full gradients alive right now.
   int64_t live_full_param_bytes() const { return handle_.live_full_bytes(); }
   int64_t live_grad_bytes() const;
-  // The root's shared runtime (null before the root's first forward).
-  const std::shared_ptr<RootShared>& shared() const { return shared_; }
+  // The root's state, shared by its tree (null before the root's first forward).
+  const std::shared_ptr<RootState>& root_state() const { return shared_; }
 
   // This rank's part of parameter p, as its data outside forward: a 1-D
   // slice of the shard (shard size 1: the whole parameter, in shape).
   at::Tensor sharded_view(const at::Tensor& flat, const ParamInfo& p) const { return handle_.sharded_view(flat, p); }
-  // The range of the unpadded flat parameter this rank holds.
-  int64_t shard_begin() const { return handle_.shard_begin(); }
 
  private:
   void transition(std::initializer_list<TrainingState> from, TrainingState to);
@@ -181,17 +159,6 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // Issues the reduction of full_grad_ (post-backward), bounded by
   // max_reductions_in_flight over the root's tree.
   void issue_reduction();
-  // The reduced shard of this unit's gradient, for the optimizer.
-  void accept_gradient(at::Tensor shard_grad);
-  // Root: waits for the oldest pending reduction and hands its gradient over.
-  void complete_oldest_reduction();
-  // HYBRID_SHARD: waits for r's reduce-scatter and issues its all-reduce
-  // over the replicate group.
-  static void start_replicate_stage(PendingReduction& r);
-  // Root: completes every pending reduction, in issue order.
-  void drain_reductions();
-  // Root, at a new iteration: cleans up after a backward that threw.
-  void recover_from_unfinished_backward();
   int units_unsharded() const;
 
   torch::nn::Module* module_;
@@ -199,6 +166,8 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   FlatParamHandle handle_;
   TrainingState state_ = TrainingState::kIdle;
   at::Tensor full_grad_;  // [padded_numel] from pre-backward until the reduction is issued
+  // Per parameter: its sharded gradient from before this backward.
+  std::vector<at::Tensor> saved_grads_;
   bool no_sync_ = false;
   bool summon_was_unsharded_ = false;
   at::Tensor summon_snapshot_;
@@ -214,7 +183,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   bool is_root_ = false;
   std::weak_ptr<UnitState> root_;
   std::weak_ptr<UnitState> outer_;
-  std::shared_ptr<RootShared> shared_;
+  std::shared_ptr<RootState> shared_;
 
   // Profiler spans (trace_span.h): the unit's path in its root ("(root)"
   // for the root; set at the root's lazy init), and its forward and

@@ -161,9 +161,9 @@ double resident_memory_mib() {
 }
 
 namespace {
-std::shared_ptr<detail::RootShared> shared_of(const std::shared_ptr<torch::nn::Module>& model) {
+std::shared_ptr<detail::RootState> shared_of(const std::shared_ptr<torch::nn::Module>& model) {
   for (auto& u : detail::units_of(model)) {
-    if (u->shared()) return u->shared();
+    if (u->root_state()) return u->root_state();
   }
   return nullptr;
 }

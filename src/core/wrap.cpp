@@ -244,7 +244,7 @@ void check_devices(const WrapContext& ctx, torch::nn::Module& module, const FSDP
     if (ctx.ignored_params.count(p.unsafeGetTensorImpl())) continue;
     if (p.device().type() != comm.type()) {
       throw ConfigError("FSDP: parameter '" + item.key() + "' is on " + p.device().str() + ", but the process group '" +
-                        group->name() + "' communicates on " + comm.str() + " (" + dist::backend_name(group->backend()) +
+                        group->name() + "' communicates on " + comm.str() + " (" + launch::backend_name(group->backend()) +
                         "): set FSDPOptions::device_id (e.g. " + comm.str() + ") or move the module there first");
     }
     if (o.cpu_offload().offload_params && p.device().type() != at::kCPU) {

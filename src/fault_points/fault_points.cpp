@@ -1,4 +1,4 @@
-#include "fault_points.h"
+#include "fsdp/fault_points/fault_points.h"
 
 #include <atomic>
 

@@ -248,9 +248,9 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   return o;
 }
 
-int print_env(const dist::EnvLookup& lookup, std::ostream& out, std::ostream& err) {
+int print_env(const EnvLookup& lookup, std::ostream& out, std::ostream& err) {
   try {
-    out << dist::describe(dist::read_dist_env(lookup));
+    out << describe(read_dist_env(lookup));
     return 0;
   } catch (const ConfigError& e) {
     err << "fsdp-run --print-env: " << e.what() << "\n";

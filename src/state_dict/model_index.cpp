@@ -11,7 +11,7 @@ namespace fsdp::detail {
 
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
   ModelIndex idx;
-  idx.units = detail::units_of(model);
+  idx.units = detail::unit_views_of(model);
   for (auto& u : idx.units) {
     idx.unit_at[u->module()] = u.get();
     idx.flat_impls.insert(u->flat_shard().unsafeGetTensorImpl());
@@ -19,9 +19,7 @@ ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
       idx.by_impl[p.param.unsafeGetTensorImpl()] = Owned{u.get(), &p};
       for (const auto& [owner, key] : p.places) idx.owned[owner].emplace_back(key, Owned{u.get(), &p});
     }
-    if (auto root = u->root()) {
-      for (const auto& [b, dtype] : root->cast_buffers()) idx.cast_buffers[b.unsafeGetTensorImpl()] = dtype;
-    }
+    for (const auto& [b, dtype] : u->cast_buffers()) idx.cast_buffers[b.unsafeGetTensorImpl()] = dtype;
   }
   return idx;
 }

@@ -13,25 +13,26 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/state_dict/detail/visit.h"  // StateSink
 #include "fsdp/state_dict/sharded_tensor.h"
 #include "fsdp/state_dict/state_dict_options.h"
-#include "../core/unit.h"
+#include "fsdp/core/detail/unit_view.h"
 
 namespace fsdp::detail {
 
 // A parameter owned by an FSDP unit.
 struct Owned {
-  UnitState* unit;
+  const UnitView* unit;
   const ParamInfo* param;
 };
 
 // Where every unit, original parameter and cast buffer of a model is.
 struct ModelIndex {
-  std::vector<std::shared_ptr<UnitState>> units;
+  std::vector<std::shared_ptr<UnitView>> units;
   std::unordered_map<const torch::nn::Module*, std::vector<std::pair<std::string, Owned>>> owned;  // by owner module
   std::unordered_map<const c10::TensorImpl*, Owned> by_impl;  // original parameters
   std::unordered_set<const c10::TensorImpl*> flat_impls;      // flat parameters
-  std::unordered_map<const torch::nn::Module*, UnitState*> unit_at;
+  std::unordered_map<const torch::nn::Module*, const UnitView*> unit_at;
   std::unordered_map<const c10::TensorImpl*, at::ScalarType> cast_buffers;  // original dtypes
 };
 // One pass over the model's units and their parameters.
@@ -41,7 +42,7 @@ ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model);
 struct Item {
   enum Kind { kFlat, kOwned, kParam, kBuffer } kind;
   std::string key;
-  UnitState* unit = nullptr;        // kFlat, kOwned
+  const UnitView* unit = nullptr;   // kFlat, kOwned
   const ParamInfo* param = nullptr;  // kOwned
   at::Tensor tensor;                 // kParam, kBuffer
 };
@@ -59,7 +60,5 @@ at::Tensor offload(const at::Tensor& t, bool to_cpu);
 // The config's offload_to_cpu.
 bool offload_of(const StateDictConfig& c);
 
-// Receives the entries of a state dict one by one.
-using StateSink = std::function<void(const std::string& key, StateValue value)>;
 
 }  // namespace fsdp::detail

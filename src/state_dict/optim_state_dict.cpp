@@ -11,10 +11,10 @@
 
 #include "fsdp/error.h"
 #include "model_index.h"
-#include "optim_state_dict_visit.h"
-#include "optimizer_kinds.h"
+#include "fsdp/state_dict/detail/visit.h"
+#include "fsdp/state_dict/detail/optimizer_kinds.h"
 #include "shard_geometry.h"
-#include "../core/unit.h"
+#include "fsdp/core/detail/unit_view.h"
 
 namespace fsdp {
 
@@ -27,7 +27,7 @@ namespace {
 // One tensor the optimizer steps, and what it is in the model.
 struct OptParam {
   at::Tensor tensor;
-  UnitState* unit = nullptr;         // a unit's flat shard (param null) or an original parameter's shard
+  const UnitView* unit = nullptr;    // a unit's flat shard (param null) or an original parameter's shard
   const ParamInfo* param = nullptr;  // the original parameter (use_orig_params)
   std::string name;                  // plain parameters and original parameters
 };
@@ -37,7 +37,7 @@ struct Naming {
   ModelIndex idx;
   std::unordered_map<const ParamInfo*, std::string> owned;      // first name of each original parameter
   std::unordered_map<const c10::TensorImpl*, std::string> plain;  // parameters outside units
-  std::unordered_map<const c10::TensorImpl*, UnitState*> flat;  // flat shards
+  std::unordered_map<const c10::TensorImpl*, const UnitView*> flat;  // flat shards
   std::unordered_map<std::string, size_t> position;             // keys in the model's state-dict order
 
   explicit Naming(const std::shared_ptr<torch::nn::Module>& model) : idx(index_model(model)) {
@@ -98,7 +98,7 @@ std::vector<std::vector<OptParam>> classify_all(const Naming& naming, const torc
 at::Tensor step_tensor(int64_t step) { return at::scalar_tensor(static_cast<double>(step), at::kFloat); }
 
 // FULL: the state of one unit's parameters, gathered over its shard group.
-void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, UnitState& u,
+void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, const UnitView& u,
                  const std::vector<OptParam>& in_optimizer, bool emit, bool to_cpu, bool copy, const StateSink& out) {
   // The unit's parameters the optimizer holds state for, in unit order.
   std::vector<const ParamInfo*> ps;
@@ -130,7 +130,7 @@ void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
     }
     if (kind.has_step) info[static_cast<int64_t>(i) * width + width - 1] = static_cast<double>(kind.get_step(*states[i]) + 1);
   }
-  const auto& group = u.config().shard_group;
+  const auto& group = u.shard_group();
   const bool sharded = u.shard_size() > 1;
   at::Tensor all_info = info;
   if (sharded) {  // [collective] presence and steps of every rank
@@ -237,7 +237,7 @@ std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch:
   }
   const auto groups = classify_all(naming, optimizer);
   std::vector<OptimParamGroup> out;
-  std::unordered_set<const UnitState*> done;
+  std::unordered_set<const UnitView*> done;
   for (const auto& group : groups) {
     for (const auto& op : group) {
       if (!full || !op.unit) {

@@ -1,5 +1,5 @@
 // What fsdp-cpp knows of each LibTorch optimizer type (optimizer_kinds.h).
-#include "optimizer_kinds.h"
+#include "fsdp/state_dict/detail/optimizer_kinds.h"
 
 #include <torch/optim.h>
 
@@ -14,170 +14,113 @@ using Kind = OptimizerKind;
 
 namespace {
 
-// Sets option `key` through `setter` when `o` has it.
-template <class F>
-void maybe(const Options& o, const char* key, F setter) {
-  auto it = o.find(key);
-  if (it != o.end()) setter(it->second);
-}
+// A per-parameter state tensor of optimizer state S, by name.
+template <class S>
+struct StateField {
+  const char* name;
+  at::Tensor (*get)(S&);
+  void (*set)(S&, const at::Tensor&);
+};
 
-template <class State>
-void with_step(Kind& k) {
-  k.has_step = true;
-  k.get_step = [](OptimizerParamState& s) { return static_cast<State&>(s).step(); };
-  k.set_step = [](OptimizerParamState& s, int64_t v) { static_cast<State&>(s).step(v); };
-}
+// An option of options O as a number (bools 0 / 1; a pair as key.0, key.1).
+template <class O>
+struct OptionField {
+  const char* key;
+  double (*get)(const O&);
+  void (*set)(O&, double);
+};
 
-Kind sgd_kind() {
-  using S = torch::optim::SGDParamState;
-  using O = torch::optim::SGDOptions;
-  Kind k;
-  k.name = "SGD";
-  k.fields = {"momentum_buffer"};
-  k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& s, const std::string&) { return static_cast<S&>(s).momentum_buffer(); };
-  k.set = [](OptimizerParamState& s, const std::string&, const at::Tensor& t) { static_cast<S&>(s).momentum_buffer(t); };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"momentum", o.momentum()},
-                   {"dampening", o.dampening()},
-                   {"weight_decay", o.weight_decay()},
-                   {"nesterov", o.nesterov() ? 1.0 : 0.0}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "momentum", [&](double v) { o.momentum(v); });
-    maybe(m, "dampening", [&](double v) { o.dampening(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "nesterov", [&](double v) { o.nesterov(v != 0); });
-  };
-  return k;
-}
+#define FSDP_STATE(S, f) \
+  StateField<S> { #f, [](S& s) -> at::Tensor { return s.f(); }, [](S& s, const at::Tensor& t) { s.f(t); } }
+#define FSDP_NUMBER(O, k) \
+  OptionField<O> { #k, [](const O& o) -> double { return o.k(); }, [](O& o, double v) { o.k(v); } }
+#define FSDP_BOOL(O, k) \
+  OptionField<O> { #k, [](const O& o) { return o.k() ? 1.0 : 0.0; }, [](O& o, double v) { o.k(v != 0); } }
+#define FSDP_PAIR(O, k, i)                                        \
+  OptionField<O> {                                                \
+    #k "." #i, [](const O& o) -> double { return std::get<i>(o.k()); }, \
+        [](O& o, double v) {                                      \
+          auto pair = o.k();                                      \
+          std::get<i>(pair) = v;                                  \
+          o.k(pair);                                              \
+        }                                                         \
+  }
 
-// Adam and AdamW share their state and options' shape.
-template <class S, class O>
-Kind adam_kind(const char* name) {
+// The kind of an optimizer with state S and options O, from its fields and
+// options; with a step count when HasStep.
+template <class S, class O, bool HasStep>
+Kind make_kind(const char* name, std::vector<StateField<S>> fields, std::vector<OptionField<O>> options) {
   Kind k;
   k.name = name;
-  k.fields = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  with_step<S>(k);
+  for (const auto& f : fields) k.fields.push_back(f.name);
+  if constexpr (HasStep) {
+    k.has_step = true;
+    k.get_step = [](OptimizerParamState& s) { return static_cast<S&>(s).step(); };
+    k.set_step = [](OptimizerParamState& s, int64_t v) { static_cast<S&>(s).step(v); };
+  }
   k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& base, const std::string& f) {
-    auto& s = static_cast<S&>(base);
-    return f == "exp_avg" ? s.exp_avg() : f == "exp_avg_sq" ? s.exp_avg_sq() : s.max_exp_avg_sq();
+  // A name not among the fields is the last field's, as each kind used to answer.
+  const auto field = [fields](const std::string& f) {
+    for (const auto& x : fields) {
+      if (f == x.name) return x;
+    }
+    return fields.back();
   };
-  k.set = [](OptimizerParamState& base, const std::string& f, const at::Tensor& t) {
-    auto& s = static_cast<S&>(base);
-    if (f == "exp_avg") {
-      s.exp_avg(t);
-    } else if (f == "exp_avg_sq") {
-      s.exp_avg_sq(t);
-    } else {
-      s.max_exp_avg_sq(t);
+  k.get = [field](OptimizerParamState& s, const std::string& f) { return field(f).get(static_cast<S&>(s)); };
+  k.set = [field](OptimizerParamState& s, const std::string& f, const at::Tensor& t) {
+    field(f).set(static_cast<S&>(s), t);
+  };
+  k.read = [options](const OptimizerOptions& base) {
+    const auto& o = static_cast<const O&>(base);
+    Options out;
+    for (const auto& x : options) out[x.key] = x.get(o);
+    return out;
+  };
+  k.write = [options](OptimizerOptions& base, const Options& m) {
+    auto& o = static_cast<O&>(base);
+    for (const auto& x : options) {
+      auto it = m.find(x.key);
+      if (it != m.end()) x.set(o, it->second);
     }
   };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"betas.0", std::get<0>(o.betas())},
-                   {"betas.1", std::get<1>(o.betas())},
-                   {"eps", o.eps()},
-                   {"weight_decay", o.weight_decay()},
-                   {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "betas.0", [&](double v) { o.betas(std::make_tuple(v, std::get<1>(o.betas()))); });
-    maybe(m, "betas.1", [&](double v) { o.betas(std::make_tuple(std::get<0>(o.betas()), v)); });
-    maybe(m, "eps", [&](double v) { o.eps(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "amsgrad", [&](double v) { o.amsgrad(v != 0); });
-  };
   return k;
 }
 
-Kind adagrad_kind() {
-  using S = torch::optim::AdagradParamState;
-  using O = torch::optim::AdagradOptions;
-  Kind k;
-  k.name = "Adagrad";
-  k.fields = {"sum"};
-  with_step<S>(k);
-  k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& s, const std::string&) { return static_cast<S&>(s).sum(); };
-  k.set = [](OptimizerParamState& s, const std::string&, const at::Tensor& t) { static_cast<S&>(s).sum(t); };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"lr_decay", o.lr_decay()},
-                   {"weight_decay", o.weight_decay()},
-                   {"initial_accumulator_value", o.initial_accumulator_value()},
-                   {"eps", o.eps()}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "lr_decay", [&](double v) { o.lr_decay(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "initial_accumulator_value", [&](double v) { o.initial_accumulator_value(v); });
-    maybe(m, "eps", [&](double v) { o.eps(v); });
-  };
-  return k;
+// One optimizer type: how to recognise it, its kind, and its param group
+// keys as PyTorch writes them.
+struct Row {
+  bool (*is)(const torch::optim::Optimizer&);
+  Kind kind;
+  std::vector<PythonOption> python;
+};
+
+template <class Optimizer>
+bool is(const torch::optim::Optimizer& opt) {
+  return dynamic_cast<const Optimizer*>(&opt) != nullptr;
 }
 
-Kind rmsprop_kind() {
-  using S = torch::optim::RMSpropParamState;
-  using O = torch::optim::RMSpropOptions;
-  Kind k;
-  k.name = "RMSprop";
-  k.fields = {"square_avg", "momentum_buffer", "grad_avg"};
-  with_step<S>(k);
-  k.make = [] { return std::make_unique<S>(); };
-  k.get = [](OptimizerParamState& base, const std::string& f) {
-    auto& s = static_cast<S&>(base);
-    return f == "square_avg" ? s.square_avg() : f == "momentum_buffer" ? s.momentum_buffer() : s.grad_avg();
-  };
-  k.set = [](OptimizerParamState& base, const std::string& f, const at::Tensor& t) {
-    auto& s = static_cast<S&>(base);
-    if (f == "square_avg") {
-      s.square_avg(t);
-    } else if (f == "momentum_buffer") {
-      s.momentum_buffer(t);
-    } else {
-      s.grad_avg(t);
-    }
-  };
-  k.read = [](const OptimizerOptions& base) {
-    const auto& o = static_cast<const O&>(base);
-    return Options{{"lr", o.lr()},
-                   {"alpha", o.alpha()},
-                   {"eps", o.eps()},
-                   {"weight_decay", o.weight_decay()},
-                   {"momentum", o.momentum()},
-                   {"centered", o.centered() ? 1.0 : 0.0}};
-  };
-  k.write = [](OptimizerOptions& base, const Options& m) {
-    auto& o = static_cast<O&>(base);
-    maybe(m, "lr", [&](double v) { o.lr(v); });
-    maybe(m, "alpha", [&](double v) { o.alpha(v); });
-    maybe(m, "eps", [&](double v) { o.eps(v); });
-    maybe(m, "weight_decay", [&](double v) { o.weight_decay(v); });
-    maybe(m, "momentum", [&](double v) { o.momentum(v); });
-    maybe(m, "centered", [&](double v) { o.centered(v != 0); });
-  };
-  return k;
+// Adam and AdamW share their state's and options' shape.
+template <class S, class O>
+Kind adam_kind(const char* name) {
+  return make_kind<S, O, true>(name, {FSDP_STATE(S, exp_avg), FSDP_STATE(S, exp_avg_sq), FSDP_STATE(S, max_exp_avg_sq)},
+                               {FSDP_NUMBER(O, lr), FSDP_PAIR(O, betas, 0), FSDP_PAIR(O, betas, 1), FSDP_NUMBER(O, eps),
+                                FSDP_NUMBER(O, weight_decay), FSDP_BOOL(O, amsgrad)});
 }
 
-}  // namespace
-
-const std::vector<PythonOption>& python_options(const std::string& kind) {
-  using T = PythonOption::Type;
-  // torch 2.15's optimizer.state_dict()["param_groups"][i], key by key in its
-  // order ("params" comes last); docs/python-formats.md §4.
-  static const std::map<std::string, std::vector<PythonOption>> table = [] {
+// The table: one row per optimizer type, AdamW before Adam (kind_of takes
+// the first row whose type `opt` is). The param group keys are torch 2.15's
+// optimizer.state_dict()["param_groups"][i], key by key in its order
+// ("params" comes last); docs/python-formats.md §4.
+const std::vector<Row>& rows() {
+  static const std::vector<Row> table = [] {
+    namespace optim = torch::optim;
+    using T = PythonOption::Type;
+    using SgdS = optim::SGDParamState;
+    using SgdO = optim::SGDOptions;
+    using AdagradS = optim::AdagradParamState;
+    using AdagradO = optim::AdagradOptions;
+    using RmsS = optim::RMSpropParamState;
+    using RmsO = optim::RMSpropOptions;
     auto adam = [](bool decoupled) {
       return std::vector<PythonOption>{{"lr", T::kNumber},          {"betas", T::kPair},
                                        {"eps", T::kNumber},         {"weight_decay", T::kNumber},
@@ -186,25 +129,52 @@ const std::vector<PythonOption>& python_options(const std::string& kind) {
                                        {"differentiable", T::kFalse}, {"fused", T::kNone},
                                        {"decoupled_weight_decay", decoupled ? T::kTrue : T::kFalse, true}};
     };
-    std::map<std::string, std::vector<PythonOption>> t;
-    t["SGD"] = {{"lr", T::kNumber},       {"momentum", T::kNumber},     {"dampening", T::kNumber},
-                {"weight_decay", T::kNumber}, {"nesterov", T::kBool},   {"maximize", T::kFalse, true},
-                {"foreach", T::kNone},    {"differentiable", T::kFalse}, {"fused", T::kNone}};
-    t["Adam"] = adam(false);
-    t["AdamW"] = adam(true);
-    t["Adagrad"] = {{"lr", T::kNumber},  {"lr_decay", T::kNumber},       {"eps", T::kNumber},
-                    {"weight_decay", T::kNumber}, {"initial_accumulator_value", T::kNumber},
-                    {"foreach", T::kNone}, {"maximize", T::kFalse, true}, {"differentiable", T::kFalse},
-                    {"fused", T::kNone}};
-    t["RMSprop"] = {{"lr", T::kNumber},      {"momentum", T::kNumber}, {"alpha", T::kNumber},
-                    {"eps", T::kNumber},     {"centered", T::kBool},   {"weight_decay", T::kNumber},
-                    {"capturable", T::kFalse}, {"foreach", T::kNone},  {"maximize", T::kFalse, true},
-                    {"differentiable", T::kFalse}};
+    std::vector<Row> t;
+    t.push_back({is<optim::SGD>,
+                 make_kind<SgdS, SgdO, false>("SGD", {FSDP_STATE(SgdS, momentum_buffer)},
+                                              {FSDP_NUMBER(SgdO, lr), FSDP_NUMBER(SgdO, momentum),
+                                               FSDP_NUMBER(SgdO, dampening), FSDP_NUMBER(SgdO, weight_decay),
+                                               FSDP_BOOL(SgdO, nesterov)}),
+                 {{"lr", T::kNumber}, {"momentum", T::kNumber}, {"dampening", T::kNumber},
+                  {"weight_decay", T::kNumber}, {"nesterov", T::kBool}, {"maximize", T::kFalse, true},
+                  {"foreach", T::kNone}, {"differentiable", T::kFalse}, {"fused", T::kNone}}});
+    t.push_back({is<optim::AdamW>, adam_kind<optim::AdamWParamState, optim::AdamWOptions>("AdamW"), adam(true)});
+    t.push_back({is<optim::Adam>, adam_kind<optim::AdamParamState, optim::AdamOptions>("Adam"), adam(false)});
+    t.push_back({is<optim::Adagrad>,
+                 make_kind<AdagradS, AdagradO, true>(
+                     "Adagrad", {FSDP_STATE(AdagradS, sum)},
+                     {FSDP_NUMBER(AdagradO, lr), FSDP_NUMBER(AdagradO, lr_decay), FSDP_NUMBER(AdagradO, weight_decay),
+                      FSDP_NUMBER(AdagradO, initial_accumulator_value), FSDP_NUMBER(AdagradO, eps)}),
+                 {{"lr", T::kNumber}, {"lr_decay", T::kNumber}, {"eps", T::kNumber}, {"weight_decay", T::kNumber},
+                  {"initial_accumulator_value", T::kNumber}, {"foreach", T::kNone}, {"maximize", T::kFalse, true},
+                  {"differentiable", T::kFalse}, {"fused", T::kNone}}});
+    t.push_back({is<optim::RMSprop>,
+                 make_kind<RmsS, RmsO, true>(
+                     "RMSprop",
+                     {FSDP_STATE(RmsS, square_avg), FSDP_STATE(RmsS, momentum_buffer), FSDP_STATE(RmsS, grad_avg)},
+                     {FSDP_NUMBER(RmsO, lr), FSDP_NUMBER(RmsO, alpha), FSDP_NUMBER(RmsO, eps),
+                      FSDP_NUMBER(RmsO, weight_decay), FSDP_NUMBER(RmsO, momentum), FSDP_BOOL(RmsO, centered)}),
+                 {{"lr", T::kNumber}, {"momentum", T::kNumber}, {"alpha", T::kNumber}, {"eps", T::kNumber},
+                  {"centered", T::kBool}, {"weight_decay", T::kNumber}, {"capturable", T::kFalse},
+                  {"foreach", T::kNone}, {"maximize", T::kFalse, true}, {"differentiable", T::kFalse}}});
     return t;
   }();
+  return table;
+}
+
+#undef FSDP_STATE
+#undef FSDP_NUMBER
+#undef FSDP_BOOL
+#undef FSDP_PAIR
+
+}  // namespace
+
+const std::vector<PythonOption>& python_options(const std::string& kind) {
   static const std::vector<PythonOption> none;
-  auto it = table.find(kind);
-  return it == table.end() ? none : it->second;
+  for (const Row& row : rows()) {
+    if (row.kind.name == kind) return row.python;
+  }
+  return none;
 }
 
 OptimOptions libtorch_options(const std::string& kind, const OptimOptions& python, const std::string& where) {
@@ -229,15 +199,9 @@ OptimOptions libtorch_options(const std::string& kind, const OptimOptions& pytho
 }
 
 Kind kind_of(const torch::optim::Optimizer& opt) {
-  if (dynamic_cast<const torch::optim::SGD*>(&opt)) return sgd_kind();
-  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) {
-    return adam_kind<torch::optim::AdamWParamState, torch::optim::AdamWOptions>("AdamW");
+  for (const Row& row : rows()) {
+    if (row.is(opt)) return row.kind;
   }
-  if (dynamic_cast<const torch::optim::Adam*>(&opt)) {
-    return adam_kind<torch::optim::AdamParamState, torch::optim::AdamOptions>("Adam");
-  }
-  if (dynamic_cast<const torch::optim::Adagrad*>(&opt)) return adagrad_kind();
-  if (dynamic_cast<const torch::optim::RMSprop*>(&opt)) return rmsprop_kind();
   throw ConfigError("optim_state_dict: unsupported optimizer type: expected torch::optim::SGD, Adam, AdamW, "
                     "Adagrad or RMSprop");
 }

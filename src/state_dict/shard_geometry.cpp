@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <sstream>
 
-#include "../core/unit.h"
+#include "fsdp/core/detail/unit_view.h"
 
 namespace fsdp::detail {
 
 // This rank's range [lo, hi) of parameter p, relative to p.
-std::pair<int64_t, int64_t> local_range(const UnitState& u, const ParamInfo& p) {
+std::pair<int64_t, int64_t> local_range(const UnitView& u, const ParamInfo& p) {
   if (u.shard_size() == 1) return {0, p.numel};
   const int64_t lo = std::max(p.offset, u.shard_begin());
   const int64_t hi = std::min(p.offset + p.numel, u.shard_begin() + u.shard_numel());
@@ -20,7 +20,7 @@ std::pair<int64_t, int64_t> local_range(const UnitState& u, const ParamInfo& p) 
 
 
 // Where p's element `rel` lives in the unit's flat shard.
-int64_t shard_index(const UnitState& u, const ParamInfo& p, int64_t rel) {
+int64_t shard_index(const UnitView& u, const ParamInfo& p, int64_t rel) {
   return p.offset + rel - (u.shard_size() == 1 ? 0 : u.shard_begin());
 }
 
@@ -38,7 +38,7 @@ std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, i
 }
 
 // This rank's pieces of p: views of the shard.
-std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p, const at::Tensor& shard_like) {
+std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like) {
   auto [lo, hi] = local_range(u, p);
   if (hi <= lo) return {};  // no element of p on this rank
   const at::Tensor flat = (shard_like.defined() ? shard_like : u.flat_shard()).detach();
@@ -47,7 +47,7 @@ std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p, const at
 }
 
 // The unpadded part of the unit's flat shard, as a sharded flat parameter.
-ShardedTensor local_flat(const UnitState& u) {
+ShardedTensor local_flat(const UnitView& u) {
   ShardedTensor st;
   st.global_shape = {u.numel()};
   st.dtype = u.flat_shard().scalar_type();

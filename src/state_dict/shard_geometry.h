@@ -16,21 +16,21 @@
 
 namespace fsdp::detail {
 
-class UnitState;
+class UnitView;
 struct ParamInfo;
 
 // This rank's range [lo, hi) of parameter p (relative to p; empty: lo == hi).
-std::pair<int64_t, int64_t> local_range(const UnitState& u, const ParamInfo& p);
+std::pair<int64_t, int64_t> local_range(const UnitView& u, const ParamInfo& p);
 // Where p's element `rel` lives in the unit's flat shard.
-int64_t shard_index(const UnitState& u, const ParamInfo& p, int64_t rel);
+int64_t shard_index(const UnitView& u, const ParamInfo& p, int64_t rel);
 // The boxes of elements [lo, hi) of a tensor of `shape`, cut from `flat`
 // (which holds exactly those elements, in order): views of `flat`.
 std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& flat);
 // This rank's pieces of p: views of the shard (or of `shard_like`, a tensor
 // laid out like it, e.g. optimizer state of the flat parameter).
-std::vector<Shard> local_shards(const UnitState& u, const ParamInfo& p, const at::Tensor& shard_like = {});
+std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like = {});
 // The unpadded part of the unit's flat shard, as a sharded flat parameter.
-ShardedTensor local_flat(const UnitState& u);
+ShardedTensor local_flat(const UnitView& u);
 
 // The global shape of a state dict value.
 std::vector<int64_t> value_shape(const StateValue& v);

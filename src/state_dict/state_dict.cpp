@@ -9,8 +9,8 @@
 #include "fsdp/error.h"
 #include "model_index.h"
 #include "shard_geometry.h"
-#include "state_dict_visit.h"
-#include "../core/unit.h"
+#include "fsdp/state_dict/detail/visit.h"
+#include "fsdp/core/detail/unit_view.h"
 
 namespace fsdp {
 
@@ -109,11 +109,11 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
   std::vector<std::string> keys;
   // FULL: a unit is gathered when its first key comes up, and all its keys
   // are handed over then, so that one unit is alive at a time.
-  std::unordered_map<const UnitState*, std::vector<const Item*>> unit_items;
+  std::unordered_map<const UnitView*, std::vector<const Item*>> unit_items;
   for (const auto& item : items) {
     if (item.kind == Item::kOwned) unit_items[item.unit].push_back(&item);
   }
-  std::unordered_set<const UnitState*> done;
+  std::unordered_set<const UnitView*> done;
   at::NoGradGuard no_grad;
   for (const auto& item : items) {
     switch (item.kind) {
@@ -124,7 +124,7 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
         break;
       }
       case Item::kOwned: {
-        const UnitState& u = *item.unit;
+        const UnitView& u = *item.unit;
         const ParamInfo& p = *item.param;
         if (type == StateDictType::kSharded) {
           ShardedTensor st{p.shape, u.flat_shard().scalar_type(), local_shards(u, p)};
@@ -281,7 +281,7 @@ std::vector<Copy> plan(const std::vector<Item>& items, const StateDict& state) {
         break;
       }
       case Item::kOwned: {
-        const UnitState& u = *item.unit;
+        const UnitView& u = *item.unit;
         const ParamInfo& p = *item.param;
         auto [lo, hi] = local_range(u, p);
         if (hi <= lo) break;  // no element of it on this rank

@@ -11,20 +11,20 @@
 #include <unordered_set>
 
 #include "fsdp/error.h"
+#include "fsdp/text/enum_names.h"
 
 namespace fsdp {
 
 // ---------------------------------------------------------------------------
 // Types.
 
-const char* to_string(StateDictType type) {
-  switch (type) {
-    case StateDictType::kFull: return "FULL_STATE_DICT";
-    case StateDictType::kLocal: return "LOCAL_STATE_DICT";
-    case StateDictType::kSharded: return "SHARDED_STATE_DICT";
-  }
-  return "?";
-}
+namespace {
+constexpr text::EnumName<StateDictType> kStateDictTypeNames[] = {{StateDictType::kFull, "FULL_STATE_DICT"},
+                                                                 {StateDictType::kLocal, "LOCAL_STATE_DICT"},
+                                                                 {StateDictType::kSharded, "SHARDED_STATE_DICT"}};
+}  // namespace
+
+const char* to_string(StateDictType type) { return text::name_of(kStateDictTypeNames, type); }
 
 const char* config_name(const StateDictConfig& config) {
   switch (config.index()) {

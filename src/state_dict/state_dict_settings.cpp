@@ -12,7 +12,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/state_dict/state_dict_options.h"
-#include "../core/unit.h"
+#include "fsdp/core/detail/unit_view.h"
 
 namespace fsdp {
 
@@ -25,7 +25,7 @@ namespace {
 
 struct SettingTable {
   std::mutex mu;
-  std::unordered_map<const detail::UnitState*, detail::StateDictSetting> settings;
+  std::unordered_map<const detail::UnitView*, detail::StateDictSetting> settings;
 };
 
 SettingTable& setting_table() {
@@ -45,7 +45,7 @@ StateDictConfig default_config(StateDictType type) {
 
 namespace detail {
 
-StateDictSetting state_dict_setting_of(const UnitState& unit) {
+StateDictSetting state_dict_setting_of(const UnitView& unit) {
   auto& t = setting_table();
   std::lock_guard<std::mutex> lock(t.mu);
   auto it = t.settings.find(&unit);
@@ -55,7 +55,7 @@ StateDictSetting state_dict_setting_of(const UnitState& unit) {
 }  // namespace detail
 
 struct StateDictTypeGuard::Saved {
-  std::shared_ptr<detail::UnitState> unit;
+  std::shared_ptr<detail::UnitView> unit;
   std::optional<detail::StateDictSetting> previous;  // none: the unit had the default
 };
 
@@ -68,7 +68,7 @@ StateDictTypeGuard::StateDictTypeGuard(const std::shared_ptr<torch::nn::Module>&
   }
   auto& t = setting_table();
   std::lock_guard<std::mutex> lock(t.mu);
-  for (auto& u : detail::units_of(model)) {
+  for (auto& u : detail::unit_views_of(model)) {
     auto saved = std::make_shared<Saved>();
     saved->unit = u;
     auto it = t.settings.find(u.get());
@@ -92,8 +92,8 @@ StateDictTypeGuard::~StateDictTypeGuard() {
 }
 
 StateDictType state_dict_type_of(const torch::nn::Module& unit_module) {
-  auto slot = detail::find_slot(&unit_module);
-  return slot && slot->unit ? detail::state_dict_setting_of(*slot->unit).type : StateDictType::kFull;
+  auto unit = detail::unit_view_at(unit_module);
+  return unit ? detail::state_dict_setting_of(*unit).type : StateDictType::kFull;
 }
 
 }  // namespace fsdp

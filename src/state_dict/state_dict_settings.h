@@ -6,7 +6,7 @@
 
 namespace fsdp::detail {
 
-class UnitState;
+class UnitView;
 
 struct StateDictSetting {
   StateDictType type = StateDictType::kFull;
@@ -15,6 +15,6 @@ struct StateDictSetting {
 
 // The unit's setting (the default FULL one outside every guard). A lookup in
 // a process-wide table under a lock.
-StateDictSetting state_dict_setting_of(const UnitState& unit);
+StateDictSetting state_dict_setting_of(const UnitView& unit);
 
 }  // namespace fsdp::detail

@@ -16,66 +16,13 @@
 
 #include "fsdp/launch/env.h"
 #include "fsdp/error.h"
-#include "../core/empty_init.h"
-#include "../fault_points/fault_points.h"
-#include "fsdp/dist/rank_errors.h"
-#include "../core/trace_span.h"
-#include "../core/unit.h"
+#include "fsdp/core/detail/empty_init.h"
+#include "fsdp/fault_points/fault_points.h"
+#include "fsdp/distributed/rank_errors.h"
+#include "fsdp/core/trace_span.h"
+#include "fsdp/core/detail/unit_view.h"
 
 namespace fsdp {
-
-PrecisionConfig parse_precision(const std::string& name) {
-  PrecisionConfig p;
-  std::string n = name;
-  if (n == "32") n = "32-true";
-  if (n == "16") n = "16-mixed";
-  if (n == "bf16") n = "bf16-mixed";
-  p.name = n;
-  if (n == "32-true") return p;
-  if (n == "16-mixed") {
-    p.mixed = MixedPrecision{at::kHalf, at::kHalf, at::kHalf};
-    p.needs_grad_scaler = true;
-    return p;
-  }
-  if (n == "bf16-mixed") {
-    p.mixed = MixedPrecision{at::kBFloat16, at::kBFloat16, at::kBFloat16};
-    return p;
-  }
-  if (n == "16-true") {
-    p.model_dtype = at::kHalf;
-    return p;
-  }
-  if (n == "bf16-true") {
-    p.model_dtype = at::kBFloat16;
-    return p;
-  }
-  throw ConfigError("precision '" + name +
-                    "' is not supported: expected one of \"32-true\", \"16-mixed\", \"bf16-mixed\", \"16-true\", "
-                    "\"bf16-true\" (or \"32\", \"16\", \"bf16\")");
-}
-
-// ---------------------------------------------------------------------------
-// Options.
-
-FSDPStrategyOptions& FSDPStrategyOptions::sharding_strategy(const std::string& name) {
-  return sharding_strategy(parse_sharding_strategy(name));
-}
-FSDPStrategyOptions& FSDPStrategyOptions::cpu_offload(bool on) { return cpu_offload(CPUOffload{on}); }
-FSDPStrategyOptions& FSDPStrategyOptions::precision(const std::string& name) {
-  parse_precision(name);  // fails early for unknown names
-  precision_ = name;
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::state_dict_type(const std::string& name) {
-  return state_dict_type(parse_checkpoint_format(name, "state_dict_type"));
-}
-FSDPStrategyOptions& FSDPStrategyOptions::device_mesh(int replicate, int shard) {
-  device_mesh_ = std::make_pair(replicate, shard);
-  return *this;
-}
-FSDPStrategyOptions& FSDPStrategyOptions::process_group_backend(const std::string& name) {
-  return process_group_backend(dist::parse_backend(name, "process_group_backend"));
-}
 
 // ---------------------------------------------------------------------------
 // The strategy.
@@ -116,7 +63,7 @@ void FSDPStrategy::setup_environment() {
     // an initialised default group) instead of joining again.
     static std::mutex joined_mutex;
     static std::weak_ptr<dist::ProcessGroup> joined;
-    const dist::DistEnv env = dist::read_dist_env();
+    const launch::DistEnv env = launch::read_dist_env();
     std::lock_guard<std::mutex> lock(joined_mutex);
     if (auto existing = joined.lock()) {
       if (existing->rank() != env.rank || existing->size() != env.world_size) {
@@ -190,7 +137,7 @@ FSDPOptions FSDPStrategy::fsdp_options() const {
       // Lightning's default: shard within a node, replicate across nodes.
       int local = 0;
       try {
-        const auto env = dist::read_dist_env();
+        const auto env = launch::read_dist_env();
         if (env.launched) local = env.local_world_size;  // else not launched: one node
       } catch (const ConfigError&) {
         // a partial launcher environment: one node
@@ -221,17 +168,6 @@ std::optional<FSDPOptions> FSDPStrategy::begin_setup(const std::shared_ptr<torch
   }
   if (units.front().second == module) return std::nullopt;  // the root is a unit already
   return module_sharded_options();  // manual wrapping: the root around the user's units
-}
-
-ModuleInitContext::ModuleInitContext(bool empty_init, std::optional<at::ScalarType> dtype) : empty_(empty_init) {
-  if (dtype) {
-    previous_dtype_ = c10::get_default_dtype();
-    c10::set_default_dtype(c10::scalarTypeToTypeMeta(*dtype));
-  }
-}
-
-ModuleInitContext::~ModuleInitContext() {
-  if (previous_dtype_) c10::set_default_dtype(*previous_dtype_);
 }
 
 FSDPOptions FSDPStrategy::module_sharded_options() const {
@@ -334,9 +270,7 @@ namespace {
 
 // Lightning's isinstance(module, FullyShardedDataParallel): the module itself is a unit.
 bool is_wrapped_root(const std::shared_ptr<torch::nn::Module>& module) {
-  if (!module) return false;
-  auto slot = detail::find_slot(module.get());
-  return slot && slot->unit;
+  return module && detail::unit_view_at(*module);
 }
 
 }  // namespace

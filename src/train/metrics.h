@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "fsdp/observability/loggers.h"
-#include "../observability/json_lines.h"
+#include "fsdp/observability/json_lines.h"
 
 namespace fsdp::train {
 

@@ -16,12 +16,10 @@
 #include <string>
 #include <system_error>
 
-#include <nlohmann/json.hpp>
-
 #include "fsdp/error.h"
 #include "fsdp/train/batches.h"  // kGeneratedCorpusBytes
 #include "fsdp/observability/profiler.h"  // parse_step_range
-#include "fsdp/text/bytes_json.h"
+#include "fsdp/text/enum_names.h"
 
 namespace fsdp::train {
 
@@ -50,39 +48,6 @@ std::string mesh_name(const FSDPStrategyOptions& strategy) {
 bool activation_checkpointing(const FSDPStrategyOptions& strategy) {
   return static_cast<bool>(strategy.activation_checkpointing_policy()) ||
          static_cast<bool>(strategy.activation_checkpointing());
-}
-
-std::string config_json(const TrainConfig& c) {
-  const FSDPStrategyOptions& s = c.strategy;
-  const FSDPOptions& f = s.fsdp();
-  // Paths and names are bytes: held losslessly (fsdp/text/bytes_json.h).
-  const auto bytes = [](const std::string& v) { return text::escape_bytes(v); };
-  nlohmann::ordered_json j = {
-      {"preset", bytes(c.preset)},
-      {"model",
-       {{"vocab", c.model.vocab_size}, {"context", c.model.context}, {"dim", c.model.dim}, {"layers", c.model.layers},
-        {"heads", c.model.heads}}},
-      {"steps", c.steps}, {"batch", c.batch}, {"lr", c.lr}, {"warmup_steps", warmup_steps(c)},
-      {"min_lr", min_learning_rate(c)}, {"on_nonfinite_loss", to_string(c.on_nonfinite_loss)}, {"out", bytes(c.out)},
-      {"data", bytes(c.data)}, {"save_every", c.save_every}, {"keep", c.keep}, {"resume", c.resume},
-      {"resume_from", bytes(c.resume_from)}, {"overwrite", c.overwrite}, {"empty_init", c.empty_init},
-      {"allow_data_change", c.allow_data_change}, {"log_every", c.log_every}, {"eval_every", c.eval_every},
-      {"loggers", bytes(c.loggers)},
-      {"profile_steps", bytes(c.profile_steps)}};
-  j["strategy"] = {{"sharding_strategy", to_string(s.sharding_strategy())},
-                   {"state_dict_type", to_string(s.state_dict_type())},
-                   {"precision", s.precision()},
-                   {"cpu_offload", s.cpu_offload().offload_params},
-                   {"seed", s.seed()},
-                   {"activation_checkpointing", activation_checkpointing(s)},
-                   {"mesh", mesh_name(s)},
-                   {"use_orig_params", s.use_orig_params()},
-                   {"forward_prefetch", s.forward_prefetch()},
-                   {"backward_prefetch", to_string(s.backward_prefetch())},
-                   {"limit_all_gathers", s.limit_all_gathers()},
-                   {"sync_module_states", s.sync_module_states()},
-                   {"max_reductions_in_flight", f.max_reductions_in_flight()}};
-  return text::json_text(j.dump());
 }
 
 namespace {
@@ -129,12 +94,17 @@ models::GPTConfig preset(const std::string& name) {
   return c;
 }
 
-std::string to_string(NonfiniteLoss policy) { return policy == NonfiniteLoss::kStop ? "stop" : "skip"; }
+namespace {
+constexpr text::EnumName<NonfiniteLoss> kNonfiniteLossNames[] = {{NonfiniteLoss::kStop, "stop"},
+                                                                 {NonfiniteLoss::kSkip, "skip"}};
+}  // namespace
+
+std::string to_string(NonfiniteLoss policy) { return text::name_of(kNonfiniteLossNames, policy); }
 
 NonfiniteLoss parse_nonfinite_loss(const std::string& name) {
-  if (name == "stop") return NonfiniteLoss::kStop;
-  if (name == "skip") return NonfiniteLoss::kSkip;
-  throw ConfigError("'" + name + "' is not a policy for a non-finite loss: expected stop or skip");
+  if (auto policy = text::value_of(kNonfiniteLossNames, name)) return *policy;
+  throw ConfigError("'" + name + "' is not a policy for a non-finite loss: expected " +
+                    text::list_names(kNonfiniteLossNames, " or "));
 }
 
 LoggerChoice chosen_loggers(const std::string& names) {

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../../src/checkpoint/dcp.h"
-#include "../../src/checkpoint/format.h"
-#include "../../src/checkpoint/torch_pickle.h"
+#include "fsdp/formats/dcp.h"
+#include "fsdp/formats/format.h"
+#include "fsdp/formats/torch_pickle.h"
 #include "../support/errors.h"
 #include "../support/index_files.h"
 #include "../support/subprocess.h"
@@ -28,7 +28,6 @@
 using namespace fsdp;
 using namespace fsdp::testing;
 namespace fs = std::filesystem;
-namespace checkpoint = fsdp::detail::checkpoint;  // the on-disk records (src/checkpoint/format.h)
 
 namespace {
 
@@ -178,7 +177,7 @@ TEST(Checkpoint, HybridAndNoShardSaveEachPieceOnce) {
     for (const auto& f : fs::directory_iterator(path)) {
       if (f.path().extension() == ".distcp") data += static_cast<int64_t>(fs::file_size(f.path()));
     }
-    const auto md = fsdp::detail::checkpoint::parse_dcp_metadata(fsdp::detail::checkpoint::read_range(path + "/.metadata", 0, fsdp::detail::checkpoint::file_size(path + "/.metadata")), ".metadata");
+    const auto md = fsdp::formats::parse_dcp_metadata(fsdp::formats::read_range(path + "/.metadata", 0, fsdp::formats::file_size(path + "/.metadata")), ".metadata");
     for (const auto& it : md.items) {
       for (const auto& c : it.chunks) items += c.storage.length, ++nitems;
       if (it.is_bytes) items += it.bytes.length;
@@ -471,14 +470,14 @@ TEST(CheckpointDamage, ShardedFilesAreCheckedAndNamed) {
   }
   {  // a flipped byte in a bytes item's pickle: the load takes the index's values, verify checks every record
     auto p = fresh("flip-pickle");
-    const auto md = checkpoint::parse_dcp_metadata(checkpoint::read_range(p + "/.metadata", 0, checkpoint::file_size(p + "/.metadata")), "md");
-    const checkpoint::DcpStorage* item = nullptr;
+    const auto md = formats::parse_dcp_metadata(formats::read_range(p + "/.metadata", 0, formats::file_size(p + "/.metadata")), "md");
+    const formats::DcpStorage* item = nullptr;
     for (const auto& it : md.items) {
       if (it.is_bytes && !item) item = &it.bytes;
     }
     ASSERT_TRUE(item);
     const std::string f = p + "/" + item->file;
-    const int64_t at = item->offset + checkpoint::FullReader(f, item->offset, item->length).record_offset("data.pkl") + 2;
+    const int64_t at = item->offset + formats::FullReader(f, item->offset, item->length).record_offset("data.pkl") + 2;
     std::string s = read_file(f);
     s[static_cast<size_t>(at)] = static_cast<char>(s[static_cast<size_t>(at)] ^ 0x01);
     write_file(f, s);
@@ -690,7 +689,7 @@ TEST(CheckpointDamage, PickleBombsEndInANamedErrorQuicklyWithBoundedMemory) {
     // for a slow machine and still fails on the old behaviour.
     EXPECT_LT(r.cpu_seconds - tiny.cpu_seconds, 5.0) << name << " (wall: " << r.seconds << " s, " << tiny.seconds << " s)";
     // At most the budget and the file's bytes (read whole), and far below the 6.9 GB of before.
-    const long bound_kb = static_cast<long>((fsdp::detail::pickle::parse_budget(bomb.size()) + bomb.size()) / 1024);
+    const long bound_kb = static_cast<long>((fsdp::formats::pickle::parse_budget(bomb.size()) + bomb.size()) / 1024);
     EXPECT_LT(r.max_rss_kb - tiny.max_rss_kb, std::min(bound_kb, 1024L * 1024))
         << name << ": peak RSS " << r.max_rss_kb / 1024 << " MB, " << tiny.max_rss_kb / 1024 << " MB for the tiny file";
   }
@@ -703,9 +702,9 @@ TEST(CheckpointDamage, AnIndexJsonBombIsRefusedByName) {
   std::string bomb = "{\"entries\":[";
   for (int i = 0; i < 2'000'000; ++i) bomb += "{},";
   bomb += "{}]}";
-  expect_config_error([&] { fsdp::detail::checkpoint::parse_index(bomb, "bomb/index.json"); },
+  expect_config_error([&] { fsdp::formats::parse_index(bomb, "bomb/index.json"); },
                       "bomb/index.json: the index expands beyond what its size allows");
-  expect_config_error([&] { fsdp::detail::checkpoint::parse_index(std::string(100, '[') + std::string(100, ']'), "deep/index.json"); },
+  expect_config_error([&] { fsdp::formats::parse_index(std::string(100, '[') + std::string(100, ']'), "deep/index.json"); },
                       "deep/index.json: the index nests arrays and objects more than 64 deep at byte 64");
   TempDir dir;
   const std::string p = dir.path() + "/ckpt";
@@ -723,13 +722,13 @@ TEST(CheckpointDamage, EveryBitFlipInAFullCheckpointsRecordsIsCaught) {
   save_small(good, CheckpointFormat::kFull);
   const std::string original = read_file(good);
   std::vector<std::string> records;  // every record but the tensors' (LibTorch 1.13 writes no byteorder)
-  for (const auto& r : checkpoint::FullReader(good).records()) {
+  for (const auto& r : formats::FullReader(good).records()) {
     if (r.rfind("data/", 0) != 0) records.push_back(r);
   }
   ASSERT_NE(std::find(records.begin(), records.end(), "fsdp/index.json"), records.end());
   ASSERT_NE(std::find(records.begin(), records.end(), "data.pkl"), records.end());
   for (const auto& record : records) {
-    checkpoint::FullReader zip(good);
+    formats::FullReader zip(good);
     const int64_t at = zip.record_offset(record), n = static_cast<int64_t>(zip.read(record).size());
     ASSERT_GT(n, 0) << record;
     const int64_t stride = std::max<int64_t>(1, n / 400);
@@ -742,7 +741,7 @@ TEST(CheckpointDamage, EveryBitFlipInAFullCheckpointsRecordsIsCaught) {
       if (passed > 5) break;
     }
   }
-  write_file(p, flipped(original, static_cast<size_t>(checkpoint::FullReader(good).record_offset("fsdp/index.json") + 3)));
+  write_file(p, flipped(original, static_cast<size_t>(formats::FullReader(good).record_offset("fsdp/index.json") + 3)));
   auto msg = load_error(p);
   EXPECT_NE(msg.find("checksum mismatch in " + p + " (record fsdp/index.json)"), std::string::npos) << msg;
 }
@@ -1021,34 +1020,34 @@ TEST(CheckpointIndex, DecodesIntoTypedRecordsAndEncodesBackByteForByte) {
   }
  }
 })";
-  const checkpoint::Index ix = checkpoint::parse_index(text, "index.json");
+  const formats::Index ix = formats::parse_index(text, "index.json");
   EXPECT_FALSE(ix.checksummed);  // written before issue 19: no checksum of its own
   // Encoded back: the same bytes, then the checksum of the other fields (issue 19).
-  const std::string sealed = checkpoint::to_json(ix);
+  const std::string sealed = formats::to_json(ix);
   const std::string body = text.substr(0, text.size() - 2);  // up to the closing "\n}"
   ASSERT_EQ(sealed.substr(0, body.size()), body);
   const std::string tail = sealed.substr(body.size());
   EXPECT_EQ(tail.substr(0, 22), ",\n \"checksum\": \"crc32:") << tail;
   EXPECT_EQ(tail.size(), 22u + 8u + 3u) << tail;  // 8 hex digits, "\"\n}"
-  EXPECT_TRUE(checkpoint::parse_index(sealed, "index.json").checksummed);
-  EXPECT_EQ(checkpoint::to_json(checkpoint::parse_index(sealed, "index.json")), sealed);
+  EXPECT_TRUE(formats::parse_index(sealed, "index.json").checksummed);
+  EXPECT_EQ(formats::to_json(formats::parse_index(sealed, "index.json")), sealed);
   ASSERT_EQ(ix.entries.size(), 8u);
-  EXPECT_EQ(ix.entries[1].type, checkpoint::EntryType::kOptimizer);
+  EXPECT_EQ(ix.entries[1].type, formats::EntryType::kOptimizer);
   ASSERT_EQ(ix.entries[1].param_groups.size(), 1u);
   EXPECT_EQ(ix.entries[1].param_groups[0].params, std::vector<std::string>{"emb.weight"});
   EXPECT_EQ(ix.entries[1].param_groups[0].options.at("lr"), 0.001);
   EXPECT_EQ(std::get<int64_t>(ix.entries[2].value), 7);
   EXPECT_TRUE(std::isnan(std::get<double>(ix.entries[4].value)));
-  EXPECT_EQ(checkpoint::value_text(ix.entries[4]), "\"nan\"");
-  EXPECT_EQ(checkpoint::value_text(ix.entries[6]), "run \"x\"");
+  EXPECT_EQ(formats::value_text(ix.entries[4]), "\"nan\"");
+  EXPECT_EQ(formats::value_text(ix.entries[6]), "run \"x\"");
   EXPECT_EQ(ix.tensors.at("model/emb.weight").chunks.at(0).crc, 4294967295u);
 }
 
 // The pieces the ranks of a sharded save exchange use the index's encoding,
 // and are checked as its chunks are.
 TEST(CheckpointIndex, PiecesRoundTripAndBadOnesAreNamed) {
-  checkpoint::PieceRecord p{"model/w", at::kBFloat16, {4, 6}, {"data-x-00001.bin", 96, 24, {2, 0}, {2, 6}, 12345}};
-  const auto back = checkpoint::decode_pieces(checkpoint::encode_pieces({p, p}), "rank 1's pieces");
+  formats::PieceRecord p{"model/w", at::kBFloat16, {4, 6}, {"data-x-00001.bin", 96, 24, {2, 0}, {2, 6}, 12345}};
+  const auto back = formats::decode_pieces(formats::encode_pieces({p, p}), "rank 1's pieces");
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[1].key, "model/w");
   EXPECT_EQ(back[1].dtype, at::kBFloat16);
@@ -1058,11 +1057,11 @@ TEST(CheckpointIndex, PiecesRoundTripAndBadOnesAreNamed) {
   EXPECT_EQ(back[1].chunk.offsets, (std::vector<int64_t>{2, 0}));
   EXPECT_EQ(back[1].chunk.crc, 12345u);
   p.chunk.offsets = {3, 0};  // rows 3..4 of a tensor of 4
-  expect_config_error([&] { checkpoint::decode_pieces(checkpoint::encode_pieces({p}), "rank 1's pieces"); },
+  expect_config_error([&] { formats::decode_pieces(formats::encode_pieces({p}), "rank 1's pieces"); },
                       "rank 1's pieces, tensor 'model/w': a chunk lies outside the tensor's shape");
-  checkpoint::Index ix;
-  checkpoint::add_piece(ix, back[0]);
-  checkpoint::add_piece(ix, back[1]);
+  formats::Index ix;
+  formats::add_piece(ix, back[0]);
+  formats::add_piece(ix, back[1]);
   EXPECT_EQ(ix.tensor_order, std::vector<std::string>{"model/w"});
   EXPECT_EQ(ix.tensors.at("model/w").chunks.size(), 2u);
 }
@@ -1073,23 +1072,23 @@ TEST(CheckpointIndex, PiecesRoundTripAndBadOnesAreNamed) {
 // (tensors with their chunks and items, bytes items, int path elements, the
 // save id), and the unpickler's DCP mode accepts only DCP's classes.
 TEST(DcpMetadata, RoundTripsAndRefusesOtherGlobals) {
-  checkpoint::DcpMetadata md;
+  formats::DcpMetadata md;
   md.save_id = "abc-1";
-  checkpoint::DcpItem t;
+  formats::DcpItem t;
   t.key = "model.w";
   t.path = {"model", "w"};
   t.path_is_int = {false, false};
   t.dtype = at::kBFloat16;
   t.shape = {5, 4};
   t.chunks = {{{0, 0}, {3, 4}, {"__0_x.distcp", 1261, 1577}}, {{3, 0}, {2, 4}, {"__1_x.distcp", 0, int64_t{1} << 33}}};
-  checkpoint::DcpItem b;
+  formats::DcpItem b;
   b.key = "optimizer.param_groups.0.lr";
   b.path = {"optimizer", "param_groups", "0", "lr"};
   b.path_is_int = {false, false, true, false};
   b.is_bytes = true;
   b.bytes = {"__0_x.distcp", 0, 1261};
   md.items = {t, b};
-  const checkpoint::DcpMetadata back = checkpoint::parse_dcp_metadata(checkpoint::dcp_metadata_bytes(md), "md");
+  const formats::DcpMetadata back = formats::parse_dcp_metadata(formats::dcp_metadata_bytes(md), "md");
   EXPECT_EQ(back.save_id, "abc-1");
   ASSERT_EQ(back.items.size(), 2u);
   EXPECT_EQ(back.items[0].key, "model.w");
@@ -1105,7 +1104,7 @@ TEST(DcpMetadata, RoundTripsAndRefusesOtherGlobals) {
   EXPECT_EQ(back.items[1].bytes.offset, 0);
   auto refused = [](const std::string& pkl, const std::string& text) {
     try {
-      checkpoint::parse_dcp_metadata(pkl, "md");
+      formats::parse_dcp_metadata(pkl, "md");
       ADD_FAILURE() << "accepted, expected: " << text;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
@@ -1116,7 +1115,7 @@ TEST(DcpMetadata, RoundTripsAndRefusesOtherGlobals) {
   refused("\x80\x02" "cbuiltins\ngetattr\n" "cos\npath\n" + x + "\x86R.", "the Python global os.path");
   refused("\x80\x02}.", "expected a Metadata object");
   // A data file name outside the directory is refused.
-  const std::string good = checkpoint::dcp_metadata_bytes(md);
+  const std::string good = formats::dcp_metadata_bytes(md);
   const auto at = good.find("relative_path");
   std::string escaped = good;
   escaped.replace(good.find("__0_x.distcp", at), 12, "../x.distcp_");

@@ -1,4 +1,4 @@
-// Fault points (src/fault_points/fault_points.h, docs/reliability.md): the library
+// Fault points (fsdp/fault_points/fault_points.h, docs/reliability.md): the library
 // exports the hook installer that the fault injector finds at run time, and
 // a save passes each of its points, on the ranks the crash tests name.
 #include <dlfcn.h>
@@ -8,7 +8,7 @@
 #include <set>
 #include <string>
 
-#include "../../src/fault_points/fault_points.h"
+#include "fsdp/fault_points/fault_points.h"
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "fsdp/checkpoint/checkpoint_io.h"

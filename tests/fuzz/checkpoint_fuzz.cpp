@@ -43,13 +43,13 @@
 #include <iostream>
 #include <string>
 
-#include "../../src/checkpoint/dcp.h"
-#include "../../src/checkpoint/format.h"
-#include "../../src/checkpoint/safetensors.h"
-#include "../../src/checkpoint/torch_pickle.h"
+#include "fsdp/formats/dcp.h"
+#include "fsdp/formats/format.h"
+#include "fsdp/formats/safetensors.h"
+#include "fsdp/formats/torch_pickle.h"
 #include "../support/index_files.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/state_dict/state_dict.h"
@@ -113,7 +113,7 @@ World& world() {
   static World* w = [] {
     auto* w = new World;
     fsdp::dist::InitOptions o;
-    o.backend = fsdp::dist::Backend::kGloo;
+    o.backend = fsdp::launch::Backend::kGloo;
     w->group = fsdp::dist::init_process_group(o);
     torch::manual_seed(3);
     fsdp::FSDPOptions fo;
@@ -200,7 +200,7 @@ std::string resealed(const std::string& text, const fs::path& metadata = {}) {
   j.erase("checksum");
   if (!metadata.empty() && j.contains("metadata_crc32") && fs::exists(metadata)) {
     const std::string md = read_file(metadata);
-    j["metadata_crc32"] = fsdp::detail::checkpoint::crc32(md.data(), md.size());
+    j["metadata_crc32"] = fsdp::formats::crc32(md.data(), md.size());
   }
   j["checksum"] = fsdp::testing::index_checksum(j);
   return j.dump(1);
@@ -248,9 +248,9 @@ void write_seeds(const fs::path& seeds) {
 #elif defined(FSDP_FUZZ_PICKLE)
     if (full) {
       write_file(tmp / "raw.pt", raw_state_dict(w));
-      fsdp::detail::checkpoint::FullReader raw((tmp / "raw.pt").string());
+      fsdp::formats::FullReader raw((tmp / "raw.pt").string());
       write_file(seeds / "raw.pkl", raw.read("data.pkl"));
-      fsdp::detail::checkpoint::FullReader ours(path.string());
+      fsdp::formats::FullReader ours(path.string());
       write_file(seeds / "ckpt.pkl", ours.read("data.pkl"));
     }
 #elif defined(FSDP_FUZZ_SHARDED)
@@ -264,11 +264,11 @@ void write_seeds(const fs::path& seeds) {
           torch::tensor({0.5}).to(torch::kHalf), torch::tensor(3.0, torch::kFloat64), torch::tensor({int64_t{-7}}),
           torch::tensor({1, 2}, torch::kInt32), torch::tensor({3}, torch::kInt16), torch::tensor({-4}, torch::kInt8),
           torch::tensor({5}, torch::kUInt8), torch::tensor({true, false}), torch::zeros({0, 3})};
-      std::vector<fsdp::detail::checkpoint::SafetensorsTensor> plan;
+      std::vector<fsdp::formats::SafetensorsTensor> plan;
       for (size_t i = 0; i < values.size(); ++i) {
         plan.push_back({"t" + std::to_string(i), values[i].scalar_type(), values[i].sizes().vec(), 0, 0});
       }
-      fsdp::detail::checkpoint::SafetensorsWriter st((seeds / "dtypes.safetensors").string(), plan, {{"format", "pt"}});
+      fsdp::formats::SafetensorsWriter st((seeds / "dtypes.safetensors").string(), plan, {{"format", "pt"}});
       for (const auto& t : st.layout()) st.write(values[std::stoul(t.name.substr(1))]);
       st.commit();
     }
@@ -294,22 +294,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     HeapPeak heap;
     try {
-      fsdp::detail::checkpoint::parse_index(text, "fuzz/index.json");
+      fsdp::formats::parse_index(text, "fuzz/index.json");
     } catch (const fsdp::Error&) {
     }
-    heap.check(2 * fsdp::detail::checkpoint::json_budget(size), "parse_index", size);
+    heap.check(2 * fsdp::formats::json_budget(size), "parse_index", size);
   }
   const std::string sealed = resealed(text);
   if (!sealed.empty()) {
     bool accepted = false;
-    fsdp::detail::checkpoint::Index ix;
+    fsdp::formats::Index ix;
     try {
-      ix = fsdp::detail::checkpoint::parse_index(sealed, "fuzz/index.json (resealed)");
+      ix = fsdp::formats::parse_index(sealed, "fuzz/index.json (resealed)");
       accepted = true;
     } catch (const fsdp::Error&) {
     }
     // Outside the try: a refusal of its own encoding is a finding.
-    if (accepted) fsdp::detail::checkpoint::parse_index(fsdp::detail::checkpoint::to_json(ix), "fuzz: the index encoded back");
+    if (accepted) fsdp::formats::parse_index(fsdp::formats::to_json(ix), "fuzz: the index encoded back");
   }
 #elif defined(FSDP_FUZZ_FULL)
   const fs::path path = w.scratch / "input.pt";
@@ -317,7 +317,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   exercise(path.string());
 #elif defined(FSDP_FUZZ_PICKLE)
   (void)w;
-  namespace pk = fsdp::detail::pickle;
+  namespace pk = fsdp::formats::pickle;
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   HeapPeak heap;
   try {
@@ -334,10 +334,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   HeapPeak heap;
   try {
-    fsdp::detail::checkpoint::parse_dcp_metadata(bytes, "fuzz/.metadata");
+    fsdp::formats::parse_dcp_metadata(bytes, "fuzz/.metadata");
   } catch (const fsdp::Error&) {
   }
-  heap.check(2 * fsdp::detail::pickle::parse_budget(size), "parse_dcp_metadata", size);
+  heap.check(2 * fsdp::formats::pickle::parse_budget(size), "parse_dcp_metadata", size);
 #elif defined(FSDP_FUZZ_SHARDED)
   const fs::path dir = w.scratch / "input";
   fs::remove_all(dir);
@@ -356,14 +356,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     HeapPeak heap;
     try {
-      fsdp::detail::checkpoint::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
+      fsdp::formats::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
     } catch (const fsdp::Error&) {
     }
-    heap.check(2 * fsdp::detail::checkpoint::json_budget(size), "parse_safetensors", size);
+    heap.check(2 * fsdp::formats::json_budget(size), "parse_safetensors", size);
   }
   try {
-    const auto h = fsdp::detail::checkpoint::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
-    for (const auto& t : h.tensors) fsdp::detail::checkpoint::safetensors_tensor_from(bytes, h, t).sum();
+    const auto h = fsdp::formats::parse_safetensors(bytes, static_cast<int64_t>(size), "fuzz.safetensors");
+    for (const auto& t : h.tensors) fsdp::formats::safetensors_tensor_from(bytes, h, t).sum();
   } catch (const fsdp::Error&) {
   }
   const fs::path path = w.scratch / "input.safetensors";

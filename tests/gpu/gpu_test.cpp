@@ -30,7 +30,7 @@ const at::Device kCuda(at::kCUDA, 0);
 
 dist::ProcessGroupPtr nccl_world() {
   dist::InitOptions o;
-  o.backend = dist::Backend::kNccl;
+  o.backend = launch::Backend::kNccl;
   o.local_rank = 0;
   return dist::init_process_group(o);
 }
@@ -77,7 +77,7 @@ void expect_close(const std::map<std::string, at::Tensor>& got, const std::map<s
 TEST(Gpu, NcclGroupIsOnCudaAndStagesHostTensors) {
   REQUIRE_CUDA();
   auto pg = nccl_world();
-  EXPECT_EQ(pg->backend(), dist::Backend::kNccl);
+  EXPECT_EQ(pg->backend(), launch::Backend::kNccl);
   EXPECT_TRUE(pg->device().is_cuda());
   at::Tensor host = at::full({3}, 2.0);
   pg->all_reduce(host, dist::ReduceOp::kSum).wait();  // a CPU tensor travels through the device

@@ -7,16 +7,16 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "fsdp/launch/env.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/error.h"
 #include "../support/sockets.h"
 
 using fsdp::ConfigError;
-using fsdp::dist::read_dist_env;
+using fsdp::launch::read_dist_env;
 
 namespace {
 
-fsdp::dist::EnvLookup env_of(std::map<std::string, std::string> vars) {
+fsdp::launch::EnvLookup env_of(std::map<std::string, std::string> vars) {
   return [vars](const std::string& name) -> std::optional<std::string> {
     auto it = vars.find(name);
     if (it == vars.end()) return std::nullopt;
@@ -48,8 +48,8 @@ TEST(DistEnv, ReadsTorchrunVariables) {
   EXPECT_EQ(env.local_world_size, 2);
   EXPECT_EQ(env.master_addr, "10.1.2.3");
   EXPECT_EQ(env.master_port, 29500);
-  EXPECT_EQ(env.backend, fsdp::dist::Backend::kAuto);
-  EXPECT_EQ(env.timeout, fsdp::dist::kDefaultTimeout);
+  EXPECT_EQ(env.backend, fsdp::launch::Backend::kAuto);
+  EXPECT_EQ(env.timeout, fsdp::launch::kDefaultTimeout);
 }
 
 TEST(DistEnv, OptionalVariables) {
@@ -61,7 +61,7 @@ TEST(DistEnv, OptionalVariables) {
   auto env = read_dist_env(env_of(vars));
   EXPECT_EQ(env.local_rank, 3);
   EXPECT_EQ(env.local_world_size, 4);
-  EXPECT_EQ(env.backend, fsdp::dist::Backend::kGloo);
+  EXPECT_EQ(env.backend, fsdp::launch::Backend::kGloo);
   EXPECT_EQ(env.timeout, std::chrono::seconds(7));
   // A single process needs no address.
   auto single = read_dist_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
@@ -124,8 +124,8 @@ TEST(DistEnv, NoLauncherRunsAloneAsRank0Of1) {
 // Rendezvous is bounded by its own timeout (minutes by default, not the
 // collectives' 30), and the error names the ranks that did not come.
 TEST(DistEnv, RendezvousIsBoundedAndNamesTheMissingRanks) {
-  EXPECT_LE(fsdp::dist::kDefaultRendezvousTimeout, std::chrono::minutes(5));
-  EXPECT_EQ(read_dist_env(env_of(good())).rendezvous_timeout, fsdp::dist::kDefaultRendezvousTimeout);
+  EXPECT_LE(fsdp::launch::kDefaultRendezvousTimeout, std::chrono::minutes(5));
+  EXPECT_EQ(read_dist_env(env_of(good())).rendezvous_timeout, fsdp::launch::kDefaultRendezvousTimeout);
   auto vars = good();
   vars["FSDP_RENDEZVOUS_TIMEOUT_S"] = "2";
   EXPECT_EQ(read_dist_env(env_of(vars)).rendezvous_timeout, std::chrono::seconds(2));
@@ -138,7 +138,7 @@ TEST(DistEnv, RendezvousIsBoundedAndNamesTheMissingRanks) {
     o.world_size = world;
     o.master_addr = "127.0.0.1";
     o.master_port = fsdp::testing::free_port();
-    o.backend = fsdp::dist::Backend::kGloo;
+    o.backend = fsdp::launch::Backend::kGloo;
     o.rendezvous_timeout = std::chrono::seconds(1);  // collectives keep the 30-minute default
     const auto t0 = std::chrono::steady_clock::now();
     std::string what;
@@ -160,9 +160,9 @@ TEST(DistEnv, RendezvousIsBoundedAndNamesTheMissingRanks) {
 }
 
 TEST(DistEnv, BackendThatIsNotBuiltIn) {
-  if (fsdp::dist::backend_available(fsdp::dist::Backend::kNccl)) GTEST_SKIP() << "this build has NCCL";
+  if (fsdp::launch::backend_available(fsdp::launch::Backend::kNccl)) GTEST_SKIP() << "this build has NCCL";
   fsdp::dist::InitOptions o;
-  o.backend = fsdp::dist::Backend::kNccl;
+  o.backend = fsdp::launch::Backend::kNccl;
   try {
     fsdp::dist::init_process_group(o);
     FAIL() << "expected ConfigError";
@@ -193,10 +193,10 @@ TEST(DistEnv, BadInitOptions) {
 // Each enum's one name table: every name parses back to its value, and an
 // unknown name is a ConfigError that lists the valid ones.
 TEST(DistNames, BackendAndReduceOpParseTheirNames) {
-  using fsdp::dist::Backend;
+  using fsdp::launch::Backend;
   using fsdp::dist::ReduceOp;
   for (auto b : {Backend::kAuto, Backend::kGloo, Backend::kNccl}) {
-    EXPECT_EQ(fsdp::dist::parse_backend(fsdp::dist::backend_name(b), "backend"), b);
+    EXPECT_EQ(fsdp::launch::parse_backend(fsdp::launch::backend_name(b), "backend"), b);
   }
   for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
     EXPECT_EQ(fsdp::dist::parse_reduce_op(to_string(op)), op);
@@ -211,7 +211,7 @@ TEST(DistNames, BackendAndReduceOpParseTheirNames) {
     EXPECT_EQ(std::string(e.what()),
               "all_reduce: reduce op 'median' is unknown: expected one of sum, avg (or mean), max");
   }
-  EXPECT_THROW(fsdp::dist::parse_backend("mpi", "backend"), ConfigError);
+  EXPECT_THROW(fsdp::launch::parse_backend("mpi", "backend"), ConfigError);
 }
 
 // ---------------------------------------------------------------------------
@@ -246,12 +246,12 @@ TEST(SlurmNodeList, ExpandsCompressedLists) {
   };
   for (const auto& [list, want] : cases) {
     try {
-      EXPECT_EQ(join_hosts(fsdp::dist::expand_slurm_nodelist(list, "SLURM_NODELIST")), want) << list;
+      EXPECT_EQ(join_hosts(fsdp::launch::expand_slurm_nodelist(list, "SLURM_NODELIST")), want) << list;
     } catch (const ConfigError& e) {
       ADD_FAILURE() << list << ": " << e.what();
     }
   }
-  EXPECT_EQ(fsdp::dist::expand_slurm_nodelist("n[1-1000]", "L").size(), 1000u);
+  EXPECT_EQ(fsdp::launch::expand_slurm_nodelist("n[1-1000]", "L").size(), 1000u);
 }
 
 TEST(SlurmNodeList, MalformedListsNameTheVariableAndTheValue) {
@@ -279,7 +279,7 @@ TEST(SlurmNodeList, MalformedListsNameTheVariableAndTheValue) {
   };
   for (const auto& [list, why] : cases) {
     try {
-      auto hosts = fsdp::dist::expand_slurm_nodelist(list, "SLURM_JOB_NODELIST");
+      auto hosts = fsdp::launch::expand_slurm_nodelist(list, "SLURM_JOB_NODELIST");
       ADD_FAILURE() << "'" << list << "' was accepted: " << join_hosts(hosts);
     } catch (const ConfigError& e) {
       const std::string what = e.what();
@@ -307,7 +307,7 @@ TEST(SlurmNodeList, AHugeListIsCountedBeforeItIsExpanded) {
     std::string what;
     try {
       if (std::string(var) == "SLURM_NODELIST") {
-        fsdp::dist::expand_slurm_nodelist(list, var);
+        fsdp::launch::expand_slurm_nodelist(list, var);
       } else {
         read_dist_env(env_of({{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}, {var, list}}));
       }
@@ -332,7 +332,7 @@ TEST(DistEnv, TheLargestWorldSizeHasItsNodeCount) {
   auto env = read_dist_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}, {"MASTER_ADDR", "h"},
                                    {"MASTER_PORT", "29500"}}));
   EXPECT_EQ(env.num_nodes, 1);
-  EXPECT_NE(fsdp::dist::describe(env).find("\nnodes: 1\n"), std::string::npos) << fsdp::dist::describe(env);
+  EXPECT_NE(fsdp::launch::describe(env).find("\nnodes: 1\n"), std::string::npos) << fsdp::launch::describe(env);
   env = read_dist_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}, {"LOCAL_WORLD_SIZE", "2147483646"},
                               {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}}));
   EXPECT_EQ(env.num_nodes, 2);
@@ -520,7 +520,7 @@ TEST(ClusterEnv, DetectsEachEnvironmentInOrder) {
     }
     try {
       auto env = read_dist_env(env_of(set));
-      EXPECT_EQ(fsdp::dist::cluster_name(env.cluster), c.cluster) << vars;
+      EXPECT_EQ(fsdp::launch::cluster_name(env.cluster), c.cluster) << vars;
       EXPECT_EQ(env.launched, c.cluster != "none") << vars;
       EXPECT_EQ(env.rank, c.rank) << vars;
       EXPECT_EQ(env.world_size, c.world) << vars;
@@ -529,7 +529,7 @@ TEST(ClusterEnv, DetectsEachEnvironmentInOrder) {
       EXPECT_EQ(env.num_nodes, c.nodes) << vars;
       EXPECT_EQ(env.master_addr, c.addr) << vars;
       EXPECT_EQ(env.master_port, c.port) << vars;
-      EXPECT_EQ(env.store_host, fsdp::dist::StoreHost::kRank0) << vars;
+      EXPECT_EQ(env.store_host, fsdp::launch::StoreHost::kRank0) << vars;
     } catch (const ConfigError& e) {
       ADD_FAILURE() << vars << ": " << e.what();
     }
@@ -544,12 +544,12 @@ TEST(ClusterEnv, TorchrunAgentStoreAndDescribe) {
   vars["TORCHELASTIC_RESTART_COUNT"] = "2";
   vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   auto env = read_dist_env(env_of(vars));
-  EXPECT_EQ(env.cluster, fsdp::dist::Cluster::kTorchElastic);
-  EXPECT_EQ(env.store_host, fsdp::dist::StoreHost::kLauncher);
+  EXPECT_EQ(env.cluster, fsdp::launch::Cluster::kTorchElastic);
+  EXPECT_EQ(env.store_host, fsdp::launch::StoreHost::kLauncher);
   EXPECT_EQ(env.run_id, "job7");
   EXPECT_EQ(env.restart_count, 2);
-  EXPECT_EQ(fsdp::dist::InitOptions::from_env(env).store_host, fsdp::dist::StoreHost::kLauncher);
-  const std::string text = fsdp::dist::describe(env);
+  EXPECT_EQ(fsdp::dist::InitOptions::from_env(env).store_host, fsdp::launch::StoreHost::kLauncher);
+  const std::string text = fsdp::launch::describe(env);
   for (const char* line :
        {"cluster: torchelastic\n", "rank: 3\n", "world_size: 4\n", "local_rank: 1\n", "local_world_size: 2\n",
         "nodes: 2\n", "master_addr: 10.1.2.3 (MASTER_ADDR)\n", "master_port: 29500 (MASTER_PORT)\n",
@@ -560,19 +560,19 @@ TEST(ClusterEnv, TorchrunAgentStoreAndDescribe) {
   }
   // Only "True" (torch's own test) hands the store to the agent.
   vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
-  EXPECT_EQ(read_dist_env(env_of(vars)).store_host, fsdp::dist::StoreHost::kRank0);
+  EXPECT_EQ(read_dist_env(env_of(vars)).store_host, fsdp::launch::StoreHost::kRank0);
   vars["TORCHELASTIC_RESTART_COUNT"] = "-1";
   EXPECT_EQ(error_of(vars), "TORCHELASTIC_RESTART_COUNT=-1 is out of range: expected an integer >= 0");
   std::map<std::string, std::string> slurm = {{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"},
                                               {"SLURM_NODELIST", "n[1-2]"}, {"SLURM_JOB_ID", "77"}};
-  const std::string s = fsdp::dist::describe(read_dist_env(env_of(slurm)));
+  const std::string s = fsdp::launch::describe(read_dist_env(env_of(slurm)));
   EXPECT_NE(s.find("master_addr: n1 (first host of SLURM_NODELIST)\n"), std::string::npos) << s;
   EXPECT_NE(s.find("master_port: 15077 (15000 + the last 4 digits of SLURM_JOB_ID)\n"), std::string::npos) << s;
   EXPECT_NE(s.find("nodes: 2\n"), std::string::npos) << s;
   EXPECT_NE(s.find("store: rank 0 serves it\n"), std::string::npos) << s;
-  for (auto c : {fsdp::dist::Cluster::kNone, fsdp::dist::Cluster::kEnv, fsdp::dist::Cluster::kTorchElastic,
-                 fsdp::dist::Cluster::kSlurm, fsdp::dist::Cluster::kMpi}) {
-    EXPECT_EQ(fsdp::dist::parse_cluster(fsdp::dist::cluster_name(c), "FSDP_CLUSTER"), c);
+  for (auto c : {fsdp::launch::Cluster::kNone, fsdp::launch::Cluster::kEnv, fsdp::launch::Cluster::kTorchElastic,
+                 fsdp::launch::Cluster::kSlurm, fsdp::launch::Cluster::kMpi}) {
+    EXPECT_EQ(fsdp::launch::parse_cluster(fsdp::launch::cluster_name(c), "FSDP_CLUSTER"), c);
   }
 }
 
@@ -593,8 +593,8 @@ double attempt_sum(int world, int port, const std::vector<int>& ranks, std::chro
         o.world_size = world;
         o.master_addr = "127.0.0.1";
         o.master_port = port;
-        o.backend = fsdp::dist::Backend::kGloo;
-        o.store_host = fsdp::dist::StoreHost::kLauncher;
+        o.backend = fsdp::launch::Backend::kGloo;
+        o.store_host = fsdp::launch::StoreHost::kLauncher;
         o.rendezvous_timeout = rendezvous;
         o.timeout = std::chrono::seconds(30);
         auto pg = fsdp::dist::init_process_group(o);

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <regex>
 
-#include "../../src/observability/json_lines.h"
+#include "fsdp/observability/json_lines.h"
 #include "../../src/observability/tensorboard_events.h"
 #include "../support/errors.h"
 #include "../support/subprocess.h"

@@ -3,7 +3,7 @@
 // launcher's environment and checks an all_reduce; it also calls the
 // launcher library's argument parser.
 #include <ATen/ATen.h>
-#include <fsdp/dist/process_group.h>
+#include <fsdp/distributed/process_group.h>
 #include <fsdp/launch/launcher.h>
 
 #include <iostream>

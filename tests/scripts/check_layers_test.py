@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/check_layers.py finds each kind of violation (issue 31): it is run on
+"""scripts/check_layers.py finds each kind of violation: it is run on
 a copy of the repository's include/ and src/ into which one violation at a
 time is written, and must fail naming it; the unchanged copy must pass.
 
@@ -39,11 +39,19 @@ def main():
          "a top-level header holds only includes"),
         ("a module file that includes a top-level umbrella header", "src/state_dict/boxes.cpp", '#include "fsdp/fsdp.h"',
          "src/state_dict/boxes.cpp (state_dict) includes include/fsdp/fsdp.h, a top-level umbrella or forwarding header"),
+        ("a module that reaches into a lower module's private header", "src/state_dict/boxes.cpp",
+         '#include "../core/flat_param.h"',
+         "src/state_dict/boxes.cpp (state_dict) includes src/core/flat_param.h, a private header of core"),
+        ("a public header that includes a private one, even its own module's", "include/fsdp/core/options.h",
+         '#include "../../../src/core/flat_param.h"',
+         "include/fsdp/core/options.h (public) includes src/core/flat_param.h, a private header of core"),
+        ("a tool that includes a private header", "tools/fsdp_smoke.cpp", '#include "../src/core/flat_param.h"',
+         "tools/fsdp_smoke.cpp includes src/core/flat_param.h, a private header of core"),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for i, (what, path, line, expected) in enumerate([("nothing", None, None, None)] + cases):
             tree = os.path.join(tmp, str(i))
-            for top in ("include", "src", "scripts"):
+            for top in ("include", "src", "scripts", "tools", "examples", "bench"):
                 shutil.copytree(os.path.join(REPO, top), os.path.join(tree, top))
             if path:
                 os.makedirs(os.path.dirname(os.path.join(tree, path)), exist_ok=True)

@@ -11,6 +11,8 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_io.h"
 #include "fsdp/dist/env.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/dist/rank_errors.h"
 #include "fsdp/loggers.h"
 #include "fsdp/optim_state_dict.h"
 #include "fsdp/profiler.h"
@@ -38,4 +40,7 @@ TEST(ForwardingHeaders, TheOldPathsStillDeclareWhatTheyDeclared) {
   EXPECT_EQ(fsdp::format_number(0.5), "0.5");
   EXPECT_EQ(fsdp::parse_step_range("2:3", "--profile-steps").last, 3);
   EXPECT_TRUE((std::is_class_v<fsdp::dist::DistEnv>));
+  // fsdp/dist/process_group.h and rank_errors.h: the folder is distributed/ now.
+  EXPECT_TRUE((std::is_class_v<fsdp::dist::ProcessGroup>));
+  EXPECT_TRUE(fsdp::dist::outcome_failed(fsdp::dist::outcome("", "a failure")));
 }

@@ -10,7 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/gpt.h"

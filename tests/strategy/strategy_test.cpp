@@ -323,9 +323,9 @@ TEST(Strategy, OptionsChainAndHoldTheFSDPOptions) {
     EXPECT_EQ(FSDPStrategy(FSDPStrategyOptions().state_dict_type(name)).state_dict_type(), format);
     EXPECT_EQ(FSDPStrategy(FSDPStrategyOptions().state_dict_type(format)).state_dict_type(), format);
   }
-  EXPECT_EQ(FSDPStrategyOptions().process_group_backend("gloo").process_group_backend(), dist::Backend::kGloo);
-  EXPECT_EQ(FSDPStrategyOptions().process_group_backend(dist::Backend::kGloo).process_group_backend(),
-            dist::Backend::kGloo);
+  EXPECT_EQ(FSDPStrategyOptions().process_group_backend("gloo").process_group_backend(), launch::Backend::kGloo);
+  EXPECT_EQ(FSDPStrategyOptions().process_group_backend(launch::Backend::kGloo).process_group_backend(),
+            launch::Backend::kGloo);
   // FSDP options set whole reach the wrapping options; the strategy fills in the group.
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     auto s = strategy_on(pg, FSDPStrategyOptions().fsdp(FSDPOptions().max_reductions_in_flight(0)));

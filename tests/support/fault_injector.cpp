@@ -1,7 +1,7 @@
 // The fault injector of the crash tests (docs/reliability.md): a small shared
 // library that the tests preload (LD_PRELOAD) into the programs they start,
 // or link into an in-process test. Its static initialiser installs a hook on
-// the library's fault points (src/fault_points/fault_points.h) when the environment
+// the library's fault points (fsdp/fault_points/fault_points.h) when the environment
 // variable FSDP_TEST_FAULT is "<point>:<rank>:<n>" or "<point>:<rank>:<n>:<how>":
 // the n-th time `rank` ("*": whichever rank the process is) reaches `point`,
 // the process kills itself with SIGKILL; with ":oom" it touches ever more
@@ -26,7 +26,7 @@
 #include <mutex>
 #include <string>
 
-#include "../../src/fault_points/fault_points.h"
+#include "fsdp/fault_points/fault_points.h"
 
 namespace {
 

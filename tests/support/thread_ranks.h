@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::testing {
 

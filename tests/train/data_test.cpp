@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "../../src/fault_points/fault_points.h"
+#include "fsdp/fault_points/fault_points.h"
 #include "../support/errors.h"
 #include "../support/models.h"
 #include "../support/subprocess.h"

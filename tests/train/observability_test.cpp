@@ -196,8 +196,9 @@ TEST(Observability, TheLossCurveHasAxesWithValuesALegendAndATitle) {
   const auto r = run_train(1, out, {"--steps", "20", "--eval-every", "5", "--logger", "jsonl"});
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   const std::string svg = read_file(out + "/loss.svg");
-  EXPECT_NE(svg.find(">fsdp-train --preset tiny (dim 64, 2 layers, context 32), world 1 x batch 4, 32-true, "
-                     "FULL_SHARD, lr 0.003</text>"),
+  // The title names the run settings' rows marked for it, as their flags (run_settings.h).
+  EXPECT_NE(svg.find(">fsdp-train --preset tiny --context 32 --dim 64 --layers 2 --batch 4 --lr 0.003 "
+                     "--sharding-strategy FULL_SHARD --precision 32-true, world 1</text>"),
             std::string::npos)
       << svg;
   EXPECT_NE(svg.find(">step</text>"), std::string::npos);

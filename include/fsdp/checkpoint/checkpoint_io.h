@@ -45,7 +45,7 @@
 #include <variant>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace torch::nn {
 class Module;

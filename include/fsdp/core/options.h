@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp {
 

@@ -102,7 +102,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::dist {
+namespace fsdp::launch {
 
 // Which c10d backend carries the collectives.
 enum class Backend {
@@ -204,4 +204,25 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& list, const st
 // store, backend, variables read), as `fsdp-run --print-env` prints it.
 std::string describe(const DistEnv& env);
 
+}  // namespace fsdp::launch
+
+// Deprecated: the names above in their old namespace, fsdp::dist. fsdp-cpp
+// 0.1 keeps these aliases for one release; the next one removes them.
+namespace fsdp::dist {
+using launch::Backend;
+using launch::backend_available;
+using launch::backend_name;
+using launch::Cluster;
+using launch::cluster_name;
+using launch::describe;
+using launch::DistEnv;
+using launch::EnvLookup;
+using launch::expand_slurm_nodelist;
+using launch::kDefaultRendezvousTimeout;
+using launch::kDefaultTimeout;
+using launch::parse_backend;
+using launch::parse_cluster;
+using launch::process_env;
+using launch::read_dist_env;
+using launch::StoreHost;
 }  // namespace fsdp::dist

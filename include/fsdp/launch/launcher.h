@@ -54,7 +54,7 @@ struct LaunchOptions {
   std::string allocator = "auto";
   bool help = false;                // --help / -h
   // --print-env: print what fsdp-cpp reads from this process's environment
-  // (fsdp::dist::describe of read_dist_env: the cluster environment, rank,
+  // (describe of read_dist_env: the cluster environment, rank,
   // world, local rank and size, nodes, master address and port, the
   // variables read) and exit; no program is needed.
   bool print_env = false;
@@ -79,7 +79,7 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args);
 // `fsdp-run --print-env`: describe(read_dist_env(lookup)) on `out`; returns
 // 0, or 2 with the ConfigError's message on `err` when the environment cannot
 // form a job (a scheduler's world without an address, a bad value).
-int print_env(const dist::EnvLookup& lookup, std::ostream& out, std::ostream& err);
+int print_env(const EnvLookup& lookup, std::ostream& out, std::ostream& err);
 
 // Runs the worker group until every worker has ended; returns the launcher's
 // exit status: 0 when all workers succeeded; the failed worker's exit code (or

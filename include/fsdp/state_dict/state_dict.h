@@ -42,7 +42,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/state_dict/sharded_tensor.h"       // Shard, ShardedTensor, StateValue, the box arithmetic
 #include "fsdp/state_dict/state_dict_options.h"   // StateDictType, the configs, StateDictTypeGuard, set_persistent
 

@@ -6,7 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace torch::optim {
 class Optimizer;

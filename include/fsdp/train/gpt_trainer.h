@@ -10,7 +10,7 @@
 #include <string>
 
 #include "fsdp/checkpoint/checkpoint_io.h"  // CheckpointFormat
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/core/options.h"  // ShardingStrategy, BackwardPrefetch
 #include "fsdp/models/gpt.h"
 #include "fsdp/train/batches.h"  // held_out_bytes, the split train() makes

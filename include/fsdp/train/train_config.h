@@ -127,7 +127,8 @@ void validate_settings(const TrainConfig& config);
 
 // `config` as one JSON object (`fsdp-train --print-config`): the run's
 // settings, the model's sizes, and under "strategy" the strategy's and its
-// FSDP options' settings, each by its flag's or option's name.
+// FSDP options' settings, each by its flag's or option's name: each row of
+// the run settings' table (fsdp/train/run_settings.h), in its order.
 std::string config_json(const TrainConfig& config);
 
 // --mesh "R,S" as (R, S): HYBRID_SHARD's replicate and shard sizes, both

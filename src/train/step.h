@@ -1,0 +1,42 @@
+// src/train/step.h — one training step and one held-out evaluation of the
+// GPT under FSDPStrategy: what train() repeats. Both are collectives over
+// the strategy's group.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "fsdp/models/gpt.h"
+#include "fsdp/strategy/strategy.h"
+#include "fsdp/train/batches.h"
+
+namespace fsdp::train {
+
+using Model = Unit<models::GPTImpl>;
+
+// What train_step did: the mean loss over the ranks, the gradient norm
+// before clipping, and whether they were finite (not: the optimizer step
+// was not taken).
+struct StepResult {
+  double loss = 0, grad_norm = 0;
+  bool finite = true;
+};
+
+// [collective] One optimizer step on `batch` at learning rate `lr`, with the
+// gradients clipped to norm 1; taken only when the mean loss (and, without the
+// strategy's gradient scaler, the gradient norm) is finite: the same decision
+// on every rank.
+StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::Optimizer& opt, const Batch& batch,
+                      double lr);
+
+// [collective] The mean loss over the held-out set (kHeldOutSamples samples,
+// the same at any world size; the same value on every rank). Every rank
+// runs the same forwards; the padding rows of a round are left out.
+double evaluate(const FSDPStrategy& strategy, Model& model, const BatchSampler& batches);
+
+// [collective] Every rank's resident memory in MiB, as text, in rank order.
+std::vector<std::string> memory_of_ranks(const FSDPStrategy& strategy);
+
+}  // namespace fsdp::train
