@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -127,14 +128,21 @@ double thread_cpu_seconds() {
 TEST(TorchPickle, PickleBombsEndInANamedErrorWithinASecond) {
   namespace pk = fsdp::formats::pickle;
   for (const auto& [name, bomb] : {std::pair{"tuples", tuple_bomb()}, std::pair{"dicts", dict_bomb()}}) {
-    const double t0 = thread_cpu_seconds();  // CPU time: other builds and tests share the machine
+    // CPU time, the least of up to three tries: a parse allocates and frees
+    // the whole budget (800 MB here), and tests beside it on a 2-core
+    // machine slow its page faults and caches twofold (seen: 0.7 s alone,
+    // 2.2 s beside the suite); neighbours only ever add.
+    double seconds = 1e9;
     std::string error = "(no error)";
-    try {
-      pk::parse(bomb, "bomb.pkl");
-    } catch (const ConfigError& e) {
-      error = e.what();
+    for (int attempt = 0; attempt < 3 && seconds >= 1.0; ++attempt) {
+      const double t0 = thread_cpu_seconds();
+      try {
+        pk::parse(bomb, "bomb.pkl");
+      } catch (const ConfigError& e) {
+        error = e.what();
+      }
+      seconds = std::min(seconds, thread_cpu_seconds() - t0);
     }
-    const double seconds = thread_cpu_seconds() - t0;
     EXPECT_LT(seconds, 1.0) << name;
     for (const std::string& text : {std::string("bomb.pkl: the pickle at byte "), std::string("expands beyond what its size allows"),
                                     std::to_string(pk::parse_budget(bomb.size())) + " bytes of memory"}) {
