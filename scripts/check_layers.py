@@ -48,13 +48,16 @@ LAYERS = [
     # File formats below checkpoints, FSDP-free: PyTorch's pickles (torch.save,
     # DCP), safetensors, fsdp-cpp's own index records, atomic files.
     ("formats", ["error", "text"]),
+    # Optimizers equal to torch.optim's, bit for bit (LibTorch's own differ):
+    # LibTorch only.
+    ("optim", ["error"]),
     ("distributed", ["error", "text", "launch"]),
     ("core", ["error", "text", "launch", "distributed"]),
-    ("state_dict", ["error", "text", "launch", "distributed", "core"]),
+    ("state_dict", ["error", "text", "optim", "launch", "distributed", "core"]),
     ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "state_dict"]),
     ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "state_dict", "checkpoint"]),
     ("models", ["error", "launch", "distributed", "core"]),
-    ("train", ["error", "text", "formats", "launch", "observability", "distributed", "core", "state_dict", "checkpoint", "strategy", "models"]),
+    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "core", "state_dict", "checkpoint", "strategy", "models"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 # Folders of deprecated forwarding headers (old paths of a renamed module):

@@ -11,10 +11,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
+
+#include "fsdp/optim/detail/state_key.h"  // StateKey, state_key
 
 namespace fsdp::detail {
 
@@ -60,20 +60,6 @@ OptimOptions libtorch_options(const std::string& kind, const OptimOptions& pytho
 // The kind of `opt`: SGD, Adam, AdamW, Adagrad or RMSprop; ConfigError for
 // any other type.
 OptimizerKind kind_of(const torch::optim::Optimizer& opt);
-
-// The key of a parameter's state in Optimizer::state(): its TensorImpl's
-// address, printed (LibTorch 1.x, std::string keys) or as is (2.2+, void*).
-using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
-template <class Key = StateKey>
-Key state_key(const at::Tensor& t) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;  // how LibTorch 1.x prints it (c10::guts::to_string)
-    key << static_cast<const void*>(t.unsafeGetTensorImpl());
-    return key.str();
-  } else {
-    return static_cast<Key>(t.unsafeGetTensorImpl());
-  }
-}
 
 // The optimizer's state of tensor `t` (null: none yet).
 torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const at::Tensor& t);
