@@ -30,8 +30,11 @@ std::string problems_text(const std::vector<std::string>& problems) {
   return out;
 }
 
-}  // namespace
-
+// [local; prints] Checks that the checkpoint `path` (described by `info`)
+// may be resumed under `c`: ConfigError naming each setting that may not
+// change on resume and differs (the model's shape: fixed_setting_changes).
+// Prints on stdout the flags that differ and apply from its step on
+// (overridden_flags).
 void check_resumable(const std::string& path, const CheckpointInfo& info, const TrainConfig& c) {
   if (const std::string changes = fixed_setting_changes(info, c); !changes.empty()) {
     throw ConfigError("--resume: " + path + " holds a model of another shape:" + changes);
@@ -43,6 +46,8 @@ void check_resumable(const std::string& path, const CheckpointInfo& info, const 
     std::cout << msg << std::endl;
   }
 }
+
+}  // namespace
 
 std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& c, const RunIdentity& run,
                               std::vector<std::string>* set_aside) {

@@ -50,12 +50,6 @@ struct ResumedPosition {
 ResumedPosition resumed_position(const std::string& path, const std::map<std::string, CheckpointValue>& values,
                                  int64_t step, const TrainConfig& config, int world_now);
 
-// [local; prints] Checks that the checkpoint `path` (described by `info`)
-// may be resumed under `config`: ConfigError naming each setting that may
-// not change on resume and differs (the model's shape:
-// fixed_setting_changes). Prints on stdout the flags that differ and apply
-// from its step on (overridden_flags).
-void check_resumable(const std::string& path, const CheckpointInfo& info, const TrainConfig& config);
 
 // [local] Where run `run` of `config` resumes: the newest of its own
 // checkpoints in checkpoints/ that verifies (verify_checkpoint: every

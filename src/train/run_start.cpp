@@ -79,8 +79,8 @@ std::string new_run_id() {
   return os.str();
 }
 
-}  // namespace
-
+// [local] The run recorded in run.json; none when there is no run.json.
+// ConfigError naming the file when it is not what begin() writes.
 std::optional<RunIdentity> read_identity(const RunDirectory& directory) {
   const std::string path = directory.identity_path();
   std::error_code ec;
@@ -104,8 +104,6 @@ std::optional<RunIdentity> read_identity(const RunDirectory& directory) {
                       "starts a new run there");
   }
 }
-
-namespace {
 
 // The value of the environment variable `name`, if set.
 std::optional<std::string> env_var(const char* name) {
@@ -215,8 +213,7 @@ RunIdentity begin_run(const RunDirectory& directory, const FSDPStrategy& strateg
   const auto failure = dist::capture([&] {
     if (strategy.global_rank() != 0) return;
     directory.check_own_names();
-    id = RunIdentity{new_run_id(), config_digest(c)};
-    id.job = job;
+    id = RunIdentity{new_run_id(), config_digest(c), false, job};
     std::optional<RunIdentity> had;
     try {
       had = read_identity(directory);

@@ -35,9 +35,6 @@ namespace fsdp::train {
 // A leaked TORCHELASTIC_RESTART_COUNT without the rest proves nothing.
 std::string job_token();
 
-// [local] The run recorded in run.json; none when there is no run.json.
-// ConfigError naming the file when it is not what begin() writes.
-std::optional<RunIdentity> read_identity(const RunDirectory& directory);
 
 // [local] Whether run.json records the job `job` (job_token(), not
 // empty): this process is a worker of that job started again, which
