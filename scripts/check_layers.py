@@ -53,6 +53,9 @@ LAYERS = [
     ("optim", ["error"]),
     ("distributed", ["error", "text", "launch"]),
     ("core", ["error", "text", "launch", "distributed"]),
+    # FSDP2: fully_shard's per-parameter sharding, beside core's FSDP1, on
+    # core's forward interposition (fsdp::Unit) and the comm layer.
+    ("fsdp2", ["error", "text", "launch", "distributed", "core"]),
     ("state_dict", ["error", "text", "optim", "launch", "distributed", "core"]),
     ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "state_dict"]),
     ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "state_dict", "checkpoint"]),

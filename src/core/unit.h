@@ -195,12 +195,6 @@ class UnitState final : public UnitView, public RootMember, public std::enable_s
 // The units of `model`'s tree, pre-order (wrap.cpp).
 std::vector<std::shared_ptr<UnitState>> units_of(const std::shared_ptr<torch::nn::Module>& model);
 
-// Makes `m` (at `path`, a child of `parent`) interposable: its fsdp::Unit
-// slot, or a stand-in in its parent Sequential; ConfigError naming `why`
-// (the feature that wants it) otherwise (wrap.cpp).
-std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m, const std::string& path,
-                                const std::string& why);
-
 // Gives every Sequential element under `root` that is a unit or checkpointed
 // (wrapped before it was placed there) the stand-in that runs it.
 void interpose_sequential_elements(torch::nn::Module& root);

@@ -397,6 +397,14 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
     throw ConfigError("FSDP: module " + module->name() +
                       " is already wrapped by FullyShardedDataParallel; wrap each module once");
   }
+  for (const auto& m : module->modules(/*include_self=*/true)) {
+    auto s = find_slot(m.get());
+    if (s && s->hooks) {
+      throw ConfigError("FSDP: module " + m->name() + (m.get() == module.get() ? "" : " (under " + module->name() + ")") +
+                        " is sharded by fully_shard (FSDP2); one model takes one engine: FullyShardedDataParallel "
+                        "or fully_shard, not both");
+    }
+  }
   WrapContext ctx{options, resolve_groups(options), {}, {}};
   for (const auto& m : options.ignored_modules()) {
     if (!m) continue;

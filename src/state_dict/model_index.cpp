@@ -4,12 +4,24 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include "fsdp/core/detail/forward_call.h"
 #include "fsdp/error.h"
 #include "state_dict_settings.h"
 
 namespace fsdp::detail {
 
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
+  // An FSDP2 model's parameters hold this rank's rows: read as a model's,
+  // they would be saved (or loaded) as if whole.
+  for (const auto& m : model ? model->modules(/*include_self=*/true) : std::vector<std::shared_ptr<torch::nn::Module>>{}) {
+    auto slot = detail::find_slot(m.get());
+    if (slot && slot->hooks) {
+      throw ConfigError("state dicts: module " + m->name() +
+                        " is sharded by fully_shard (FSDP2), whose parameters hold this rank's rows only; fsdp-cpp's "
+                        "state-dict and checkpoint functions do not read or write FSDP2 models yet. Gather a "
+                        "parameter with FSDPModule::sharded_params()[i].full_tensor() (docs/fsdp2.md)");
+    }
+  }
   ModelIndex idx;
   idx.units = detail::unit_views_of(model);
   for (auto& u : idx.units) {

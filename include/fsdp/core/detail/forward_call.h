@@ -9,6 +9,7 @@
 #include <functional>
 
 #include <memory>
+#include <string>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -23,10 +24,27 @@ namespace fsdp::detail {
 
 class UnitState;  // one FSDP unit: a flat parameter and its hooks (src/core/unit.cpp)
 
+// The forward hooks of another engine on the same interposition: fully_shard
+// (FSDP2, src/fsdp2/) puts its parameter group here instead of an FSDP1 unit.
+// A holder runs pre_forward, the module's forward, then post_forward.
+class ForwardHooks {
+ public:
+  virtual ~ForwardHooks() = default;
+  // Before the forward. `inputs` are the forward's tensor arguments, in
+  // order; the hooks may replace them (a cast, or a view whose gradient
+  // marks the end of this module's backward).
+  virtual void pre_forward(std::vector<at::Tensor>& inputs) = 0;
+  // After it; may replace the output tensors (a cast to an output dtype).
+  virtual void post_forward(std::vector<at::Tensor>& outputs) = 0;
+  // The forward threw: undo pre_forward's state; must not throw.
+  virtual void forward_failed() noexcept = 0;
+};
+
 // Where a module's FSDP unit lives, shared by every holder of that module.
 // `unit` is null while the module is not (yet) an FSDP unit.
 struct Slot {
   std::shared_ptr<UnitState> unit;
+  std::shared_ptr<ForwardHooks> hooks;  // fully_shard's group (never together with `unit`)
   bool checkpoint = false;  // run the forward under activation checkpointing
   // Set for a module built under fsdp::EmptyInitGuard: its parameters and
   // buffers hold no memory yet, and this builds a fresh module of the same
@@ -59,6 +77,13 @@ std::shared_ptr<Slot> slot_for(const torch::nn::Module* module);
 
 // The slot of `module` if one exists (nullptr otherwise). Thread-safe.
 std::shared_ptr<Slot> find_slot(const torch::nn::Module* module);
+
+// Makes `m` (at `path`, a child of `parent`) interposable: its fsdp::Unit
+// slot, or a stand-in in its parent Sequential; ConfigError naming `why`
+// (the feature that wants it) otherwise (src/core/wrap.cpp). fully_shard
+// (src/fsdp2/) interposes the modules an auto-wrap policy selects with it.
+std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m, const std::string& path,
+                                const std::string& why);
 
 // Marks `module`'s slot as checkpointed; ConfigError if it already is.
 void mark_checkpointed(const std::shared_ptr<Slot>& slot, const torch::nn::Module& module);
@@ -165,6 +190,38 @@ auto checkpoint_call(F& forward, Args&&... args) -> decltype(forward(std::forwar
   return result;
 }
 
+// Runs forward(args...) between another engine's hooks (ForwardHooks): the
+// arguments are kept as copies whose tensors pre_forward may replace, the
+// result's tensors post_forward may replace.
+template <class F, class... Args>
+auto call_hooked(ForwardHooks& hooks, bool checkpoint, F& forward, Args&&... args)
+    -> decltype(forward(std::forward<Args>(args)...)) {
+  using R = std::decay_t<decltype(forward(std::forward<Args>(args)...))>;
+  std::tuple<std::decay_t<Args>...> stored(std::forward<Args>(args)...);
+  std::vector<at::Tensor> inputs;
+  std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { inputs.push_back(t); }), ...); }, stored);
+  hooks.pre_forward(inputs);
+  size_t i = 0;
+  std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { t = inputs[i++]; }), ...); }, stored);
+  std::optional<R> out;
+  try {
+    if (checkpoint) {
+      out.emplace(std::apply([&](auto&... a) { return checkpoint_call(forward, a...); }, stored));
+    } else {
+      out.emplace(std::apply([&](auto&... a) { return forward(a...); }, stored));
+    }
+  } catch (...) {
+    hooks.forward_failed();
+    throw;
+  }
+  std::vector<at::Tensor> outputs;
+  for_each_tensor(*out, [&](at::Tensor& t) { outputs.push_back(t); });
+  hooks.post_forward(outputs);
+  i = 0;
+  for_each_tensor(*out, [&](at::Tensor& t) { t = outputs[i++]; });
+  return std::move(*out);
+}
+
 // Runs forward(args...) inside the unit's forward scope (or plainly, without
 // a unit), checkpointed when the slot says so (inside the unit's scope: the
 // re-run in backward finds the parameters already gathered).
@@ -174,6 +231,7 @@ auto call(const std::shared_ptr<Slot>& slot, F&& forward, Args&&... args)
   UnitState* unit = slot ? slot->unit.get() : nullptr;
   const bool checkpoint = slot && slot->checkpoint;
   if (slot && slot->deferred_init) check_materialized(*slot);
+  if (slot && slot->hooks) return call_hooked(*slot->hooks, checkpoint, forward, std::forward<Args>(args)...);
   if (unit == nullptr) {
     if (checkpoint) return checkpoint_call(forward, std::forward<Args>(args)...);
     return forward(std::forward<Args>(args)...);

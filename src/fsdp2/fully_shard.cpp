@@ -1,0 +1,437 @@
+// fully_shard (fsdp/fsdp2/fully_shard.h): the checks torch's fully_shard
+// makes, the parameters a call manages, and FSDPModule's methods over the
+// groups of the engine (param_group.h).
+#include "fsdp/fsdp2/fully_shard.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fsdp/error.h"
+#include "param_group.h"
+
+namespace fsdp {
+
+using detail::FSDPParam;
+using detail::ParamGroup;
+
+Mesh Mesh::of(dist::ProcessGroupPtr group, std::string dim_name) {
+  Mesh m;
+  m.groups = {std::move(group)};
+  if (!dim_name.empty()) m.dim_names = {std::move(dim_name)};
+  return m;
+}
+
+Mesh Mesh::hybrid(const dist::DeviceMesh& mesh, std::vector<std::string> dim_names) {
+  Mesh m;
+  m.groups = {mesh.replicate_group, mesh.shard_group};
+  m.dim_names = std::move(dim_names);
+  return m;
+}
+
+const dist::ProcessGroupPtr& Mesh::shard_group() const {
+  if (groups.empty()) throw ConfigError("fully_shard: the mesh has no dimension: give FullyShardOptions a mesh");
+  return groups.back();
+}
+
+dist::ProcessGroupPtr Mesh::replicate_group() const { return groups.size() == 2 ? groups.front() : nullptr; }
+
+void UnshardHandle::wait() {
+  if (wait_) {
+    auto w = std::move(wait_);
+    wait_ = nullptr;
+    w();
+  }
+}
+
+at::Tensor ShardedParam::full_tensor() const {
+  const auto& g = mesh.shard_group();
+  const int w = g->size();
+  int64_t row_numel = 1;
+  for (size_t d = 1; d < global_shape.size(); ++d) row_numel *= global_shape[d];
+  const int64_t padded = (global_shape[0] + w - 1) / w * row_numel;
+  at::Tensor in = at::zeros({padded}, local.options());
+  {
+    at::NoGradGuard no_grad;
+    if (local.numel() > 0) in.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
+  }
+  at::Tensor out = at::empty({padded * w}, local.options());
+  g->all_gather(out, in).wait();
+  return out.narrow(0, 0, global_shape[0] * row_numel).view(global_shape).clone();
+}
+
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+// The parameters some live group manages (by TensorImpl), so that an outer
+// fully_shard leaves a tied parameter with the group that took it first.
+std::unordered_map<const void*, std::weak_ptr<ParamGroup>>& registry() {
+  static std::unordered_map<const void*, std::weak_ptr<ParamGroup>> map;
+  return map;
+}
+bool managed(const at::Tensor& t) {
+  auto it = registry().find(t.unsafeGetTensorImpl());
+  return it != registry().end() && !it->second.expired();
+}
+
+std::string name_of(const torch::nn::Module& m) { return m.name(); }
+
+void check_mesh(const Mesh& mesh, const std::string& module) {
+  if (mesh.ndim() != 1 && mesh.ndim() != 2) {
+    throw ConfigError("fully_shard: module " + module + ": expects a 1-D or 2-D mesh, but the mesh has " +
+                      std::to_string(mesh.ndim()) + " dimensions");
+  }
+  for (const auto& g : mesh.groups) {
+    if (!g) throw ConfigError("fully_shard: module " + module + ": a dimension of the mesh has no process group");
+  }
+  if (mesh.ndim() == 2 && (mesh.dim_names.size() != 2 || mesh.dim_names[0].empty() || mesh.dim_names[1].empty())) {
+    throw ConfigError("fully_shard: module " + module +
+                      ": a 2-D mesh (HSDP) needs its dimension names, such as {\"replicate\", \"shard\"}, as torch's "
+                      "DeviceMesh needs mesh_dim_names");
+  }
+}
+
+// torch's _get_post_forward_mesh_info: an int must be a factor of the shard
+// size; 1 means false and the shard size true. `post_size` gets the int
+// otherwise (0: none).
+std::optional<bool> check_reshard_after_forward(const FullyShardOptions& o, const std::string& module, int& post_size) {
+  post_size = 0;
+  const auto& raf = o.reshard_after_forward();
+  if (!raf) return std::nullopt;
+  if (raf->is_bool()) return raf->size() != 0;
+  const int s = o.mesh().shard_group()->size();
+  const int n = raf->size();
+  if (n < 1 || n > s || s % n != 0) {
+    throw ConfigError("fully_shard: module " + module + ": reshard_after_forward as an int must be a factor of " +
+                      std::to_string(s) + " (the shard group's size), not " + std::to_string(n));
+  }
+  if (n == 1) return false;  // torch: resharding to one rank, i.e. false
+  if (n < s) post_size = n;
+  return true;
+}
+
+// [collective over the shard group] The group of `n` consecutive ranks of
+// `shard` that this rank belongs to (torch's mesh.view(-1, n)), made once
+// per (shard group, n) and shared by the modules that ask for it.
+dist::ProcessGroupPtr post_forward_group(const dist::ProcessGroupPtr& shard, int n) {
+  static std::mutex mu;
+  static std::map<std::pair<const dist::ProcessGroup*, int>, std::weak_ptr<dist::ProcessGroup>> made;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = made.find({shard.get(), n});
+    if (it != made.end()) {
+      if (auto g = it->second.lock()) return g;
+    }
+  }
+  dist::ProcessGroupPtr mine;
+  for (int first = 0; first < shard->size(); first += n) {
+    std::vector<int> ranks;
+    for (int r = first; r < first + n; ++r) ranks.push_back(r);
+    auto g = shard->new_group(ranks, "fully_shard.post_forward");
+    if (g) mine = g;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  made[{shard.get(), n}] = mine;
+  return mine;
+}
+
+std::vector<std::shared_ptr<ParamGroup>> groups_under(const ParamGroup& g, bool recurse) {
+  std::vector<std::shared_ptr<ParamGroup>> out;
+  if (!recurse) {
+    out.push_back(detail::group_of(*g.module()));
+    return out;
+  }
+  for (const auto& m : g.module()->modules(/*include_self=*/true)) {
+    if (auto x = detail::group_of(*m)) {
+      if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+    }
+  }
+  return out;
+}
+
+ParamGroup& checked(const std::shared_ptr<ParamGroup>& g) {
+  if (!g) throw ConfigError("FSDPModule: this handle refers to no module (default-constructed)");
+  return *g;
+}
+
+}  // namespace
+
+namespace detail {
+std::shared_ptr<ParamGroup> group_of(const torch::nn::Module& module) {
+  auto slot = find_slot(&module);
+  return slot ? std::dynamic_pointer_cast<ParamGroup>(slot->hooks) : nullptr;
+}
+}  // namespace detail
+
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const FullyShardOptions& options) {
+  if (!module) throw ConfigError("fully_shard: the module is null");
+  const std::string name = name_of(*module);
+  if (dynamic_cast<torch::nn::ModuleListImpl*>(module.get()) || dynamic_cast<torch::nn::ModuleDictImpl*>(module.get())) {
+    throw ConfigError("fully_shard: module " + name +
+                      " is a container without a forward of its own (ModuleList or ModuleDict): shard its "
+                      "elements, or the module that calls them");
+  }
+  check_mesh(options.mesh(), name);
+  int post_size = 0;
+  const std::optional<bool> raf = check_reshard_after_forward(options, name, post_size);
+  if (options.offload_policy().offload_params && options.mesh().shard_group()->device().is_cuda()) {
+    throw ConfigError("fully_shard: module " + name +
+                      ": offload_policy with CUDA parameters is not implemented in fsdp-cpp yet (on a CPU mesh it "
+                      "is accepted and changes nothing, as in torch)");
+  }
+  auto slot = detail::find_slot(module.get());
+  if (!slot) {
+    throw ConfigError("fully_shard: module " + name +
+                      " is held by no fsdp::Unit holder, so its forward cannot be interposed (LibTorch has no module "
+                      "hooks): register it as fsdp::Unit<" + name + "Impl> and call it as m(x), or hold the root "
+                      "in fsdp::FullyShard");
+  }
+  if (slot->unit) {
+    throw ConfigError("fully_shard: module " + name +
+                      " is already wrapped by FullyShardedDataParallel; one model takes one engine");
+  }
+  if (slot->hooks) throw ConfigError("fully_shard: module " + name + " is already sharded by fully_shard; shard each module once");
+
+  // Deferred modules (built under fsdp::EmptyInitGuard) get an eager
+  // build's values now, group by group as fully_shard goes bottom-up: the
+  // parameters of modules sharded already hold their rows and stay.
+  materialize(module);
+  std::unordered_set<const void*> ignored;
+  for (const auto& t : options.ignored_params()) ignored.insert(t.unsafeGetTensorImpl());
+  // torch's _get_managed_modules and _get_managed_states: the modules in
+  // post-order (children first), not entering modules sharded already; their
+  // own parameters in order, each once.
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules;
+  std::unordered_set<const torch::nn::Module*> visited;
+  std::function<void(const std::string&, torch::nn::Module&)> dfs = [&](const std::string& path, torch::nn::Module& m) {
+    if (&m != module.get()) {
+      auto s = detail::find_slot(&m);
+      if (s && s->unit) {
+        throw ConfigError("fully_shard: module " + name + " holds module " + path +
+                          ", which FullyShardedDataParallel wrapped; one model takes one engine");
+      }
+      if (s && s->hooks) return;  // a nested fully_shard module: its parameters are its own
+    }
+    visited.insert(&m);
+    for (const auto& child : m.named_children()) {
+      if (!visited.count(child.value().get())) dfs(path.empty() ? child.key() : path + "." + child.key(), *child.value());
+    }
+    modules.emplace_back(path, &m);
+  };
+  dfs("", *module);
+  std::vector<FSDPParam> params;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    std::unordered_set<const void*> seen;
+    for (const auto& [path, m] : modules) {
+      for (const auto& sub : m->named_parameters(/*recurse=*/false)) {
+        const at::Tensor& t = sub.value();
+        const void* impl = t.unsafeGetTensorImpl();
+        // A parameter a nested group took already (tied to one outside it)
+        // stays with that group.
+        if (ignored.count(impl) || managed(t) || !seen.insert(impl).second) continue;
+        const std::string pname = path.empty() ? sub.key() : path + "." + sub.key();
+        if (t.dim() == 0) {
+          throw ConfigError("fully_shard: module " + name + ": parameter " + pname +
+                            " is a scalar (0-d); fully_shard shards dimension 0: make it a 1-D tensor of one "
+                            "element");
+        }
+        FSDPParam p;
+        p.param = t;
+        p.name = pname;
+        p.shape = t.sizes().vec();
+        params.push_back(std::move(p));
+      }
+    }
+  }
+  auto group = std::make_shared<ParamGroup>(module.get(), std::move(params), options);
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (const auto& p : group->params()) registry()[p.param.unsafeGetTensorImpl()] = group;
+  }
+  group->reshard_after_forward = raf;
+  if (post_size > 0) group->post_forward_group = post_forward_group(options.mesh().shard_group(), post_size);
+  slot->hooks = group;
+  return FSDPModule(group);
+}
+
+namespace {
+
+// Children first, so that each module the policy selects takes what its
+// sharded descendants left (FSDP1's recursive_wrap, and torch's bottom-up
+// calls).
+void shard_selected(torch::nn::Module* parent, const std::shared_ptr<torch::nn::Module>& m, const std::string& path,
+                    const FullyShardOptions& options, const AutoWrapPolicy& policy) {
+  for (const auto& child : m->named_children()) {
+    shard_selected(m.get(), child.value(), path.empty() ? child.key() : path + "." + child.key(), options, policy);
+  }
+  if (detail::group_of(*m)) return;
+  std::unordered_set<const void*> ignored;
+  for (const auto& t : options.ignored_params()) ignored.insert(t.unsafeGetTensorImpl());
+  int64_t unsharded = 0;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (const auto& p : m->parameters(/*recurse=*/true)) {
+      if (!managed(p) && !ignored.count(p.unsafeGetTensorImpl())) unsharded += p.numel();
+    }
+  }
+  if (!policy(*m, path, unsharded)) return;
+  detail::interpose(parent, *m, path, "fully_shard_tree: the auto-wrap policy");
+  fully_shard(m, options);
+}
+
+}  // namespace
+
+FSDPModule fully_shard_tree(const std::shared_ptr<torch::nn::Module>& root, const FullyShardOptions& options,
+                            const AutoWrapPolicy& policy) {
+  if (!root) throw ConfigError("fully_shard: the module is null");
+  if (policy) {
+    for (const auto& child : root->named_children()) shard_selected(root.get(), child.value(), child.key(), options, policy);
+  }
+  return fully_shard(root, options);
+}
+
+std::optional<FSDPModule> fsdp_module_of(const torch::nn::Module& module) {
+  auto g = detail::group_of(module);
+  if (!g) return std::nullopt;
+  return FSDPModule(g);
+}
+
+at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_type) {
+  ParamGroup& r = checked(root.group());
+  std::unordered_set<const void*> managed_here;
+  for (const auto& g : groups_under(r, /*recurse=*/true)) {
+    if (g->unsharded()) {
+      throw ConfigError("clip_grad_norm_: module " + g->module()->name() +
+                        " still holds its full parameters; call it after the last backward of the step, with the "
+                        "parameters resharded (reshard())");
+    }
+    for (const auto& p : g->params()) managed_here.insert(p.param.unsafeGetTensorImpl());
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& item : r.module()->named_parameters()) {
+    const at::Tensor& g = item.value().grad();
+    if (!g.defined()) continue;
+    if (!managed_here.count(item.value().unsafeGetTensorImpl())) {
+      throw ConfigError("clip_grad_norm_: parameter " + item.key() + " of module " + r.module()->name() +
+                        " has a gradient but no fully_shard group under it manages it (an ignored parameter?); "
+                        "its gradient is not sharded like the others");
+    }
+    grads.push_back(g);
+  }
+  const auto& group = r.options().mesh().shard_group();
+  if (grads.empty()) return at::zeros({}, at::TensorOptions().device(group->device()));
+  // torch's _get_total_norm on DTensors: a norm per gradient (its local
+  // shard's: a _NormPartial), stacked; the stack is reduced (the
+  // _NormPartial's reduction: the ranks' norm_type-th powers summed, or their
+  // maximum for an infinite norm_type), then its norm taken.
+  std::vector<at::Tensor> norms;
+  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, norm_type));
+  at::Tensor stacked = at::stack(norms);
+  if (group->size() > 1) {
+    if (std::isinf(norm_type)) {
+      if (norm_type < 0) stacked = stacked.neg();  // the minimum is minus the maximum of the negated
+      group->all_reduce(stacked, dist::ReduceOp::kMax).wait();
+      if (norm_type < 0) stacked = stacked.neg();
+    } else {
+      stacked = at::pow(stacked, norm_type);
+      group->all_reduce(stacked, dist::ReduceOp::kSum).wait();
+      stacked = at::pow(stacked, 1.0 / norm_type);
+    }
+  }
+  const at::Tensor total = at::linalg_vector_norm(stacked, norm_type);
+  // torch: max_norm / (total + 1e-6), which Python computes as reciprocal() * max_norm.
+  const at::Tensor coef = at::clamp((total + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
+  for (auto& g : grads) g.mul_(coef);
+  return total;
+}
+
+torch::nn::Module& FSDPModule::module() const { return *checked(group_).module(); }
+
+std::vector<ShardedParam> FSDPModule::sharded_params() const {
+  const ParamGroup& g = checked(group_);
+  std::vector<ShardedParam> out;
+  for (const auto& p : g.params()) out.push_back(ShardedParam{p.name, p.param, p.local, p.shape, p.row_offset, g.options().mesh()});
+  return out;
+}
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  ParamGroup& g = checked(group_);
+  g.start_unshard();
+  std::weak_ptr<ParamGroup> weak = group_;
+  UnshardHandle h([weak] {
+    if (auto x = weak.lock()) x->wait_unshard();
+  });
+  if (!async_op) h.wait();
+  return h;
+}
+
+void FSDPModule::reshard() { checked(group_).reshard(); }
+
+void FSDPModule::set_requires_gradient_sync(bool required, bool recurse) {
+  for (auto& g : groups_under(checked(group_), recurse)) g->requires_gradient_sync = required;
+}
+
+void FSDPModule::set_requires_all_reduce(bool required, bool recurse) {
+  for (auto& g : groups_under(checked(group_), recurse)) {
+    if (!required && g->options().mesh().ndim() == 2) {
+      throw ConfigError("FSDPModule::set_requires_all_reduce(false) at module " + g->module()->name() +
+                        ": skipping the all-reduce across replicas (HSDP gradient accumulation) is not implemented "
+                        "in fsdp-cpp yet");
+    }
+  }
+}
+
+void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
+  for (auto& g : groups_under(checked(group_), recurse)) {
+    g->reshard_after_forward = reshard;
+    g->post_forward_group = nullptr;
+  }
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
+  for (auto& g : groups_under(checked(group_), recurse)) g->reshard_after_backward = reshard;
+}
+
+void FSDPModule::set_is_last_backward(bool last) {
+  ParamGroup& g = checked(group_);
+  if (!g.context()) {
+    throw ConfigError("FSDPModule::set_is_last_backward at module " + g.module()->name() +
+                      ": the root is known at its first forward; call it after one");
+  }
+  g.context()->is_last_backward = last;
+}
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  ParamGroup& g = checked(group_);
+  g.forward_prefetch.clear();
+  for (const auto& m : modules) g.forward_prefetch.push_back(checked(m.group()).shared_from_this());
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  ParamGroup& g = checked(group_);
+  g.backward_prefetch.clear();
+  for (const auto& m : modules) g.backward_prefetch.push_back(checked(m.group()).shared_from_this());
+}
+
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  if (!(factor > 0)) throw ConfigError("FSDPModule::set_gradient_divide_factor: the factor must be positive, not " + std::to_string(factor));
+  checked(group_).gradient_divide_factor = factor;
+}
+
+void FSDPModule::set_force_sum_reduction_for_comms(bool enable) { checked(group_).force_sum_reduction = enable; }
+
+}  // namespace fsdp

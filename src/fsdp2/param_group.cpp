@@ -1,0 +1,508 @@
+// The FSDP2 engine's group (param_group.h): sharding, the all-gather with its
+// copy-in and copy-out, the hooks of forward and backward, and the
+// reduce-scatter of the gradients, each as torch's _fsdp_param_group.py and
+// _fsdp_collectives.py do it.
+#include "param_group.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "fsdp/error.h"
+
+namespace fsdp::detail {
+
+namespace {
+
+// How many sharded modules' forwards run on this thread (0 at the root's:
+// a new iteration).
+thread_local int tl_depth = 0;
+
+bool is_float(at::ScalarType t) { return at::isFloatingType(t); }
+
+// torch's _get_gradient_divide_factors: the reduce-scatter's and the
+// all-reduce's operations, and the divisions before and after them.
+struct DivideFactors {
+  std::optional<double> pre, post;
+  dist::ReduceOp reduce_scatter_op = dist::ReduceOp::kSum;
+  dist::ReduceOp all_reduce_op = dist::ReduceOp::kSum;
+};
+
+DivideFactors divide_factors(int rs_size, int ar_size, at::ScalarType reduce_dtype, std::optional<double> factor,
+                             bool force_sum, const std::string& module) {
+  DivideFactors f;
+  const bool overflow_risk = reduce_dtype != at::kFloat && reduce_dtype != at::kBFloat16;
+  const int dp = rs_size * ar_size;
+  if (!overflow_risk && !force_sum) {
+    if (!factor) {
+      if (dp > 1) f.reduce_scatter_op = f.all_reduce_op = dist::ReduceOp::kAvg;
+      return f;
+    }
+    if (*factor != rs_size) {
+      throw ConfigError("fully_shard: module " + module + " has gradient divide factor " + std::to_string(*factor) +
+                        ", which torch applies with ReduceOp.PREMUL_SUM; c10d's Gloo has no PREMUL_SUM: also call "
+                        "set_force_sum_reduction_for_comms(true) (the reduction then sums and the division follows)");
+    }
+    f.reduce_scatter_op = dist::ReduceOp::kAvg;
+    return f;
+  }
+  const double d = factor ? *factor : static_cast<double>(dp);
+  if (overflow_risk) {
+    double pre = 1;
+    while (std::fmod(d, pre) == 0 && d / pre > pre) pre *= 2;
+    f.pre = pre;
+    f.post = d / pre;
+  } else {
+    f.post = d;
+  }
+  return f;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  return strides;
+}
+
+void div_if_needed(at::Tensor& t, const std::optional<double>& d) {
+  if (d && *d != 1) t.div_(*d);
+}
+
+// The full parameter's storage is allocated while unsharded and freed while
+// sharded, in the same storage object (torch's alloc_storage/free_storage):
+// the views autograd saved in forward see the data that backward gathers
+// again, and resharding frees the memory even though they still exist.
+void alloc_storage(const at::Tensor& t) {
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (st->nbytes() >= bytes) return;
+  st->set_data_ptr_noswap(st->allocator()->allocate(bytes));
+  st->set_nbytes(bytes);
+}
+
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  st->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  st->set_nbytes(0);
+}
+
+}  // namespace
+
+std::vector<int64_t> FSDPParam::local_shape() const {
+  std::vector<int64_t> s = shape;
+  s[0] = local_rows;
+  return s;
+}
+
+ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params, FullyShardOptions options)
+    : module_(module), params_(std::move(params)), options_(std::move(options)) {
+  shard_group_ = options_.mesh().shard_group();
+  replicate_group_ = options_.mesh().replicate_group();
+  shard_size_ = shard_group_->size();
+  shard_rank_ = shard_group_->rank();
+  if (const auto& raf = options_.reshard_after_forward()) reshard_after_forward = raf->size() != 0;
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    p.rows = p.shape[0];
+    p.row_numel = 1;
+    for (size_t d = 1; d < p.shape.size(); ++d) p.row_numel *= p.shape[d];
+    p.padded_rows = (p.rows + shard_size_ - 1) / shard_size_;
+    const dist::ChunkRange mine = dist::chunk_range(p.rows, shard_size_, shard_rank_);
+    p.local_rows = mine.numel;
+    p.row_offset = mine.offset;
+    p.requires_grad = p.param.requires_grad();
+    const at::Tensor whole = p.param.detach().reshape({-1});
+    p.padded = at::zeros({p.padded_numel()}, whole.options());
+    const int64_t n = p.local_rows * p.row_numel;
+    if (n > 0) p.padded.narrow(0, 0, n).copy_(whole.narrow(0, p.row_offset * p.row_numel, n));
+    p.local = p.padded.narrow(0, 0, n).view(p.local_shape());
+    p.full = at::empty({p.padded_numel() * shard_size_}, p.padded.options().dtype(compute_dtype(p)));
+    free_storage(p.full);
+    p.param.mutable_grad() = at::Tensor();
+    p.param.set_data(p.local);
+  }
+}
+
+ParamGroup::~ParamGroup() = default;
+
+at::ScalarType ParamGroup::compute_dtype(const FSDPParam& p) const {
+  const auto& want = options_.mp_policy().param_dtype;
+  const at::ScalarType own = p.padded.scalar_type();
+  return want && is_float(own) ? *want : own;
+}
+
+bool ParamGroup::resharded_after_forward() const {
+  return reshard_after_forward.value_or(!is_root_);
+}
+
+int64_t ParamGroup::gather_numel(const FSDPParam& p) const {
+  return gather_dtype_ == at::kByte ? p.padded_numel() * static_cast<int64_t>(c10::elementSize(compute_dtype(p)))
+                                    : p.padded_numel();
+}
+
+void ParamGroup::start_unshard() {
+  if (unsharded_ || gathering_) return;
+  at::NoGradGuard no_grad;
+  // One dtype for the whole gather: the parameters' compute dtype, or bytes
+  // when they differ (torch's uint8 all-gather).
+  gather_dtype_ = params_.empty() ? at::kFloat : compute_dtype(params_[0]);
+  for (const auto& p : params_) {
+    if (compute_dtype(p) != gather_dtype_) gather_dtype_ = at::kByte;
+  }
+  gather_block_ = 0;
+  for (const auto& p : params_) gather_block_ += gather_numel(p);
+  const auto opts = at::TensorOptions().dtype(gather_dtype_).device(shard_group_->device());
+  from_post_forward_ = post_forward_shard_.defined();
+  at::Tensor in;
+  if (from_post_forward_) {
+    // Resharded after forward to the smaller group: gather within it.
+    in = post_forward_shard_;
+    post_forward_shard_ = at::Tensor();
+  } else {
+    in = at::empty({gather_block_}, opts);
+    int64_t off = 0;
+    for (const auto& p : params_) {
+      at::Tensor src = p.padded.to(compute_dtype(p));
+      if (gather_dtype_ == at::kByte) src = src.view(at::kByte);
+      in.narrow(0, off, gather_numel(p)).copy_(src);
+      off += gather_numel(p);
+    }
+  }
+  const dist::ProcessGroupPtr& group = from_post_forward_ ? post_forward_group : shard_group_;
+  if (group->size() == 1) {
+    gather_out_ = in;
+    gather_work_ = dist::Work();
+  } else {
+    gather_out_ = at::empty({in.numel() * group->size()}, opts);
+    gather_work_ = group->all_gather(gather_out_, in);
+  }
+  gathering_ = true;
+}
+
+void ParamGroup::wait_unshard() {
+  if (unsharded_) return;
+  if (!gathering_) start_unshard();
+  gather_work_.wait();
+  at::NoGradGuard no_grad;
+  // Where rank r's block of a parameter (at offset `off` of a block, `pn`
+  // long) lies in the output: the shard group's gather holds W blocks of
+  // every parameter's rows, rank after rank; the post-forward group's gather
+  // holds its members' post-forward shards (post_forward_shard), each
+  // W / n ranks' blocks of every parameter.
+  const int64_t per_member = from_post_forward_ ? shard_size_ / post_forward_group->size() : 1;
+  auto source = [&](int r, int64_t off, int64_t pn) {
+    if (!from_post_forward_) return r * gather_block_ + off;
+    return (r / per_member) * per_member * gather_block_ + per_member * off + (r % per_member) * pn;
+  };
+  int64_t off = 0;
+  for (auto& p : params_) {
+    alloc_storage(p.full);
+    at::Tensor dst = gather_dtype_ == at::kByte ? p.full.view(at::kByte) : p.full;
+    const int64_t pn = gather_numel(p);
+    for (int r = 0; r < shard_size_; ++r) dst.narrow(0, r * pn, pn).copy_(gather_out_.narrow(0, source(r, off, pn), pn));
+    off += pn;
+    p.sharded_grad = p.param.grad();
+    p.param.mutable_grad() = at::Tensor();
+    p.param.set_data(p.full.narrow(0, 0, p.numel()).view(p.shape));
+    p.param.mutable_grad() = p.unsynced_grad;
+    p.unsynced_grad = at::Tensor();
+  }
+  gather_out_ = at::Tensor();
+  gather_work_ = dist::Work();
+  gathering_ = false;
+  unsharded_ = true;
+}
+
+void ParamGroup::reshard_to_post_forward() {
+  if (gathering_) wait_unshard();
+  if (!unsharded_) return;
+  // This rank keeps, of every parameter, the blocks of the W / n shard-group
+  // ranks its post-forward index stands for: 1/n of the full parameters.
+  const int n = post_forward_group->size();
+  const int64_t per_member = shard_size_ / n;
+  const int64_t first = post_forward_group->rank() * per_member;
+  at::NoGradGuard no_grad;
+  at::Tensor keep = at::empty({gather_block_ * per_member}, params_.empty() ? at::TensorOptions() : params_[0].full.options().dtype(gather_dtype_));
+  int64_t off = 0;
+  for (auto& p : params_) {
+    const at::Tensor src = gather_dtype_ == at::kByte ? p.full.view(at::kByte) : p.full;
+    const int64_t pn = gather_numel(p);
+    keep.narrow(0, per_member * off, per_member * pn).copy_(src.narrow(0, first * pn, per_member * pn));
+    off += pn;
+  }
+  reshard();
+  post_forward_shard_ = keep;
+}
+
+void ParamGroup::reshard() {
+  if (gathering_) wait_unshard();  // the backend may still write into the buffer
+  post_forward_shard_ = at::Tensor();
+  if (!unsharded_) return;
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    // A full gradient not reduced (set_requires_gradient_sync(false)) waits
+    // for the next backward.
+    p.unsynced_grad = p.param.grad();
+    p.param.mutable_grad() = at::Tensor();
+    p.param.set_data(p.local);
+    p.param.mutable_grad() = p.sharded_grad;
+    p.sharded_grad = at::Tensor();
+    free_storage(p.full);
+  }
+  unsharded_ = false;
+}
+
+void ParamGroup::lazy_init() {
+  ctx_ = std::make_shared<RootContext>();
+  is_root_ = true;
+  for (const auto& item : module_->named_modules("", /*include_self=*/true)) {
+    auto g = group_of(*item.value());
+    if (!g) continue;
+    if (std::none_of(ctx_->groups.begin(), ctx_->groups.end(),
+                     [&](const std::weak_ptr<ParamGroup>& w) { return w.lock() == g; })) {
+      ctx_->groups.push_back(g);
+    }
+    if (g.get() != this) {
+      g->ctx_ = ctx_;
+      g->is_root_ = false;
+    }
+  }
+}
+
+void ParamGroup::prefetch(const std::vector<std::weak_ptr<ParamGroup>>& groups) {
+  for (const auto& w : groups) {
+    if (auto g = w.lock()) g->start_unshard();
+  }
+}
+
+std::shared_ptr<ParamGroup> ParamGroup::previous_in_forward() const {
+  const auto& order = ctx_->forward_order;
+  for (size_t i = order.size(); i-- > 1;) {
+    if (order[i].lock().get() == this) return order[i - 1].lock();
+  }
+  return nullptr;
+}
+
+void ParamGroup::pre_forward(std::vector<at::Tensor>& inputs) {
+  if (!ctx_) lazy_init();
+  if (is_root_ && tl_depth == 0 && state_ != GroupState::kPreBackward) ctx_->forward_order.clear();
+  ++tl_depth;
+  // A forward re-run in this group's backward (activation checkpointing)
+  // finds its parameters gathered and keeps the backward's state.
+  const bool rerun = state_ == GroupState::kPreBackward;
+  if (!rerun) {
+    state_ = GroupState::kForward;
+    ctx_->forward_order.push_back(weak_from_this());
+  }
+  unshard();
+  prefetch(forward_prefetch);
+  const auto& mp = options_.mp_policy();
+  for (auto& t : inputs) {
+    if (mp.cast_forward_inputs && mp.param_dtype && t.defined() && is_float(t.scalar_type())) t = t.to(*mp.param_dtype);
+  }
+  // torch's RegisterPostBackwardFunction: the gradients of this forward's
+  // inputs are complete when its backward is done.
+  inputs_pending_ = 0;
+  if (rerun || !at::GradMode::is_enabled()) return;
+  std::weak_ptr<ParamGroup> weak = weak_from_this();
+  for (auto& t : inputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    t = t.view_as(t);
+    ++inputs_pending_;
+    t.register_hook([weak](const at::Tensor&) {
+      if (auto g = weak.lock()) {
+        if (--g->inputs_pending_ == 0) g->post_backward();
+      }
+    });
+  }
+}
+
+void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
+  --tl_depth;
+  if (state_ == GroupState::kPreBackward) return;  // a re-run inside backward
+  state_ = GroupState::kIdle;
+  if (resharded_after_forward()) {
+    if (post_forward_group) {
+      reshard_to_post_forward();
+    } else {
+      reshard();
+    }
+  }
+  if (at::GradMode::is_enabled()) {
+    std::weak_ptr<ParamGroup> weak = weak_from_this();
+    for (const auto& t : outputs) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      t.register_hook([weak](const at::Tensor&) {
+        if (auto g = weak.lock()) g->pre_backward();
+      });
+    }
+  }
+  if (const auto& od = options_.mp_policy().output_dtype) {
+    for (auto& t : outputs) {
+      if (t.defined() && is_float(t.scalar_type())) t = t.to(*od);
+    }
+  }
+}
+
+void ParamGroup::forward_failed() noexcept {
+  --tl_depth;
+  if (state_ == GroupState::kForward) state_ = GroupState::kIdle;
+  try {
+    reshard();
+  } catch (...) {
+  }
+}
+
+void ParamGroup::pre_backward() {
+  if (state_ == GroupState::kPreBackward || state_ == GroupState::kPostBackward) return;
+  state_ = GroupState::kPreBackward;
+  if (!ctx_->callback_queued) {
+    ctx_->callback_queued = true;
+    std::shared_ptr<ParamGroup> root;
+    for (const auto& w : ctx_->groups) {
+      auto g = w.lock();
+      if (g && g->is_root_) root = g;
+    }
+    std::weak_ptr<ParamGroup> weak = root ? root : shared_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto r = weak.lock()) r->finish_backward();
+    });
+  }
+  unshard();
+  if (!backward_prefetch.empty()) {
+    prefetch(backward_prefetch);
+  } else if (auto prev = previous_in_forward()) {
+    prev->start_unshard();
+  }
+}
+
+void ParamGroup::post_backward() {
+  if (state_ != GroupState::kPreBackward) return;
+  state_ = GroupState::kPostBackward;
+  reduce();
+  if (reshard_after_backward) reshard();
+}
+
+void ParamGroup::reduce() {
+  at::NoGradGuard no_grad;
+  std::vector<size_t> with_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].requires_grad && params_[i].param.grad().defined()) with_grad.push_back(i);
+  }
+  if (with_grad.empty() || !requires_gradient_sync) return;  // unsynced: reshard() keeps the full gradients
+  at::ScalarType reduce_dtype;
+  if (options_.mp_policy().reduce_dtype) {
+    reduce_dtype = *options_.mp_policy().reduce_dtype;
+  } else {
+    reduce_dtype = params_[with_grad[0]].param.grad().scalar_type();
+    for (size_t i : with_grad) reduce_dtype = at::promoteTypes(reduce_dtype, params_[i].param.grad().scalar_type());
+  }
+  const int ar_size = replicate_group_ ? replicate_group_->size() : 1;
+  const DivideFactors f = divide_factors(shard_size_, ar_size, reduce_dtype, gradient_divide_factor,
+                                         force_sum_reduction, module_->name());
+  int64_t block = 0;
+  for (size_t i : with_grad) block += params_[i].padded_numel();
+  const int w = shard_size_;
+  // torch's chunk_cat: block r holds every parameter's padded rows of rank r.
+  at::Tensor input = at::zeros({block * w}, params_[with_grad[0]].padded.options().dtype(reduce_dtype));
+  int64_t off = 0;
+  for (size_t i : with_grad) {
+    FSDPParam& p = params_[i];
+    at::Tensor g = p.param.grad().reshape({-1}).to(reduce_dtype);
+    const int64_t pn = p.padded_numel();
+    for (int r = 0; r < w; ++r) {
+      const int64_t n = std::min(pn, std::max<int64_t>(0, p.numel() - r * pn));
+      if (n > 0) input.narrow(0, r * block + off, n).copy_(g.narrow(0, r * pn, n));
+    }
+    off += pn;
+    p.param.mutable_grad() = at::Tensor();
+  }
+  div_if_needed(input, f.pre);
+  RootContext::Pending pending;
+  pending.group = shared_from_this();
+  pending.input = input;
+  pending.params = with_grad;
+  pending.output = at::empty({block}, input.options());
+  if (w > 1) {
+    pending.work = shard_group_->reduce_scatter(pending.output, input, f.reduce_scatter_op);
+  } else if (gradient_divide_factor && *gradient_divide_factor != 1.0) {
+    pending.output.copy_(input / *gradient_divide_factor);
+  } else {
+    pending.output.copy_(input);
+  }
+  // The all-reduce across replicas and the division after it run when the
+  // reduction completes (complete()).
+  pending.post = f.post;
+  pending.all_reduce_op = f.all_reduce_op;
+  ctx_->pending.push_back(std::move(pending));
+  // At most two reductions in flight (torch keeps one per group in flight
+  // and waits the oldest at the next post-backward).
+  while (ctx_->pending.size() > 2) {
+    complete(ctx_->pending.front());
+    ctx_->pending.erase(ctx_->pending.begin());
+  }
+}
+
+void ParamGroup::complete(RootContext::Pending& p) {
+  p.work.wait();
+  ParamGroup& g = *p.group;
+  at::NoGradGuard no_grad;
+  at::Tensor out = p.output;
+  if (g.replicate_group_ && g.replicate_group_->size() > 1) g.replicate_group_->all_reduce(out, p.all_reduce_op).wait();
+  div_if_needed(out, p.post);
+  int64_t off = 0;
+  for (size_t i : p.params) {
+    FSDPParam& q = g.params_[i];
+    // The output's memory, without copy, and not an autograd view of it
+    // (Optimizer::zero_grad detaches gradients in place, which views refuse).
+    at::Tensor shard = at::empty({0}, out.options());
+    shard.set_(out.storage(), out.storage_offset() + off, q.local_shape(), contiguous_strides(q.local_shape()));
+    if (shard.scalar_type() != q.padded.scalar_type()) shard = shard.to(q.padded.scalar_type());
+    off += q.padded_numel();
+    // While the parameter is unsharded its sharded gradient waits aside.
+    at::Tensor& slot = g.unsharded_ ? q.sharded_grad : q.param.mutable_grad();
+    if (slot.defined()) {
+      slot.add_(shard);
+    } else {
+      slot = shard;
+    }
+  }
+  p.input = at::Tensor();
+}
+
+void ParamGroup::finish_backward() {
+  auto ctx = ctx_;
+  std::vector<std::shared_ptr<ParamGroup>> groups;
+  for (const auto& w : ctx->groups) {
+    if (auto g = w.lock()) groups.push_back(g);
+  }
+  // Groups whose inputs' gradients never came (inputs without gradients,
+  // such as token ids) reduce now, in the tree's order on every rank.
+  for (auto& g : groups) g->post_backward();
+  for (auto& p : ctx->pending) complete(p);
+  ctx->pending.clear();
+  for (auto& g : groups) {
+    if (g->state_ != GroupState::kForward) g->state_ = GroupState::kIdle;
+    // The last backward of a step leaves every group sharded, with its
+    // gradients on the parameters, for the optimizer.
+    if (g->reshard_after_backward || ctx->is_last_backward) g->reshard();
+  }
+  ctx->callback_queued = false;
+}
+
+int64_t ParamGroup::live_grad_bytes() const {
+  int64_t bytes = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const auto& p : params_) {
+    add(p.param.grad());
+    add(p.sharded_grad);
+    add(p.unsynced_grad);
+  }
+  return bytes;
+}
+
+}  // namespace fsdp::detail
