@@ -387,17 +387,42 @@ void ParamGroup::post_backward() {
 
 void ParamGroup::reduce() {
   at::NoGradGuard no_grad;
+  const auto& want_dtype = options_.mp_policy().reduce_dtype;
+  // torch's accumulate_unsharded_grad_if_needed: a gradient accumulated
+  // without sync in reduce_dtype takes this backward's in.
+  for (auto& p : params_) {
+    if (p.accumulated_grad.defined() && p.param.grad().defined()) {
+      p.accumulated_grad.add_(p.param.grad());
+      p.param.mutable_grad() = at::Tensor();
+    }
+  }
+  if (!requires_gradient_sync) {
+    // torch's to_accumulated_grad_if_needed: unsynced gradients accumulate
+    // in reduce_dtype when it is set (and not theirs); the others stay on
+    // the parameters, and reshard() keeps them aside.
+    for (auto& p : params_) {
+      const at::Tensor& g = p.param.grad();
+      if (want_dtype && g.defined() && g.scalar_type() != *want_dtype) {
+        p.accumulated_grad = g.to(*want_dtype);
+        p.param.mutable_grad() = at::Tensor();
+      }
+    }
+    return;
+  }
+  auto grad_of = [](const FSDPParam& p) -> const at::Tensor& {
+    return p.accumulated_grad.defined() ? p.accumulated_grad : p.param.grad();
+  };
   std::vector<size_t> with_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].requires_grad && params_[i].param.grad().defined()) with_grad.push_back(i);
+    if (params_[i].requires_grad && grad_of(params_[i]).defined()) with_grad.push_back(i);
   }
-  if (with_grad.empty() || !requires_gradient_sync) return;  // unsynced: reshard() keeps the full gradients
+  if (with_grad.empty()) return;
   at::ScalarType reduce_dtype;
-  if (options_.mp_policy().reduce_dtype) {
-    reduce_dtype = *options_.mp_policy().reduce_dtype;
+  if (want_dtype) {
+    reduce_dtype = *want_dtype;
   } else {
-    reduce_dtype = params_[with_grad[0]].param.grad().scalar_type();
-    for (size_t i : with_grad) reduce_dtype = at::promoteTypes(reduce_dtype, params_[i].param.grad().scalar_type());
+    reduce_dtype = grad_of(params_[with_grad[0]]).scalar_type();
+    for (size_t i : with_grad) reduce_dtype = at::promoteTypes(reduce_dtype, grad_of(params_[i]).scalar_type());
   }
   const int ar_size = replicate_group_ ? replicate_group_->size() : 1;
   const DivideFactors f = divide_factors(shard_size_, ar_size, reduce_dtype, gradient_divide_factor,
@@ -410,7 +435,7 @@ void ParamGroup::reduce() {
   int64_t off = 0;
   for (size_t i : with_grad) {
     FSDPParam& p = params_[i];
-    at::Tensor g = p.param.grad().reshape({-1}).to(reduce_dtype);
+    at::Tensor g = grad_of(p).reshape({-1}).to(reduce_dtype);
     const int64_t pn = p.padded_numel();
     for (int r = 0; r < w; ++r) {
       const int64_t n = std::min(pn, std::max<int64_t>(0, p.numel() - r * pn));
@@ -418,6 +443,7 @@ void ParamGroup::reduce() {
     }
     off += pn;
     p.param.mutable_grad() = at::Tensor();
+    p.accumulated_grad = at::Tensor();
   }
   div_if_needed(input, f.pre);
   RootContext::Pending pending;
@@ -501,6 +527,7 @@ int64_t ParamGroup::live_grad_bytes() const {
     add(p.param.grad());
     add(p.sharded_grad);
     add(p.unsynced_grad);
+    add(p.accumulated_grad);
   }
   return bytes;
 }

@@ -43,6 +43,7 @@ struct FSDPParam {
   at::Tensor full;             // [W * padded_numel] in the compute dtype; its storage holds memory only while unsharded
   at::Tensor sharded_grad;     // the sharded gradient, kept aside while the parameter is unsharded
   at::Tensor unsynced_grad;    // full gradient accumulated without sync, while sharded
+  at::Tensor accumulated_grad;  // full gradient accumulated without sync in reduce_dtype (not the gradient's)
 
   int64_t numel() const { return rows * row_numel; }
   int64_t padded_numel() const { return padded_rows * row_numel; }
