@@ -1,24 +1,12 @@
 #include "flat_param.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/strides.h>
 
 #include "buffer_pool.h"
+#include "fsdp/core/detail/storage.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
-
-namespace {
-
-c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
-
-}  // namespace
-
-at::Tensor storage_view(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-  at::Tensor t = at::empty({0}, flat.options());
-  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-  return t;
-}
 
 FlatParamHandle::FlatParamHandle(const std::string& owner, std::vector<ParamInfo> params,
                                  dist::ProcessGroupPtr shard_group, std::optional<at::ScalarType> compute_dtype,
@@ -80,18 +68,14 @@ at::Tensor FlatParamHandle::sharded_view(const at::Tensor& flat, const ParamInfo
 }
 
 void FlatParamHandle::alloc_full() {
-  c10::StorageImpl* st = storage_of(full_);
-  const size_t bytes = static_cast<size_t>(padded_numel_) * full_.element_size();
-  if (st->nbytes() >= bytes) return;
-  st->set_data_ptr_noswap(pool_ && full_.is_cpu() ? pool_->take(bytes) : st->allocator()->allocate(bytes));
-  st->set_nbytes(bytes);
+  if (pool_ && full_.is_cpu()) {
+    alloc_storage(full_, [this](size_t bytes) { return pool_->take(bytes); });
+  } else {
+    alloc_storage(full_);
+  }
 }
 
-void FlatParamHandle::free_full() {
-  c10::StorageImpl* st = storage_of(full_);
-  st->set_data_ptr_noswap(c10::DataPtr(nullptr, full_.device()));  // a pooled block goes back to the pool
-  st->set_nbytes(0);
-}
+void FlatParamHandle::free_full() { free_storage(full_); }
 
 at::Tensor FlatParamHandle::new_full_buffer_zeroed() const {
   at::Tensor t = pool_ && full_.is_cpu() ? pool_->empty(padded_numel_, full_.options())
@@ -222,7 +206,7 @@ at::Tensor FlatParamHandle::gather_master() const {
 
 int64_t FlatParamHandle::live_full_bytes() const {
   if (aliased_) return 0;
-  return static_cast<int64_t>(storage_of(full_)->nbytes());
+  return static_cast<int64_t>(full_.storage().nbytes());
 }
 
 }  // namespace fsdp::detail

@@ -25,11 +25,6 @@ class BufferPool;
 // protected; wrap.cpp).
 torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m);
 
-// A tensor on `flat`'s storage at `offset` with `sizes`, contiguous, that
-// autograd does not consider a view (optimizers detach_() gradients, which
-// views refuse).
-at::Tensor storage_view(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes);
-
 class FlatParamHandle {
  public:
   // Flattens `params` (already the unit's, in order) into a buffer padded to

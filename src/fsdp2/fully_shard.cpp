@@ -86,7 +86,12 @@ bool managed(const at::Tensor& t) {
   return it != registry().end() && !it->second.expired();
 }
 
-std::string name_of(const torch::nn::Module& m) { return m.name(); }
+// The parameters fully_shard leaves alone (options.ignored_params), by TensorImpl.
+std::unordered_set<const void*> ignored_of(const FullyShardOptions& options) {
+  std::unordered_set<const void*> out;
+  for (const auto& t : options.ignored_params()) out.insert(t.unsafeGetTensorImpl());
+  return out;
+}
 
 void check_mesh(const Mesh& mesh, const std::string& module) {
   if (mesh.ndim() != 1 && mesh.ndim() != 2) {
@@ -177,7 +182,7 @@ std::shared_ptr<ParamGroup> group_of(const torch::nn::Module& module) {
 
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const FullyShardOptions& options) {
   if (!module) throw ConfigError("fully_shard: the module is null");
-  const std::string name = name_of(*module);
+  const std::string name = module->name();
   if (dynamic_cast<torch::nn::ModuleListImpl*>(module.get()) || dynamic_cast<torch::nn::ModuleDictImpl*>(module.get())) {
     throw ConfigError("fully_shard: module " + name +
                       " is a container without a forward of its own (ModuleList or ModuleDict): shard its "
@@ -208,8 +213,7 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const F
   // build's values now, group by group as fully_shard goes bottom-up: the
   // parameters of modules sharded already hold their rows and stay.
   materialize(module);
-  std::unordered_set<const void*> ignored;
-  for (const auto& t : options.ignored_params()) ignored.insert(t.unsafeGetTensorImpl());
+  const std::unordered_set<const void*> ignored = ignored_of(options);
   // torch's _get_managed_modules and _get_managed_states: the modules in
   // post-order (children first), not entering modules sharded already; their
   // own parameters in order, each once.
@@ -273,13 +277,13 @@ namespace {
 // sharded descendants left (FSDP1's recursive_wrap, and torch's bottom-up
 // calls).
 void shard_selected(torch::nn::Module* parent, const std::shared_ptr<torch::nn::Module>& m, const std::string& path,
-                    const FullyShardOptions& options, const AutoWrapPolicy& policy) {
+                    const FullyShardOptions& options, const std::unordered_set<const void*>& ignored,
+                    const AutoWrapPolicy& policy) {
   for (const auto& child : m->named_children()) {
-    shard_selected(m.get(), child.value(), path.empty() ? child.key() : path + "." + child.key(), options, policy);
+    shard_selected(m.get(), child.value(), path.empty() ? child.key() : path + "." + child.key(), options, ignored,
+                   policy);
   }
   if (detail::group_of(*m)) return;
-  std::unordered_set<const void*> ignored;
-  for (const auto& t : options.ignored_params()) ignored.insert(t.unsafeGetTensorImpl());
   int64_t unsharded = 0;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
@@ -298,7 +302,10 @@ FSDPModule fully_shard_tree(const std::shared_ptr<torch::nn::Module>& root, cons
                             const AutoWrapPolicy& policy) {
   if (!root) throw ConfigError("fully_shard: the module is null");
   if (policy) {
-    for (const auto& child : root->named_children()) shard_selected(root.get(), child.value(), child.key(), options, policy);
+    const std::unordered_set<const void*> ignored = ignored_of(options);
+    for (const auto& child : root->named_children()) {
+      shard_selected(root.get(), child.value(), child.key(), options, ignored, policy);
+    }
   }
   return fully_shard(root, options);
 }

@@ -8,8 +8,10 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
+#include "fsdp/core/detail/storage.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
@@ -60,32 +62,8 @@ DivideFactors divide_factors(int rs_size, int ar_size, at::ScalarType reduce_dty
   return f;
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
-  return strides;
-}
-
 void div_if_needed(at::Tensor& t, const std::optional<double>& d) {
   if (d && *d != 1) t.div_(*d);
-}
-
-// The full parameter's storage is allocated while unsharded and freed while
-// sharded, in the same storage object (torch's alloc_storage/free_storage):
-// the views autograd saved in forward see the data that backward gathers
-// again, and resharding frees the memory even though they still exist.
-void alloc_storage(const at::Tensor& t) {
-  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (st->nbytes() >= bytes) return;
-  st->set_data_ptr_noswap(st->allocator()->allocate(bytes));
-  st->set_nbytes(bytes);
-}
-
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  st->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
-  st->set_nbytes(0);
 }
 
 }  // namespace
@@ -102,7 +80,6 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
   replicate_group_ = options_.mesh().replicate_group();
   shard_size_ = shard_group_->size();
   shard_rank_ = shard_group_->rank();
-  if (const auto& raf = options_.reshard_after_forward()) reshard_after_forward = raf->size() != 0;
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
     p.rows = p.shape[0];
@@ -481,10 +458,7 @@ void ParamGroup::complete(RootContext::Pending& p) {
   int64_t off = 0;
   for (size_t i : p.params) {
     FSDPParam& q = g.params_[i];
-    // The output's memory, without copy, and not an autograd view of it
-    // (Optimizer::zero_grad detaches gradients in place, which views refuse).
-    at::Tensor shard = at::empty({0}, out.options());
-    shard.set_(out.storage(), out.storage_offset() + off, q.local_shape(), contiguous_strides(q.local_shape()));
+    at::Tensor shard = storage_view(out, off, q.local_shape());
     if (shard.scalar_type() != q.padded.scalar_type()) shard = shard.to(q.padded.scalar_type());
     off += q.padded_numel();
     // While the parameter is unsharded its sharded gradient waits aside.

@@ -27,11 +27,6 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-// A non-owning pointer to a group run_ranks owns.
-dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
-  return std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
-}
-
 // fully_shard_oracle.py's model and run, to the letter.
 constexpr int64_t kVocab = 11, kDim = 8, kHidden = 13, kRankLora = 2;
 constexpr int64_t kGlobalBatch = 12, kSeq = 3;

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/fsdp.h"
+#include "thread_ranks.h"  // borrow
 
 namespace fsdp::testing {
 
@@ -132,11 +133,6 @@ inline std::map<std::string, torch::Tensor> train_local(NetImpl& net, torch::opt
     opt.step();
   }
   return named_params(net);
-}
-
-// A non-owning pointer to a group owned by the test harness.
-inline dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
-  return std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
 }
 
 // Options for `strategy` over `pg`; HYBRID_SHARD gets a (2, size/2) mesh.

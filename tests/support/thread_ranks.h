@@ -14,6 +14,11 @@
 
 namespace fsdp::testing {
 
+// A non-owning pointer to a group owned by the test harness (run_ranks).
+inline dist::ProcessGroupPtr borrow(dist::ProcessGroup& pg) {
+  return std::shared_ptr<dist::ProcessGroup>(&pg, [](dist::ProcessGroup*) {});
+}
+
 // Calls fn(group) on `world` threads; rethrows the first exception a rank
 // threw, after every thread ended. `timeout` is each group's collective timeout.
 inline void run_ranks(int world, const std::function<void(dist::ProcessGroup&)>& fn,
