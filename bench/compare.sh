@@ -7,6 +7,7 @@
 #   bench/compare.sh                 # default model (width 256, 4 layers, ctx 128, batch 8)
 #   bench/compare.sh 100m            # width 1024, 8 layers, 8 heads, batch 2
 #   ROUNDS=3 STEPS=5 bench/compare.sh
+#   ONLY='FSDP' bench/compare.sh     # only the runs whose name matches (grep -E)
 #
 # Every JSON record goes to $OUT (default build/compare-<shape>.jsonl) as well.
 set -euo pipefail
@@ -36,6 +37,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 # preloaded, so that the allocator's share of the difference shows.
 runs=(
   "fsdp-cpp FULL_SHARD|$run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy FULL_SHARD"
+  "fsdp-cpp FSDP2 (fully_shard)|$run --nproc-per-node 2 --no-rank-prefix -- $bench --engine fsdp2 --strategy FULL_SHARD"
   "fsdp-cpp FULL_SHARD, glibc malloc|$run --nproc-per-node 2 --no-rank-prefix --allocator system -- $bench --strategy FULL_SHARD"
   "fsdp-cpp SHARD_GRAD_OP|$run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy SHARD_GRAD_OP"
   "fsdp-cpp NO_SHARD|$run --nproc-per-node 2 --no-rank-prefix -- $bench --strategy NO_SHARD"
@@ -46,6 +48,13 @@ runs=(
   "PyTorch FSDP2|.venv/bin/torchrun --standalone --nproc-per-node 2 bench/peers_bench.py --mode fsdp2"
   "PyTorch 1 process|$py bench/peers_bench.py --mode local"
 )
+if [[ -n ${ONLY:-} ]]; then
+  kept=()
+  for entry in "${runs[@]}"; do
+    if grep -Eq -- "$ONLY" <<< "${entry%%|*}"; then kept+=("$entry"); fi
+  done
+  runs=("${kept[@]}")
+fi
 for ((r = 1; r <= rounds; r++)); do
   for entry in "${runs[@]}"; do
     name=${entry%%|*}

@@ -95,7 +95,7 @@ std::string checkpoint_bench(fsdp::dist::ProcessGroup& pg, const std::shared_ptr
                              torch::optim::Optimizer& opt, const std::string& dir) {
   namespace fs = std::filesystem;
   const double train_peak = peak_rss_mb();
-  const double largest_unit_mb = static_cast<double>(fsdp::memory_stats(model).largest_unit_bytes) / (1 << 20);
+  const double largest_unit_mb = static_cast<double>(fsdp::memory_stats(model).largest_unit_bytes) / (1 << 20);  // 0: FSDP2
   fsdp::CheckpointState state;
   state.model("model", model).optimizer("optimizer", opt).value("step", int64_t{1});
   const std::string sharded = dir + "/sharded", full = dir + "/full.pt";
@@ -130,7 +130,7 @@ std::string checkpoint_bench(fsdp::dist::ProcessGroup& pg, const std::shared_ptr
      << ",\"full_save_gbps\":" << gb / save_full_s << ",\"full_load_s\":" << load_full_s
      << ",\"rank_peak_train_mb\":" << train_peak << ",\"rank_peak_full_save_mb\":" << full_save_peak
      << ",\"largest_unit_mb\":" << largest_unit_mb << ",\"full_save_extra_vs_unit\":"
-     << (full_save_peak - train_peak) / largest_unit_mb << "}";
+     << (largest_unit_mb > 0 ? (full_save_peak - train_peak) / largest_unit_mb : 0.0) << "}";
   return js.str();
 }
 
@@ -141,6 +141,7 @@ int main(int argc, char** argv) {
   // The defaults of the FSDP settings are FSDPOptions' (fsdp/core/options.h), the only ones.
   const fsdp::FSDPOptions defaults;
   std::string strategy = fsdp::to_string(defaults.sharding_strategy());
+  std::string engine = "fsdp1";
   fsdp::models::GPTConfig cfg;
   int64_t batch = 8;
   int steps = 5, warmup = 2;
@@ -148,6 +149,11 @@ int main(int argc, char** argv) {
   bool eager_init = false;
   bool use_orig = defaults.use_orig_params(), forward_prefetch = defaults.forward_prefetch(), bf16 = false, trace_memory = false, checkpointing = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
+  app.add_option("--engine", engine,
+                 "fsdp1 (FullyShardedDataParallel) or fsdp2 (fully_shard per block and the root; FULL_SHARD, "
+                 "SHARD_GRAD_OP: reshard_after_forward false, HYBRID_SHARD: a 2-D mesh)")
+      ->check(CLI::IsMember({"fsdp1", "fsdp2"}))
+      ->capture_default_str();
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
   app.add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
   app.add_option("--heads", cfg.heads, "attention heads")->capture_default_str();
@@ -208,12 +214,33 @@ int main(int argc, char** argv) {
     for (auto& p : gpt->parameters()) params += p.numel();
 
     std::vector<fsdp::dist::ProcessGroupPtr> groups{pg};
-    std::shared_ptr<fsdp::FullyShardedDataParallel<fsdp::models::GPTImpl>> model;
+    std::shared_ptr<fsdp::Unit<fsdp::models::GPTImpl>> model;  // FullyShardedDataParallel or FullyShard
+    const bool fsdp2 = engine == "fsdp2";
     std::function<at::Tensor(const at::Tensor&)> forward;
     std::vector<at::Tensor> trainable;
     if (local) {
       forward = [gpt](const at::Tensor& x) { return gpt->forward(x); };
       trainable = gpt->parameters();
+    } else if (fsdp2) {
+      const auto s = fsdp::parse_sharding_strategy(strategy);
+      fsdp::Mesh mesh = fsdp::Mesh::of(pg);
+      if (s == fsdp::ShardingStrategy::kHybridShard) {
+        const int shard = pg->size() % 2 == 0 ? pg->size() / 2 : pg->size();
+        const auto dm = fsdp::dist::init_device_mesh(pg, pg->size() / shard, shard);
+        groups.push_back(dm.shard_group);
+        groups.push_back(dm.replicate_group);
+        mesh = fsdp::Mesh::hybrid(dm);
+      } else if (s == fsdp::ShardingStrategy::kNoShard) {
+        throw fsdp::ConfigError("--engine fsdp2: NO_SHARD has no fully_shard form (use FULL_SHARD, SHARD_GRAD_OP or "
+                                "HYBRID_SHARD)");
+      }
+      fsdp::FullyShardOptions o(mesh);
+      if (s == fsdp::ShardingStrategy::kShardGradOp) o.reshard_after_forward(false);
+      if (bf16) o.mp_policy(fsdp::MixedPrecisionPolicy{torch::kBFloat16, torch::kBFloat16});
+      model = std::make_shared<fsdp::FullyShard<fsdp::models::GPTImpl>>(
+          gpt, o, fsdp::transformer_auto_wrap_policy<fsdp::models::GPTBlockImpl>());
+      forward = [model](const at::Tensor& x) { return (*model)(x); };
+      trainable = (*model)->parameters();
     } else {
       fsdp::FSDPOptions o;
       o.sharding_strategy(fsdp::parse_sharding_strategy(strategy));
@@ -311,7 +338,7 @@ int main(int argc, char** argv) {
     if (pg->rank() == 0) {
       std::ostringstream js;
       js << "{\"strategy\":\"" << (local ? "local" : fsdp::to_string(fsdp::parse_sharding_strategy(strategy)))
-         << "\",\"world\":" << pg->size() << ",\"params\":" << params << ",\"dim\":" << cfg.dim
+         << "\",\"engine\":\"" << (local ? "local" : engine) << "\",\"world\":" << pg->size() << ",\"params\":" << params << ",\"dim\":" << cfg.dim
          << ",\"layers\":" << cfg.layers << ",\"heads\":" << cfg.heads << ",\"ctx\":" << cfg.context
          << ",\"batch_per_rank\":" << batch << ",\"bf16\":" << (bf16 ? "true" : "false")
          << ",\"activation_checkpointing\":" << (checkpointing ? "true" : "false")

@@ -56,11 +56,11 @@ LAYERS = [
     # FSDP2: fully_shard's per-parameter sharding, beside core's FSDP1, on
     # core's forward interposition (fsdp::Unit) and the comm layer.
     ("fsdp2", ["error", "text", "launch", "distributed", "core"]),
-    ("state_dict", ["error", "text", "optim", "launch", "distributed", "core"]),
-    ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "state_dict"]),
-    ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "state_dict", "checkpoint"]),
+    ("state_dict", ["error", "text", "optim", "launch", "distributed", "core", "fsdp2"]),
+    ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "fsdp2", "state_dict"]),
+    ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint"]),
     ("models", ["error", "launch", "distributed", "core"]),
-    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "core", "state_dict", "checkpoint", "strategy", "models"]),
+    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 # Folders of deprecated forwarding headers (old paths of a renamed module):

@@ -8,7 +8,8 @@
 //                                check_optimizer, memory and runtime statistics
 //   unit_list.h                  UnitList, a ModuleList whose elements are units
 //   activation_checkpointing.h   CheckpointWrapper, apply_activation_checkpointing
-// The strategy layer is fsdp/strategy/strategy.h, state dicts are in
+// FSDP2 (fully_shard, per-parameter sharding) is fsdp/fsdp2/fully_shard.h,
+// included here too. The strategy layer is fsdp/strategy/strategy.h, state dicts are in
 // fsdp/state_dict/, checkpoints on disk in fsdp/checkpoint/.
 #pragma once
 
@@ -17,3 +18,4 @@
 #include "fsdp/core/options.h"
 #include "fsdp/core/unit_list.h"
 #include "fsdp/core/utils.h"
+#include "fsdp/fsdp2/fully_shard.h"

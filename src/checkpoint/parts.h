@@ -46,6 +46,7 @@ using dist::rethrow;
 
 // ---- The state (state.cpp) ----
 
+// FSDP units (FSDP1) or modules that fully_shard sharded (FSDP2).
 bool has_fsdp_units(const std::shared_ptr<torch::nn::Module>& model);
 
 // Lightning's rule: exactly one model with FSDP units (optimizers belong to

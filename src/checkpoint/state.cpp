@@ -7,7 +7,6 @@
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "parts.h"
 #include "fsdp/error.h"
-#include "fsdp/core/utils.h"
 #include "fsdp/state_dict/optim_state_dict.h"
 #include "fsdp/state_dict/detail/visit.h"
 #include "fsdp/state_dict/detail/optimizer_kinds.h"
@@ -69,7 +68,7 @@ void CheckpointState::throw_wrong_type(const std::string& name) const {
 namespace detail {
 
 
-bool has_fsdp_units(const std::shared_ptr<torch::nn::Module>& model) { return !fsdp_modules(model).empty(); }
+bool has_fsdp_units(const std::shared_ptr<torch::nn::Module>& model) { return is_sharded_model(model); }
 
 std::pair<std::string, std::shared_ptr<torch::nn::Module>> the_fsdp_model(const CheckpointState& state,
                                                                           const char* verb) {

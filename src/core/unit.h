@@ -120,6 +120,7 @@ class UnitState final : public UnitView, public RootMember, public std::enable_s
   // The range of the unpadded flat parameter this rank holds begins here.
   int64_t shard_begin() const override { return handle_.shard_begin(); }
   const dist::ProcessGroupPtr& shard_group() const override { return config_.shard_group; }
+  const dist::ProcessGroupPtr& replicate_group() const override { return config_.replicate_group; }
   int world_rank() const override;
   bool summoned() const override { return state_ == TrainingState::kSummoned; }
   bool awaiting_backward() const override;

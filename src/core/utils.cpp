@@ -3,6 +3,7 @@
 // and runtime statistics.
 #include <ATen/ATen.h>
 
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 
 #include <unistd.h>
@@ -110,7 +111,16 @@ void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torc
 void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
                      const torch::optim::Optimizer& optimizer) {
   std::unordered_set<const c10::TensorImpl*> fsdp_params;
+  bool sharded = false;
   for (const auto& model : models) {
+    // FSDP2: the parameter objects stay the module's own (each holds its rows).
+    for (const auto& m : model ? model->modules(/*include_self=*/true) : std::vector<std::shared_ptr<torch::nn::Module>>{}) {
+      auto slot = detail::find_slot(m.get());
+      if (!slot || !slot->hooks) continue;
+      sharded = true;
+      for (const auto& p : m->parameters()) fsdp_params.insert(p.unsafeGetTensorImpl());
+    }
+    sharded |= !detail::units_of(model).empty();
     for (auto& u : detail::units_of(model)) {
       if (u->config().use_orig_params) {
         for (const auto& p : u->params()) fsdp_params.insert(p.param.unsafeGetTensorImpl());
@@ -119,11 +129,18 @@ void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& mode
       }
     }
   }
+  bool found = false;
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) {
-      if (fsdp_params.count(p.unsafeGetTensorImpl())) return;
+      if (fsdp_params.count(p.unsafeGetTensorImpl())) found = true;
     }
   }
+  if (sharded && dynamic_cast<const torch::optim::LBFGS*>(&optimizer)) {
+    throw ConfigError("check_optimizer: torch::optim::LBFGS cannot step a sharded model: its line search and history "
+                      "take dot products and norms over all parameters, and each rank holds only its shards. Use an "
+                      "elementwise optimizer: fsdp::optim::AdamW, torch::optim::SGD, Adam, AdamW, Adagrad or RMSprop");
+  }
+  if (found) return;
   throw ConfigError(
       "The optimizer does not seem to reference any FSDP parameters. HINT: Make sure to create the optimizer after "
       "setting up the model.");

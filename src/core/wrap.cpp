@@ -378,6 +378,15 @@ void interpose_sequential_elements(torch::nn::Module& root) {
 }
 
 void refuse_torch_serialize(const torch::nn::Module& module, bool saving) {
+  auto slot = find_slot(&module);
+  if (slot && slot->hooks) {  // FSDP2: every parameter holds this rank's rows
+    throw ConfigError(std::string("fully_shard: torch::") + (saving ? "save of" : "load into") + " the module " +
+                      module.name() + ", which fully_shard sharded, would " +
+                      (saving ? "write this rank's rows of each parameter under the parameter's full name"
+                              : "replace each parameter's rows with the file's whole tensors, unchecked") +
+                      ". Use fsdp::save_checkpoint / fsdp::load_checkpoint, or fsdp::get_model_state_dict / "
+                      "fsdp::set_model_state_dict (fsdp/state_dict/distributed_state_dict.h) with full_state_dict");
+  }
   if (saving) {
     throw ConfigError("FSDP: torch::save of the FSDP-wrapped module " + module.name() +
                       " would write this rank's shards of its parameters under their full names. Save it with "

@@ -53,7 +53,11 @@ void UnshardHandle::wait() {
   }
 }
 
-at::Tensor ShardedParam::full_tensor() const {
+at::Tensor ShardedParam::gather(const at::Tensor& rows) const {
+  if (rows.sizes() != local.sizes()) {
+    throw ConfigError("ShardedParam::gather: " + name + ": the rows given have another shape than this rank's shard");
+  }
+  const at::Tensor& local = rows;
   const auto& g = mesh.shard_group();
   const int w = g->size();
   int64_t row_numel = 1;
@@ -393,13 +397,7 @@ void FSDPModule::set_requires_gradient_sync(bool required, bool recurse) {
 }
 
 void FSDPModule::set_requires_all_reduce(bool required, bool recurse) {
-  for (auto& g : groups_under(checked(group_), recurse)) {
-    if (!required && g->options().mesh().ndim() == 2) {
-      throw ConfigError("FSDPModule::set_requires_all_reduce(false) at module " + g->module()->name() +
-                        ": skipping the all-reduce across replicas (HSDP gradient accumulation) is not implemented "
-                        "in fsdp-cpp yet");
-    }
-  }
+  for (auto& g : groups_under(checked(group_), recurse)) g->requires_all_reduce = required;
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {

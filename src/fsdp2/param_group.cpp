@@ -439,6 +439,7 @@ void ParamGroup::reduce() {
   // reduction completes (complete()).
   pending.post = f.post;
   pending.all_reduce_op = f.all_reduce_op;
+  pending.all_reduce = requires_all_reduce;
   ctx_->pending.push_back(std::move(pending));
   // At most two reductions in flight (torch keeps one per group in flight
   // and waits the oldest at the next post-backward).
@@ -453,7 +454,34 @@ void ParamGroup::complete(RootContext::Pending& p) {
   ParamGroup& g = *p.group;
   at::NoGradGuard no_grad;
   at::Tensor out = p.output;
-  if (g.replicate_group_ && g.replicate_group_->size() > 1) g.replicate_group_->all_reduce(out, p.all_reduce_op).wait();
+  if (g.replicate_group_) {
+    // torch's partial_reduce_output: without the all-reduce across replicas
+    // (set_requires_all_reduce(false)) the reduce-scattered gradients wait,
+    // summed, for the next reduction that all-reduces.
+    auto& partial = g.partial_reduce_output_;
+    if (partial.defined() && g.partial_params_ != p.params) {
+      throw ConfigError("fully_shard: module " + g.module_->name() +
+                        ": the gradients reduced without the all-reduce across replicas "
+                        "(set_requires_all_reduce(false)) belong to other parameters than this backward's; every "
+                        "micro-batch must give gradients to the same parameters");
+    }
+    if (!p.all_reduce) {
+      if (partial.defined()) {
+        partial.add_(out);
+      } else {
+        partial = out;
+        g.partial_params_ = p.params;
+      }
+      p.input = at::Tensor();
+      return;
+    }
+    if (partial.defined()) {
+      out.add_(partial);
+      partial = at::Tensor();
+      g.partial_params_.clear();
+    }
+    if (g.replicate_group_->size() > 1) g.replicate_group_->all_reduce(out, p.all_reduce_op).wait();
+  }
   div_if_needed(out, p.post);
   int64_t off = 0;
   for (size_t i : p.params) {

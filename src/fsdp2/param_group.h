@@ -68,6 +68,7 @@ struct RootContext {
     std::vector<size_t> params;  // the group's parameters in this reduction, in order
     std::optional<double> post;  // the division after the reduction
     dist::ReduceOp all_reduce_op = dist::ReduceOp::kSum;  // across replicas (2-D mesh)
+    bool all_reduce = true;  // false: kept in the group's partial_reduce_output_ instead
   };
   std::vector<Pending> pending;
 };
@@ -111,6 +112,7 @@ class ParamGroup final : public ForwardHooks, public std::enable_shared_from_thi
 
   // FSDPModule's settings.
   bool requires_gradient_sync = true;
+  bool requires_all_reduce = true;  // 2-D mesh: all-reduce across replicas after the reduce-scatter
   bool reshard_after_backward = true;
   std::optional<bool> reshard_after_forward;  // unset: false for the root, true otherwise
   // reshard_after_forward as an int n below the shard size: the group of n
@@ -154,6 +156,10 @@ class ParamGroup final : public ForwardHooks, public std::enable_shared_from_thi
   at::ScalarType gather_dtype_ = at::kFloat;
   bool from_post_forward_ = false;  // the gather in flight is the post-forward group's
   at::Tensor post_forward_shard_;   // after forward with post_forward_group: this rank's 1/n
+  // Reduce-scattered gradients not yet all-reduced across replicas (torch's
+  // partial_reduce_output), and the parameters they are of, in order.
+  at::Tensor partial_reduce_output_;
+  std::vector<size_t> partial_params_;
   // Post-backward: the hooked inputs whose gradients are still to come.
   int inputs_pending_ = 0;
   std::shared_ptr<RootContext> ctx_;

@@ -4,25 +4,24 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include "fsdp/core/detail/forward_call.h"
 #include "fsdp/error.h"
 #include "state_dict_settings.h"
 
 namespace fsdp::detail {
 
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
-  // An FSDP2 model's parameters hold this rank's rows: read as a model's,
-  // they would be saved (or loaded) as if whole.
-  for (const auto& m : model ? model->modules(/*include_self=*/true) : std::vector<std::shared_ptr<torch::nn::Module>>{}) {
-    auto slot = detail::find_slot(m.get());
-    if (slot && slot->hooks) {
-      throw ConfigError("state dicts: module " + m->name() +
-                        " is sharded by fully_shard (FSDP2), whose parameters hold this rank's rows only; fsdp-cpp's "
-                        "state-dict and checkpoint functions do not read or write FSDP2 models yet. Gather a "
-                        "parameter with FSDPModule::sharded_params()[i].full_tensor() (docs/fsdp2.md)");
+  ModelIndex idx;
+  if (model) {
+    for (const auto& m : model->modules(/*include_self=*/true)) {
+      auto g = fsdp_module_of(*m);
+      if (!g) continue;
+      idx.groups.push_back(*g);
+      for (auto& sp : g->sharded_params()) {
+        const auto* impl = sp.param.unsafeGetTensorImpl();
+        idx.rows.emplace(impl, Rows{std::move(sp), g->group().get()});
+      }
     }
   }
-  ModelIndex idx;
   idx.units = detail::unit_views_of(model);
   for (auto& u : idx.units) {
     idx.unit_at[u->module()] = u.get();
@@ -50,16 +49,26 @@ void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx
     auto owned = idx.by_impl.find(impl);
     if (owned != idx.by_impl.end()) {
       if (type != StateDictType::kLocal) {
-        out.push_back({Item::kOwned, prefix + item.key(), owned->second.unit, owned->second.param, {}});
+        out.push_back({Item::kOwned, prefix + item.key(), owned->second.unit, owned->second.param, {}, nullptr,
+                       !owned->second.param->requires_grad});
       }
       continue;
     }
-    out.push_back({Item::kParam, prefix + item.key(), nullptr, nullptr, item.value()});
+    auto rows = idx.rows.find(impl);
+    if (rows != idx.rows.end()) {
+      out.push_back({Item::kRows, prefix + item.key(), nullptr, nullptr, {}, &rows->second,
+                     !item.value().requires_grad()});
+      continue;
+    }
+    out.push_back({Item::kParam, prefix + item.key(), nullptr, nullptr, item.value(), nullptr,
+                   !item.value().requires_grad()});
   }
   auto owned = idx.owned.find(&m);
   if (owned != idx.owned.end() && type != StateDictType::kLocal) {
     for (const auto& [key, o] : owned->second) {
-      if (!registered.count(key)) out.push_back({Item::kOwned, prefix + key, o.unit, o.param, {}});
+      if (!registered.count(key)) {
+        out.push_back({Item::kOwned, prefix + key, o.unit, o.param, {}, nullptr, !o.param->requires_grad});
+      }
     }
   }
   for (const auto& b : m.named_buffers(/*recurse=*/false)) {
@@ -69,13 +78,33 @@ void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx
 }
 
 
-// The one state dict type of the model's units (FULL for a plain model).
+// The one state dict type of the model's units or groups (FULL for a plain
+// model; SHARDED for an FSDP2 model outside every guard, as torch's
+// fully_shard gives DTensors).
 std::pair<StateDictType, StateDictConfig> model_type(const ModelIndex& idx) {
+  if (!idx.groups.empty()) {
+    const StateDictSetting first =
+        state_dict_setting_of(idx.groups.front().group().get(), StateDictType::kSharded);
+    for (const auto& g : idx.groups) {
+      if (state_dict_setting_of(g.group().get(), StateDictType::kSharded).type != first.type) {
+        throw ConfigError("state_dict: the model's fully_shard modules have different state dict types (at " +
+                          idx.groups.front().module().name() + " and " + g.module().name() +
+                          "): set one type for the whole model with StateDictTypeGuard");
+      }
+    }
+    if (first.type == StateDictType::kLocal) {
+      throw ConfigError("state_dict: LOCAL_STATE_DICT is FSDP1's (the shard of a unit's flat parameter); the model at " +
+                        idx.groups.front().module().name() +
+                        " is sharded by fully_shard, whose SHARDED_STATE_DICT is already each parameter's local "
+                        "rows: use SHARDED_STATE_DICT or FULL_STATE_DICT");
+    }
+    return {first.type, first.config};
+  }
   if (idx.units.empty()) return {StateDictType::kFull, FullStateDictConfig{}};
   const auto& first = idx.units.front();
-  const StateDictSetting setting = state_dict_setting_of(*first);
+  const StateDictSetting setting = state_dict_setting_of(first.get(), StateDictType::kFull);
   for (const auto& u : idx.units) {
-    const StateDictType type = state_dict_setting_of(*u).type;
+    const StateDictType type = state_dict_setting_of(u.get(), StateDictType::kFull).type;
     if (type != setting.type) {
       throw ConfigError(std::string("state_dict: the model's FSDP units have different state dict types (") +
                         to_string(setting.type) + " at " + first->module()->name() + ", " + to_string(type) +
@@ -83,6 +112,45 @@ std::pair<StateDictType, StateDictConfig> model_type(const ModelIndex& idx) {
     }
   }
   return {setting.type, setting.config};
+}
+
+int world_rank(const ModelIndex& idx) {
+  if (!idx.units.empty()) return idx.units.front()->world_rank();
+  if (idx.groups.empty()) return 0;
+  if (idx.rows.empty()) return 0;  // groups without parameters
+  const Mesh& mesh = idx.rows.begin()->second.param.mesh;
+  const auto& shard = mesh.shard_group();
+  const auto replicate = mesh.replicate_group();
+  return (replicate ? replicate->rank() * shard->size() : 0) + shard->rank();
+}
+
+std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx) {
+  if (!idx.units.empty()) {
+    const auto& u = idx.units.front();
+    if (!u->shard_group()) return {};
+    return {u->shard_group(), u->replicate_group()};
+  }
+  if (idx.rows.empty()) return {};
+  const Mesh& mesh = idx.rows.begin()->second.param.mesh;
+  return {mesh.shard_group(), mesh.replicate_group()};
+}
+
+ShardedTensor rows_value(const Rows& r, const at::Tensor& t) {
+  const ShardedParam& p = r.param;
+  ShardedTensor out{p.global_shape, t.scalar_type(), {}};
+  if (t.numel() > 0) {
+    std::vector<int64_t> offsets(p.global_shape.size(), 0);
+    offsets[0] = p.row_offset;
+    out.local_shards.push_back(Shard{std::move(offsets), t});
+  }
+  return out;
+}
+
+std::pair<int64_t, int64_t> rows_range(const Rows& r) {
+  const ShardedParam& p = r.param;
+  int64_t row_numel = 1;
+  for (size_t d = 1; d < p.global_shape.size(); ++d) row_numel *= p.global_shape[d];
+  return {p.row_offset * row_numel, (p.row_offset + p.local.size(0)) * row_numel};
 }
 
 at::Tensor offload(const at::Tensor& t, bool to_cpu) { return to_cpu ? t.cpu() : t; }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/state_dict/detail/visit.h"  // StateSink
 #include "fsdp/state_dict/sharded_tensor.h"
 #include "fsdp/state_dict/state_dict_options.h"
@@ -26,8 +27,18 @@ struct Owned {
   const ParamInfo* param;
 };
 
-// Where every unit, original parameter and cast buffer of a model is.
+// A parameter that fully_shard sharded (FSDP2): this rank holds its rows
+// [row_offset, row_offset + local rows), in the parameter object itself.
+struct Rows {
+  ShardedParam param;
+  const void* group = nullptr;  // its FSDPModule's group
+};
+
+// Where every unit, original parameter and cast buffer of a model is (FSDP1),
+// or every group and sharded parameter (FSDP2; a model is one or the other).
 struct ModelIndex {
+  std::vector<FSDPModule> groups;                          // FSDP2, pre-order
+  std::unordered_map<const c10::TensorImpl*, Rows> rows;  // FSDP2 parameters
   std::vector<std::shared_ptr<UnitView>> units;
   std::unordered_map<const torch::nn::Module*, std::vector<std::pair<std::string, Owned>>> owned;  // by owner module
   std::unordered_map<const c10::TensorImpl*, Owned> by_impl;  // original parameters
@@ -40,11 +51,13 @@ ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model);
 
 // One key of a state dict.
 struct Item {
-  enum Kind { kFlat, kOwned, kParam, kBuffer } kind;
+  enum Kind { kFlat, kOwned, kParam, kBuffer, kRows } kind;
   std::string key;
   const UnitView* unit = nullptr;   // kFlat, kOwned
   const ParamInfo* param = nullptr;  // kOwned
   at::Tensor tensor;                 // kParam, kBuffer
+  const Rows* rows = nullptr;        // kRows
+  bool frozen = false;               // a parameter with requires_grad false
 };
 // Every key of `m`'s state dict under `type`, in PyTorch's order.
 void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx, StateDictType type,
@@ -54,6 +67,20 @@ void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx
 std::pair<StateDictType, StateDictConfig> model_type(const ModelIndex& idx);
 // ConfigError naming `what` if a unit is inside summon_full_params.
 void check_idle(const ModelIndex& idx, const char* what);
+// The rank of this process in the model's whole world (replicate rank *
+// shard size + shard rank; 0 for a model without units or groups).
+int world_rank(const ModelIndex& idx);
+// The groups a tensor travels over from the model's world rank 0 to every
+// rank: the shard group, then the replicate group (null when none). Empty
+// for a model without units or groups.
+std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx);
+
+// FSDP2: `t` (shaped like the parameter's local rows: the rows themselves
+// or an optimizer's state of them) as this rank's piece of the whole.
+ShardedTensor rows_value(const Rows& r, const at::Tensor& t);
+// FSDP2: the parameter's elements this rank holds, [lo, hi) of the
+// row-major whole (one contiguous range).
+std::pair<int64_t, int64_t> rows_range(const Rows& r);
 
 // `t`, or a CPU copy of it with to_cpu.
 at::Tensor offload(const at::Tensor& t, bool to_cpu);

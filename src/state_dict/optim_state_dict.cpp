@@ -29,7 +29,8 @@ struct OptParam {
   at::Tensor tensor;
   const UnitView* unit = nullptr;    // a unit's flat shard (param null) or an original parameter's shard
   const ParamInfo* param = nullptr;  // the original parameter (use_orig_params)
-  std::string name;                  // plain parameters and original parameters
+  const Rows* rows = nullptr;        // a parameter that fully_shard sharded (FSDP2)
+  std::string name;                  // plain, original and FSDP2 parameters
 };
 
 // The model's names for the optimizer's tensors.
@@ -37,6 +38,7 @@ struct Naming {
   ModelIndex idx;
   std::unordered_map<const ParamInfo*, std::string> owned;      // first name of each original parameter
   std::unordered_map<const c10::TensorImpl*, std::string> plain;  // parameters outside units
+  std::unordered_map<const c10::TensorImpl*, std::pair<std::string, const Rows*>> rows;  // FSDP2 parameters
   std::unordered_map<const c10::TensorImpl*, const UnitView*> flat;  // flat shards
   std::unordered_map<std::string, size_t> position;             // keys in the model's state-dict order
 
@@ -47,6 +49,9 @@ struct Naming {
       position.emplace(item.key, position.size());
       if (item.kind == Item::kOwned) owned.emplace(item.param, item.key);
       if (item.kind == Item::kParam) plain.emplace(item.tensor.unsafeGetTensorImpl(), item.key);
+      if (item.kind == Item::kRows) {
+        rows.emplace(item.rows->param.param.unsafeGetTensorImpl(), std::make_pair(item.key, item.rows));
+      }
     }
     for (const auto& u : idx.units) flat[u->flat_shard().unsafeGetTensorImpl()] = u.get();
   }
@@ -67,6 +72,11 @@ struct Naming {
     }
     if (auto it = plain.find(impl); it != plain.end()) {
       p.name = it->second;
+      return p;
+    }
+    if (auto it = rows.find(impl); it != rows.end()) {
+      p.name = it->second.first;
+      p.rows = it->second.second;
       return p;
     }
     throw ConfigError("optim_state_dict: the optimizer steps a tensor of shape " + shape_str(t.sizes()) +
@@ -178,6 +188,51 @@ void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
   }
 }
 
+// FULL: the state of the FSDP2 parameters `ps` (in the optimizer's order),
+// gathered one tensor at a time over their shard group. One all-reduce first
+// finds, for each parameter, the fields any rank has and the largest step.
+void gather_rows(const Kind& kind, const torch::optim::Optimizer& opt, const std::vector<OptParam>& ps, bool emit,
+                 bool to_cpu, const StateSink& out) {
+  if (ps.empty()) return;
+  const auto& group = ps.front().rows->param.mesh.shard_group();
+  for (const auto& op : ps) {
+    if (op.rows->param.mesh.shard_group() != group) {
+      throw ConfigError("optim_state_dict: the fully_shard parameters " + ps.front().name + " and " + op.name +
+                        " are sharded over different meshes; a FULL optimizer state dict needs one mesh");
+    }
+  }
+  const size_t nf = kind.fields.size();
+  const int64_t width = static_cast<int64_t>(nf) + 1;
+  at::Tensor info = at::zeros({static_cast<int64_t>(ps.size()) * width}, at::kDouble);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    OptimizerParamState* st = state_of(opt, ps[i].tensor);
+    if (!st) continue;
+    const int64_t base = static_cast<int64_t>(i) * width;
+    for (size_t f = 0; f < nf; ++f) {
+      if (kind.get(*st, kind.fields[f]).defined()) info[base + static_cast<int64_t>(f)] = 1.0;
+    }
+    if (kind.has_step) info[base + width - 1] = static_cast<double>(kind.get_step(*st) + 1);
+  }
+  if (group->size() > 1) group->all_reduce(info, dist::ReduceOp::kMax).wait();  // [collective]
+  auto flags = info.accessor<double, 1>();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const OptParam& op = ps[i];
+    const int64_t base = static_cast<int64_t>(i) * width;
+    OptimizerParamState* st = state_of(opt, op.tensor);
+    for (size_t f = 0; f < nf; ++f) {
+      if (flags[base + static_cast<int64_t>(f)] == 0) continue;
+      at::Tensor t = st ? kind.get(*st, kind.fields[f]) : at::Tensor();
+      if (!t.defined()) t = at::zeros_like(op.rows->param.local);
+      at::Tensor full = op.rows->param.gather(t.detach());  // [collective]
+      if (emit) out(op.name + "." + kind.fields[f], offload(full, to_cpu));
+    }
+    if (emit && kind.has_step && flags[base + width - 1] > 0) {
+      out(op.name + ".step", step_tensor(static_cast<int64_t>(flags[base + width - 1]) - 1));
+    }
+  }
+}
+
 // SHARDED, or FULL for a parameter outside every unit: this rank's state of one optimizer tensor.
 void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, const OptParam& op,
                  bool full, bool to_cpu, const StateSink& out) {
@@ -195,6 +250,10 @@ void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
       at::Tensor t = kind.get(*st, f);
       if (!t.defined()) continue;
       t = t.detach();
+      if (op.rows) {  // this rank's rows, as the parameter's
+        out(name + "." + f, rows_value(*op.rows, offload(t, to_cpu)));
+        continue;
+      }
       if (!op.unit) {  // whole on every rank
         out(name + "." + f, offload(full ? t.clone() : t, to_cpu));
         continue;
@@ -232,14 +291,25 @@ std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch:
   const bool full = type == StateDictType::kFull;
   const bool to_cpu = offload_of(config);
   bool emit = true;
-  if (full && std::get<FullStateDictConfig>(config).rank0_only && !naming.idx.units.empty()) {
-    emit = naming.idx.units.front()->world_rank() == 0;
+  if (full && std::get<FullStateDictConfig>(config).rank0_only &&
+      (!naming.idx.units.empty() || !naming.idx.groups.empty())) {
+    emit = world_rank(naming.idx) == 0;
   }
   const auto groups = classify_all(naming, optimizer);
   std::vector<OptimParamGroup> out;
   std::unordered_set<const UnitView*> done;
+  if (full) {  // FSDP2 parameters, all together (one exchange of what exists)
+    std::vector<OptParam> rows;
+    for (const auto& group : groups) {
+      for (const auto& op : group) {
+        if (op.rows) rows.push_back(op);
+      }
+    }
+    gather_rows(kind, optimizer, rows, emit, to_cpu, sink);
+  }
   for (const auto& group : groups) {
     for (const auto& op : group) {
+      if (full && op.rows) continue;
       if (!full || !op.unit) {
         if (emit || !full) local_state(kind, optimizer, naming, op, full, to_cpu, sink);
         continue;
@@ -361,6 +431,9 @@ class Planner {
         const std::string key = name_of(p) + "." + f;
         if (!state_.state.contains(key)) {
           errors_.push_back("missing " + key + " (other parameters of its flat parameter have '" + f + "')");
+        } else if (op.rows) {
+          auto [lo, hi] = rows_range(*op.rows);
+          fill(key, op.rows->param.global_shape, lo, hi, dst.view({-1}));
         } else if (!p) {
           fill(key, op.tensor.sizes().vec(), 0, op.tensor.numel(), dst.view({-1}));
         } else {
@@ -445,6 +518,7 @@ void load_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model, torc
   Naming naming(model);
   check_idle(naming.idx, "load_optim_state_dict");
   for (auto& u : naming.idx.units) u->follow_module_to();
+  for (auto& g : naming.idx.groups) g.reshard();  // FSDP2: the parameters show their rows (the state's shape)
   const auto groups = classify_all(naming, optimizer);
   std::vector<std::string> errors;
   validate_groups(state, naming, groups, errors);

@@ -202,8 +202,14 @@ Kind kind_of(const torch::optim::Optimizer& opt) {
   for (const Row& row : rows()) {
     if (row.is(opt)) return row.kind;
   }
-  throw ConfigError("optim_state_dict: unsupported optimizer type: expected torch::optim::SGD, Adam, AdamW, "
-                    "Adagrad or RMSprop");
+  if (dynamic_cast<const torch::optim::LBFGS*>(&opt)) {
+    throw ConfigError("optim_state_dict: torch::optim::LBFGS is not supported on a sharded model: its line search "
+                      "and history take dot products and norms over all parameters, which each rank's shards "
+                      "cannot give; use an elementwise optimizer: fsdp::optim::AdamW, torch::optim::SGD, Adam, "
+                      "AdamW, Adagrad or RMSprop");
+  }
+  throw ConfigError("optim_state_dict: unsupported optimizer type: expected fsdp::optim::AdamW, torch::optim::SGD, "
+                    "Adam, AdamW, Adagrad or RMSprop");
 }
 
 OptimizerParamState* state_of(const torch::optim::Optimizer& opt, const at::Tensor& t) {

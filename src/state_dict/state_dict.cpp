@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "fsdp/error.h"
@@ -88,8 +89,13 @@ StateDict map_tensors(const StateDict& state, const std::function<at::Tensor(con
 
 namespace detail {
 
+bool is_sharded_model(const std::shared_ptr<torch::nn::Module>& model) {
+  const ModelIndex idx = index_model(model);
+  return !idx.units.empty() || !idx.groups.empty();
+}
+
 std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
-                                          const StateSink& sink, bool copy) {
+                                          const StateSink& sink, bool copy, bool skip_frozen) {
   if (!model) throw ConfigError("state_dict: the model is null");
   ModelIndex idx = index_model(model);
   check_idle(idx, "state_dict");
@@ -98,12 +104,15 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
   const bool to_cpu = offload_of(config);
   std::vector<Item> items;
   walk(*model, prefix, idx, type, items);
+  if (skip_frozen) items.erase(std::remove_if(items.begin(), items.end(), [](const Item& i) { return i.frozen; }), items.end());
 
   bool emit_units = true, emit_plain = true;
-  if (type == StateDictType::kFull && std::get<FullStateDictConfig>(config).rank0_only && !idx.units.empty()) {
-    const bool rank0 = idx.units.front()->world_rank() == 0;
+  if (type == StateDictType::kFull && std::get<FullStateDictConfig>(config).rank0_only &&
+      (!idx.units.empty() || !idx.groups.empty())) {
+    const bool rank0 = world_rank(idx) == 0;
     emit_units = rank0;
-    emit_plain = rank0 || !idx.unit_at.count(model.get());  // a non-FSDP root's own parts stay on every rank
+    // a non-FSDP root's own parts stay on every rank
+    emit_plain = rank0 || !(idx.unit_at.count(model.get()) || fsdp_module_of(*model));
   }
 
   std::vector<std::string> keys;
@@ -146,6 +155,16 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
         }
         break;
       }
+      case Item::kRows: {
+        const ShardedParam& p = item.rows->param;
+        if (type == StateDictType::kSharded) {
+          sink(item.key, rows_value(*item.rows, offload(p.local.detach(), to_cpu)));
+        } else {
+          at::Tensor full = p.full_tensor();  // [collective] one all-gather per parameter
+          if (emit_units) sink(item.key, offload(full, to_cpu));
+        }
+        break;
+      }
       case Item::kParam:
         if (emit_plain) sink(item.key, offload(item.tensor.detach(), to_cpu));
         break;
@@ -157,7 +176,9 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
         break;
       }
     }
-    const bool emitted = item.kind == Item::kOwned ? emit_units : item.kind == Item::kFlat || emit_plain;
+    const bool emitted = item.kind == Item::kOwned || (item.kind == Item::kRows && type == StateDictType::kFull)
+                             ? emit_units
+                             : item.kind == Item::kFlat || item.kind == Item::kRows || emit_plain;
     if (emitted) keys.push_back(item.key);
   }
   return keys;
@@ -195,6 +216,7 @@ void validate(const std::vector<Item>& items, const StateDict& state, bool stric
     switch (item.kind) {
       case Item::kFlat: want = {item.unit->numel()}; break;
       case Item::kOwned: want = item.param->shape; break;
+      case Item::kRows: want = item.rows->param.global_shape; break;
       default: want = item.tensor.sizes().vec();
     }
     if (value_shape(v) != want) {
@@ -288,6 +310,12 @@ std::vector<Copy> plan(const std::vector<Item>& items, const StateDict& state) {
         copies.push_back({v, p.shape, lo, hi, u.flat_shard().detach().narrow(0, shard_index(u, p, lo), hi - lo)});
         break;
       }
+      case Item::kRows: {
+        auto [lo, hi] = rows_range(*item.rows);
+        const at::Tensor& local = item.rows->param.local;
+        if (hi > lo) copies.push_back({v, item.rows->param.global_shape, lo, hi, local.detach().view({-1})});
+        break;
+      }
       default: {
         const at::Tensor t = item.tensor.detach();
         if (std::holds_alternative<at::Tensor>(*v)) {
@@ -334,6 +362,7 @@ void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const Stat
     u->follow_module_to();
     u->reshard();  // full parameters left from a forward without backward are rebuilt from the shards
   }
+  for (auto& g : idx.groups) g.reshard();  // FSDP2: the parameters show their rows again
   auto [type, config] = model_type(idx);
   std::vector<Item> items;
   walk(*model, "", idx, type, items);

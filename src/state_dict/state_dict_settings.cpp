@@ -13,6 +13,7 @@
 #include "fsdp/error.h"
 #include "fsdp/state_dict/state_dict_options.h"
 #include "fsdp/core/detail/unit_view.h"
+#include "fsdp/fsdp2/fully_shard.h"
 
 namespace fsdp {
 
@@ -25,7 +26,7 @@ namespace {
 
 struct SettingTable {
   std::mutex mu;
-  std::unordered_map<const detail::UnitView*, detail::StateDictSetting> settings;
+  std::unordered_map<const void*, detail::StateDictSetting> settings;  // by UnitView or FSDP2 group
 };
 
 SettingTable& setting_table() {
@@ -45,17 +46,17 @@ StateDictConfig default_config(StateDictType type) {
 
 namespace detail {
 
-StateDictSetting state_dict_setting_of(const UnitView& unit) {
+StateDictSetting state_dict_setting_of(const void* unit_or_group, StateDictType fallback) {
   auto& t = setting_table();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.settings.find(&unit);
-  return it == t.settings.end() ? StateDictSetting{} : it->second;
+  auto it = t.settings.find(unit_or_group);
+  return it == t.settings.end() ? StateDictSetting{fallback, default_config(fallback)} : it->second;
 }
 
 }  // namespace detail
 
 struct StateDictTypeGuard::Saved {
-  std::shared_ptr<detail::UnitView> unit;
+  std::shared_ptr<const void> unit;  // a UnitView or an FSDP2 group, kept alive
   std::optional<detail::StateDictSetting> previous;  // none: the unit had the default
 };
 
@@ -68,12 +69,17 @@ StateDictTypeGuard::StateDictTypeGuard(const std::shared_ptr<torch::nn::Module>&
   }
   auto& t = setting_table();
   std::lock_guard<std::mutex> lock(t.mu);
-  for (auto& u : detail::unit_views_of(model)) {
+  std::vector<std::shared_ptr<const void>> keys;
+  for (auto& u : detail::unit_views_of(model)) keys.push_back(u);
+  for (const auto& m : model ? model->modules(/*include_self=*/true) : std::vector<std::shared_ptr<torch::nn::Module>>{}) {
+    if (auto g = fsdp_module_of(*m)) keys.push_back(g->group());
+  }
+  for (auto& key : keys) {
     auto saved = std::make_shared<Saved>();
-    saved->unit = u;
-    auto it = t.settings.find(u.get());
+    auto it = t.settings.find(key.get());
     if (it != t.settings.end()) saved->previous = it->second;
-    t.settings[u.get()] = detail::StateDictSetting{type, c};
+    t.settings[key.get()] = detail::StateDictSetting{type, c};
+    saved->unit = std::move(key);
     saved_.push_back(std::move(saved));
   }
 }
@@ -93,7 +99,10 @@ StateDictTypeGuard::~StateDictTypeGuard() {
 
 StateDictType state_dict_type_of(const torch::nn::Module& unit_module) {
   auto unit = detail::unit_view_at(unit_module);
-  return unit ? detail::state_dict_setting_of(*unit).type : StateDictType::kFull;
+  if (unit) return detail::state_dict_setting_of(unit.get(), StateDictType::kFull).type;
+  auto group = fsdp_module_of(unit_module);
+  return group ? detail::state_dict_setting_of(group->group().get(), StateDictType::kSharded).type
+               : StateDictType::kFull;
 }
 
 }  // namespace fsdp

@@ -6,15 +6,15 @@
 
 namespace fsdp::detail {
 
-class UnitView;
-
 struct StateDictSetting {
   StateDictType type = StateDictType::kFull;
   StateDictConfig config = FullStateDictConfig{};
 };
 
-// The unit's setting (the default FULL one outside every guard). A lookup in
-// a process-wide table under a lock.
-StateDictSetting state_dict_setting_of(const UnitView& unit);
+// The setting of an FSDP1 unit (its UnitView) or of an FSDP2 group (its
+// FSDPModule's group), as StateDictTypeGuard left it; outside every guard,
+// `fallback` with its default config (FULL for units, SHARDED for groups, as
+// PyTorch's). A lookup in a process-wide table under a lock.
+StateDictSetting state_dict_setting_of(const void* unit_or_group, StateDictType fallback);
 
 }  // namespace fsdp::detail

@@ -58,15 +58,17 @@ CheckpointState state_of(Trainer& t) {
   return s;
 }
 
-// Python's dcp.save at `py_world` ranks -> fsdp-cpp's load at 1 and 2 ranks:
-// the loaded state, saved again in the full format, is exactly Python's.
-void python_dcp_loads(int py_world, const std::string& mode = "save") {
+// Python's dcp.save at `py_world` ranks -> fsdp-cpp's load at `worlds`
+// (FSDP1 or FSDP2 models): the loaded state, saved again in the full format,
+// is exactly Python's.
+void python_dcp_loads(int py_world, const std::string& mode = "save", Engine engine = Engine::kFsdp1,
+                      std::vector<int> worlds = {1, 2}) {
   TempDir dir;
   write_spec(dir.path());
   peer(mode, dir.path(), py_world);
-  for (int world : {1, 2}) {
+  for (int world : worlds) {
     run_ranks(world, [&](dist::ProcessGroup& pg) {
-      Trainer t(pg, Opt::kAdamW, 9);  // other values: everything must come from the checkpoint
+      Trainer t(pg, Opt::kAdamW, 9, engine);  // other values: everything must come from the checkpoint
       CheckpointState s = state_of(t);
       load_checkpoint(dir.path() + "/py_dcp", s, pg);
       EXPECT_EQ(std::get<int64_t>(s.values().at("step")), 5);
@@ -83,6 +85,10 @@ TEST(DcpFromPython, World1SaveLoadsAtWorld1And2) { python_dcp_loads(1); }
 
 TEST(DcpFromPython, World2Fsdp2SaveLoadsAtWorld1And2) { python_dcp_loads(2); }
 
+// PyTorch's fully_shard + dcp.save at world 2 -> fsdp-cpp's fully_shard
+// model at world 3 (uneven rows).
+TEST(DcpFromPython, World2Fsdp2SaveLoadsIntoFullyShardAtWorld3) { python_dcp_loads(2, "save", Engine::kFsdp2, {3}); }
+
 // Lightning's sharded checkpoint (FSDP1 under Fabric, world 1): its values come from meta.pt.
 TEST(DcpFromPython, LightningShardedLoadsAtWorld1And2) { python_dcp_loads(1, "lightning-save"); }
 
@@ -90,13 +96,15 @@ TEST(DcpFromPython, LightningShardedLoadsAtWorld1And2) { python_dcp_loads(1, "li
 // PyTorch's dcp.load at world 1 and at world 2 (FSDP2 under torchrun), into
 // the model's state dict and get_state_dict's optimizer layout: every tensor
 // equals what fsdp-cpp's full save of the same state holds.
+// The same from fsdp-cpp's fully_shard model at world 3.
 TEST(DcpToPython, ShardedSavesLoadWithDcpLoadAtWorld1And2) {
-  for (int world : {1, 2}) {
+  for (const auto& [world, engine] : {std::make_pair(1, Engine::kFsdp1), std::make_pair(2, Engine::kFsdp1),
+                                      std::make_pair(3, Engine::kFsdp2)}) {
     TempDir dir;
     write_spec(dir.path());
-    const auto batches = make_batches(2, 4, 1);
-    run_ranks(world, [&](dist::ProcessGroup& pg) {
-      Trainer t(pg, Opt::kAdamW, 3);
+    const auto batches = make_batches(2, 6, 1);
+    run_ranks(world, [&, engine = engine](dist::ProcessGroup& pg) {
+      Trainer t(pg, Opt::kAdamW, 3, engine);
       t.train(pg, batches, 0, 2);
       CheckpointState s = state_of(t);
       s.value("step", int64_t{7}).value("tag", std::string("cpp"));
@@ -107,8 +115,8 @@ TEST(DcpToPython, ShardedSavesLoadWithDcpLoadAtWorld1And2) {
     peer("load", dir.path(), 1);
     peer("load", dir.path(), 2);
     // fsdp-cpp reads its own DCP save back through its index (CRC-32s).
-    run_ranks(world, [&](dist::ProcessGroup& pg) {
-      Trainer t(pg, Opt::kAdamW, 9);
+    run_ranks(world, [&, engine = engine](dist::ProcessGroup& pg) {
+      Trainer t(pg, Opt::kAdamW, 9, engine);
       CheckpointState s = state_of(t);
       load_checkpoint(dir.path() + "/cpp_dcp", s, pg);
       EXPECT_EQ(std::get<int64_t>(s.values().at("step")), 7);

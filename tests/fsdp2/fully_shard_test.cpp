@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -19,6 +20,7 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/optim/adamw.h"
+#include "fsdp/state_dict/distributed_state_dict.h"
 #include "fsdp/state_dict/state_dict.h"
 
 using namespace fsdp;
@@ -167,9 +169,10 @@ std::string run_case(dist::ProcessGroup& pg, const std::string& c, bool libtorch
   std::string out;
   for (int step = 0; step < kSteps; ++step) {
     opt->zero_grad();
-    const int micros = flags.count("accum") ? 2 : 1;
+    const int micros = flags.count("accum") || flags.count("noar") ? 2 : 1;
     for (int micro = 0; micro < micros; ++micro) {
-      s.fsdp.set_requires_gradient_sync(micro == micros - 1);
+      if (flags.count("accum")) s.fsdp.set_requires_gradient_sync(micro == micros - 1);
+      if (flags.count("noar")) s.fsdp.set_requires_all_reduce(micro == micros - 1);
       if (flags.count("prefetch")) s.fsdp.unshard(/*async_op=*/true);
       auto [tokens, target] = batch(step, micro, pg.rank(), pg.size());
       at::Tensor loss = F::cross_entropy(s.root(tokens), target);
@@ -254,7 +257,9 @@ TEST(FullyShardTorch, World2EqualsTorchBitwise) {
 TEST(FullyShardTorch, World3EqualsTorchBitwise) { expect_equal_to_torch(3, {"base", "raf0", "sum", "clip"}); }
 
 // HSDP 2x2, and resharding to groups of 2 after forward at a 1-D world of 4.
-TEST(FullyShardTorch, World4HsdpAndReshardToTwoEqualTorchBitwise) { expect_equal_to_torch(4, {"hsdp", "raf2", "hsdp+clip"}); }
+TEST(FullyShardTorch, World4HsdpAndReshardToTwoEqualTorchBitwise) {
+  expect_equal_to_torch(4, {"hsdp", "raf2", "hsdp+clip", "hsdp+noar"});
+}
 #else
 TEST(FullyShardTorch, NeedsTheWheelBuild) {
   GTEST_SKIP() << "the torch oracle runs where the test Python's torch is this LibTorch (the wheel build)";
@@ -311,14 +316,6 @@ TEST(FullyShard, RefusesWhatTorchRefusesByName) {
                 std::string::npos);
     }
     {
-      // fsdp-cpp's state dicts (and the checkpoints on them) would read the
-      // shards as whole parameters: refused until they read FSDP2 models.
-      Sharded s = shard(pg, {"base"});
-      EXPECT_NE(config_error([&] { fsdp::state_dict(s.net); }).find("is sharded by fully_shard (FSDP2)"),
-                std::string::npos);
-      EXPECT_NE(config_error([&] { fsdp::load_state_dict(s.net, StateDict()); }).find("fully_shard"), std::string::npos);
-    }
-    {
       // A module no holder can interpose (LibTorch has no module hooks).
       auto bare = std::make_shared<BlockImpl>(false);
       EXPECT_NE(config_error([&] { fully_shard(bare, mesh); }).find("held by no fsdp::Unit holder"), std::string::npos);
@@ -340,6 +337,26 @@ TEST(FullyShard, RefusesWhatTorchRefusesByName) {
 
 // torch.chunk's rows on dim 0, uneven and empty shards, the local tensors
 // the module's parameters hold outside forward, and full_tensor().
+// torch::save / torch::load would write or read each parameter's rows under
+// its full name; LBFGS's global dot products cannot run on shards.
+TEST(FullyShard, RefusesTorchSaveTorchLoadAndLbfgsByName) {
+  TempDir dir;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    FullyShard<TinyLMImpl> model(make_model(false), FullyShardOptions(Mesh::of(borrow(pg))));
+    const std::string file = dir.path() + "/m" + std::to_string(pg.rank()) + ".pt";
+    EXPECT_NE(config_error([&] { torch::save(model, file); }).find("which fully_shard sharded"), std::string::npos);
+    EXPECT_FALSE(std::filesystem::exists(file));
+    Unit<TinyLMImpl> plain(make_model(false));
+    torch::save(plain, file);  // an unsharded model saves as LibTorch's do
+    EXPECT_NE(config_error([&] { torch::load(model, file); }).find("get_model_state_dict"), std::string::npos);
+    torch::optim::LBFGS lbfgs(model->parameters());
+    EXPECT_NE(config_error([&] { check_optimizer(model.ptr(), lbfgs); }).find("LBFGS"), std::string::npos);
+    EXPECT_NE(config_error([&] { get_optimizer_state_dict(model.ptr(), lbfgs); }).find("LBFGS"), std::string::npos);
+    fsdp::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(kLr));
+    EXPECT_NO_THROW(check_optimizer(model.ptr(), adamw));
+  });
+}
+
 TEST(FullyShard, ShardsEachParameterByRowsAsTorchChunk) {
   const auto reference = make_model(false);
   std::map<std::string, at::Tensor> initial;

@@ -19,6 +19,8 @@ float32. A case is a name and its settings, joined by '+':
   prefetch    explicit forward and backward prefetch lists, and an async
               unshard of the root before each forward
   hsdp        a 2-D mesh (replicate=2, shard=WORLD/2)
+  noar        two micro-batches per step, the first without the all-reduce
+              across replicas (set_requires_all_reduce(False); with hsdp)
   sum         set_gradient_divide_factor(WORLD) with force-sum reduction
   clip        clip_grad_norm_(max_norm=0.5) before each step; the norm is
               written after the step's loss
@@ -104,7 +106,7 @@ def batch(step, micro, rank, world):
 
 def run_case(case, rank, world, out_dir):
     flags = set(case.split("+"))
-    known = {"base", "raf0", "raf2", "bf16", "lora", "accum", "prefetch", "hsdp", "sum", "clip"}
+    known = {"base", "raf0", "raf2", "bf16", "lora", "accum", "prefetch", "hsdp", "sum", "clip", "noar"}
     if flags - known:
         raise SystemExit(f"fully_shard_oracle.py: unknown case flags {sorted(flags - known)}; known: {sorted(known)}")
     if "hsdp" in flags:
@@ -134,9 +136,12 @@ def run_case(case, rank, world, out_dir):
     losses = []
     for step in range(STEPS):
         opt.zero_grad()
-        micros = 2 if "accum" in flags else 1
+        micros = 2 if flags & {"accum", "noar"} else 1
         for micro in range(micros):
-            model.set_requires_gradient_sync(micro == micros - 1)
+            if "accum" in flags:
+                model.set_requires_gradient_sync(micro == micros - 1)
+            if "noar" in flags:
+                model.set_requires_all_reduce(micro == micros - 1)
             if "prefetch" in flags:
                 model.unshard(async_op=True)
             tokens, target = batch(step, micro, rank, world)

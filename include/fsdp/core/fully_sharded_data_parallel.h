@@ -177,6 +177,8 @@ class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
 
   // True once this module is an FSDP unit.
   bool is_fsdp_unit() const { return slot_ && slot_->unit != nullptr; }
+  // True once fully_shard (FSDP2, fsdp/fsdp2/fully_shard.h) sharded this module.
+  bool is_fully_shard() const { return slot_ && slot_->hooks != nullptr; }
 
  protected:
   void attach() {
@@ -194,7 +196,8 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
 
 // TORCH::SAVE AND TORCH::LOAD. `torch::save(model, path)` and
 // `torch::load(model, path)` on a holder of an FSDP unit (a
-// FullyShardedDataParallel, or a Unit that became one) throw ConfigError,
+// FullyShardedDataParallel, or a Unit that became one) or of a module that
+// fully_shard sharded (FSDP2: FullyShard too) throw ConfigError,
 // on every rank and before touching the file: LibTorch's Module::save would
 // write this rank's shards of the parameters (1-D slices, or empty tensors)
 // under the parameters' full names, and Module::load would replace the shards
@@ -208,13 +211,13 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
 // Module::save, which fsdp-cpp cannot see: it writes the shards.)
 template <class ModuleImpl>
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive, const Unit<ModuleImpl>& unit) {
-  if (unit.is_fsdp_unit()) detail::refuse_torch_serialize(*unit.ptr(), /*saving=*/true);
+  if (unit.is_fsdp_unit() || unit.is_fully_shard()) detail::refuse_torch_serialize(*unit.ptr(), /*saving=*/true);
   unit.ptr()->save(archive);
   return archive;
 }
 template <class ModuleImpl>
 torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive, Unit<ModuleImpl>& unit) {
-  if (unit.is_fsdp_unit()) detail::refuse_torch_serialize(*unit.ptr(), /*saving=*/false);
+  if (unit.is_fsdp_unit() || unit.is_fully_shard()) detail::refuse_torch_serialize(*unit.ptr(), /*saving=*/false);
   unit.ptr()->load(archive);
   return archive;
 }

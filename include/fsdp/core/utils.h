@@ -88,6 +88,10 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
 // original parameters, which FSDP no longer trains: throws ConfigError
 // "The optimizer does not seem to reference any FSDP parameters. HINT: Make
 // sure to create the optimizer after setting up the model." (Lightning's words).
+// A model sharded by fully_shard (FSDP2) keeps its parameter objects: an
+// optimizer on any of them passes. torch::optim::LBFGS on a sharded model
+// (either engine) is a ConfigError naming it: its line search takes dot
+// products over all parameters, which shards cannot give.
 void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer);
 // [local] The same for several models: `optimizer` must step parameters of
 // at least one of them (ConfigError as above otherwise, also for no models).

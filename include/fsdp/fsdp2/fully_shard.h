@@ -30,8 +30,7 @@
 // pre-backward to its post-backward. A frozen parameter (requires_grad
 // false) never has gradient memory, sharded or full.
 //
-// Not yet: offload on CUDA, set_requires_all_reduce(false) — each refused
-// by name.
+// Not yet: offload on CUDA — refused by name.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -65,7 +64,11 @@ struct ShardedParam {
 
   // [collective over the mesh's shard group] The whole parameter, as a new
   // tensor: one all-gather of global_shape's elements.
-  at::Tensor full_tensor() const;
+  at::Tensor full_tensor() const { return gather(local); }
+  // [collective over the mesh's shard group] The whole tensor of which
+  // `rows` is this rank's part, sharded as this parameter is (`rows` shaped
+  // like `local`: an optimizer's state of it, say), as a new tensor.
+  at::Tensor gather(const at::Tensor& rows) const;
 };
 
 // A wait for an asynchronous unshard (torch's UnshardHandle).
@@ -106,7 +109,10 @@ class FSDPModule {
   // accumulation without communication); the next backward with true
   // reduces the sum.
   void set_requires_gradient_sync(bool required, bool recurse = true);
-  // HSDP: false skips the all-reduce across replicas (not yet: refused).
+  // HSDP (2-D mesh): false skips the all-reduce across replicas; the
+  // reduce-scattered gradients are kept, summed, and join the next
+  // reduction that all-reduces (gradient accumulation with half the
+  // communication). No effect on a 1-D mesh, as in torch.
   void set_requires_all_reduce(bool required, bool recurse = true);
   void set_reshard_after_forward(bool reshard, bool recurse = true);
   void set_reshard_after_backward(bool reshard, bool recurse = true);

@@ -43,7 +43,10 @@ const char* config_name(const StateDictConfig& config);
 // type (and config: the default of the type when absent) of every FSDP unit
 // in `model` for the guard's lifetime, then restores each unit's previous
 // setting. Outside every guard a unit's type is FULL_STATE_DICT with the
-// default FullStateDictConfig. A config of another type than `type` is a
+// default FullStateDictConfig. The guard sets the modules that fully_shard
+// sharded (FSDP2) as well; their type outside every guard is
+// SHARDED_STATE_DICT (torch's fully_shard gives DTensors), and they have no
+// LOCAL_STATE_DICT (a ConfigError when a state dict is taken). A config of another type than `type` is a
 // ConfigError whose message contains "Expected state_dict_config of type".
 // Guards nest; they must end in the reverse order of their creation (as
 // scopes do). Thread-safe: the settings live in a process-wide table keyed
@@ -62,8 +65,8 @@ class StateDictTypeGuard {
   std::vector<std::shared_ptr<Saved>> saved_;  // one per unit: the setting to restore
 };
 
-// [local] The state dict type of the FSDP unit at `unit_module` (FULL for a
-// module that is not a unit).
+// [local] The state dict type of the FSDP unit (or fully_shard module) at
+// `unit_module` (FULL for a module that is neither).
 StateDictType state_dict_type_of(const torch::nn::Module& unit_module);
 
 // [local] Marks buffer `name` of `module` (not of its children) as

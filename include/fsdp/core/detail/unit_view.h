@@ -68,6 +68,8 @@ class UnitView {
   virtual int64_t shard_begin() const = 0;
   // The group the flat parameter is sharded over (null: shards of one).
   virtual const dist::ProcessGroupPtr& shard_group() const = 0;
+  // The group the shards are replicated over (HYBRID_SHARD; null: none).
+  virtual const dist::ProcessGroupPtr& replicate_group() const = 0;
   // Rank in the unit's whole world (replicate rank * shard size + shard rank).
   virtual int world_rank() const = 0;
   // Inside summon_full_params.

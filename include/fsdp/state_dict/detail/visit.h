@@ -32,8 +32,14 @@ using StateSink = std::function<void(const std::string& key, StateValue value)>;
 // time). Returns the keys handed over, in the state dict's order. copy=false:
 // FULL tensors are views of the unit's gathered buffer (valid as long as the
 // sink holds them; no copy, for writers that consume them at once).
+// skip_frozen: parameters with requires_grad false are left out, and not
+// gathered (torch's ignore_frozen_params).
 std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
-                                          const StateSink& sink, bool copy = true);
+                                          const StateSink& sink, bool copy = true, bool skip_frozen = false);
+
+// [local] True when `model` holds FSDP units or modules that fully_shard
+// sharded: the model whose state is sharded over ranks.
+bool is_sharded_model(const std::shared_ptr<torch::nn::Module>& model);
 
 // [collective on models with FULL_STATE_DICT units; local otherwise]
 // optim_state_dict(), handing each state entry to `sink` as it exists (FULL:
