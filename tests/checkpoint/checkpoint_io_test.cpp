@@ -143,6 +143,7 @@ TEST_P(CheckpointEngines, LoadExactlyAcrossEnginesAndWorldSizes) {
     std::lock_guard<std::mutex> lock(mu);
     if (pg.rank() == 0) want = snap;
   });
+  EXPECT_EQ(verify_checkpoint(path), std::vector<std::string>{});  // fsdp-ckpt verify: sound
   if (format == CheckpointFormat::kSharded && from == Engine::kFsdp2) {
     for (const auto& t : inspect_checkpoint(path).tensors) {
       const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
@@ -158,6 +159,17 @@ TEST_P(CheckpointEngines, LoadExactlyAcrossEnginesAndWorldSizes) {
     load_checkpoint(path, s, pg);
     expect_equal(b.snapshot(), want, "world 3 -> 2");
   });
+  if (format == CheckpointFormat::kSharded) {
+    // fsdp-ckpt consolidate: the sharded save as one full file, which loads the same.
+    const std::string file = dir.path() + "/consolidated.pt";
+    consolidate_checkpoint(path, file);
+    run_ranks(2, [&, to = to](dist::ProcessGroup& pg) {
+      Trainer c(pg, Opt::kAdamW, 3, to);
+      CheckpointState s = state_of(c);
+      load_checkpoint(file, s, pg);
+      expect_equal(c.snapshot(), want, "consolidated, world 3 -> 2");
+    });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
