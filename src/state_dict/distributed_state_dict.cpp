@@ -275,4 +275,18 @@ void set_optimizer_state_dict(const std::shared_ptr<torch::nn::Module>& model, t
   load_optim_state_dict(model, optimizer, mine);
 }
 
+std::pair<StateDict, OptimStateDict> get_state_dict(const std::shared_ptr<torch::nn::Module>& model,
+                                                    const torch::optim::Optimizer& optimizer,
+                                                    const StateDictOptions& options) {
+  StateDict m = get_model_state_dict(model, options);
+  return {std::move(m), get_optimizer_state_dict(model, optimizer, options)};
+}
+
+void set_state_dict(const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
+                    const StateDict& model_state_dict, const OptimStateDict& optim_state_dict,
+                    const StateDictOptions& options) {
+  set_model_state_dict(model, model_state_dict, options);
+  set_optimizer_state_dict(model, optimizer, optim_state_dict, options);
+}
+
 }  // namespace fsdp

@@ -128,6 +128,12 @@ TEST(DistributedStateDict, Fsdp2RoundTripsInBothFormsAndAcrossWorldSizes) {
       set_model_state_dict(b.model.ptr(), model, o);
       set_optimizer_state_dict(b.model.ptr(), *b.optimizer, optim, o);
       expect_same(b.snapshot(), snap, full ? "full" : "sharded");
+      // torch's get_state_dict / set_state_dict: both at once.
+      Trainer c(pg, Opt::kAdamW, 8, Engine::kFsdp2);
+      c.train(pg, batches, 3, 4);
+      const auto [both_model, both_optim] = get_state_dict(a.model.ptr(), *a.optimizer, o);
+      set_state_dict(c.model.ptr(), *c.optimizer, both_model, both_optim, o);
+      expect_same(c.snapshot(), snap, full ? "full, get_state_dict" : "sharded, get_state_dict");
       if (full && pg.rank() == 0) {
         std::lock_guard<std::mutex> lock(mu);
         full_model = map_tensors(model, [](const torch::Tensor& t) { return t.clone(); });

@@ -28,6 +28,7 @@
 #include <torch/arg.h>
 
 #include <memory>
+#include <utility>
 
 #include "fsdp/state_dict/optim_state_dict.h"
 #include "fsdp/state_dict/state_dict.h"
@@ -94,5 +95,17 @@ OptimStateDict get_optimizer_state_dict(const std::shared_ptr<torch::nn::Module>
 // ConfigError listing every problem at once (load_optim_state_dict).
 void set_optimizer_state_dict(const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
                               const OptimStateDict& state, const StateDictOptions& options = {});
+
+// [collective as the two getters] torch's get_state_dict(model, optimizer):
+// get_model_state_dict then get_optimizer_state_dict, with the same options.
+std::pair<StateDict, OptimStateDict> get_state_dict(const std::shared_ptr<torch::nn::Module>& model,
+                                                    const torch::optim::Optimizer& optimizer,
+                                                    const StateDictOptions& options = {});
+
+// [as the two setters] torch's set_state_dict(model, optimizer, ...):
+// set_model_state_dict then set_optimizer_state_dict, with the same options.
+void set_state_dict(const std::shared_ptr<torch::nn::Module>& model, torch::optim::Optimizer& optimizer,
+                    const StateDict& model_state_dict, const OptimStateDict& optim_state_dict,
+                    const StateDictOptions& options = {});
 
 }  // namespace fsdp
