@@ -8,6 +8,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <utility>
