@@ -120,8 +120,9 @@ void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& mode
       sharded = true;
       for (const auto& p : m->parameters()) fsdp_params.insert(p.unsafeGetTensorImpl());
     }
-    sharded |= !detail::units_of(model).empty();
-    for (auto& u : detail::units_of(model)) {
+    const auto units = detail::units_of(model);
+    sharded |= !units.empty();
+    for (auto& u : units) {
       if (u->config().use_orig_params) {
         for (const auto& p : u->params()) fsdp_params.insert(p.param.unsafeGetTensorImpl());
       } else {

@@ -57,18 +57,17 @@ at::Tensor ShardedParam::gather(const at::Tensor& rows) const {
   if (rows.sizes() != local.sizes()) {
     throw ConfigError("ShardedParam::gather: " + name + ": the rows given have another shape than this rank's shard");
   }
-  const at::Tensor& local = rows;
   const auto& g = mesh.shard_group();
   const int w = g->size();
   int64_t row_numel = 1;
   for (size_t d = 1; d < global_shape.size(); ++d) row_numel *= global_shape[d];
   const int64_t padded = (global_shape[0] + w - 1) / w * row_numel;
-  at::Tensor in = at::zeros({padded}, local.options());
+  at::Tensor in = at::zeros({padded}, rows.options());
   {
     at::NoGradGuard no_grad;
-    if (local.numel() > 0) in.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
+    if (rows.numel() > 0) in.narrow(0, 0, rows.numel()).copy_(rows.reshape({-1}));
   }
-  at::Tensor out = at::empty({padded * w}, local.options());
+  at::Tensor out = at::empty({padded * w}, rows.options());
   g->all_gather(out, in).wait();
   return out.narrow(0, 0, global_shape[0] * row_numel).view(global_shape).clone();
 }

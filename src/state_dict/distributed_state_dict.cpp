@@ -109,8 +109,8 @@ at::Tensor broadcast_tensor(const Route& r, const at::Tensor& t, at::ScalarType 
 // This rank's part of the whole tensor `full` of `item` (a copy: `full` is
 // dropped after), or `full` itself where every rank holds all of it.
 StateValue keep_mine(const Item* item, const at::Tensor& full) {
-  if (item && item->kind == Item::kRows && full.sizes().vec() == item->rows->param.global_shape) {
-    const ShardedParam& p = item->rows->param;
+  if (item && item->kind == Item::kRows && full.sizes().vec() == item->rows->global_shape) {
+    const ShardedParam& p = *item->rows;
     return rows_value(*item->rows, full.narrow(0, p.row_offset, p.local.size(0)).clone());
   }
   if (item && item->kind == Item::kOwned && full.sizes().vec() == item->param->shape) {
@@ -213,13 +213,7 @@ std::vector<OptimParamGroup> decode_groups(const std::string& bytes) {
 StateDict get_model_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDictOptions& options) {
   check(options, "get_model_state_dict");
   StateDictTypeGuard guard(model, type_of(options), config_of(options));
-  std::unordered_map<std::string, StateValue> values;
-  auto keys = visit_state_dict(
-      model, "", [&](const std::string& key, StateValue v) { values.emplace(key, std::move(v)); }, /*copy=*/true,
-      options.ignore_frozen_params());
-  StateDict out;
-  for (const auto& key : keys) out.insert(key, std::move(values.at(key)));
-  return out;
+  return collect_state_dict(model, "", options.ignore_frozen_params());
 }
 
 void set_model_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state,

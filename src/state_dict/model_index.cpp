@@ -11,15 +11,11 @@ namespace fsdp::detail {
 
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
   ModelIndex idx;
-  if (model) {
-    for (const auto& m : model->modules(/*include_self=*/true)) {
-      auto g = fsdp_module_of(*m);
-      if (!g) continue;
-      idx.groups.push_back(*g);
-      for (auto& sp : g->sharded_params()) {
-        const auto* impl = sp.param.unsafeGetTensorImpl();
-        idx.rows.emplace(impl, Rows{std::move(sp), g->group().get()});
-      }
+  idx.groups = fully_shard_modules(model);
+  for (const auto& g : idx.groups) {
+    for (auto& sp : g.sharded_params()) {
+      const auto* impl = sp.param.unsafeGetTensorImpl();
+      idx.rows.emplace(impl, std::move(sp));
     }
   }
   idx.units = detail::unit_views_of(model);
@@ -116,11 +112,10 @@ std::pair<StateDictType, StateDictConfig> model_type(const ModelIndex& idx) {
 
 int world_rank(const ModelIndex& idx) {
   if (!idx.units.empty()) return idx.units.front()->world_rank();
-  if (idx.groups.empty()) return 0;
-  if (idx.rows.empty()) return 0;  // groups without parameters
-  const Mesh& mesh = idx.rows.begin()->second.param.mesh;
-  const auto& shard = mesh.shard_group();
-  const auto replicate = mesh.replicate_group();
+  const auto groups = broadcast_groups(idx);  // FSDP2: the mesh's (shard, replicate)
+  if (groups.empty()) return 0;
+  const auto& shard = groups[0];
+  const auto& replicate = groups[1];
   return (replicate ? replicate->rank() * shard->size() : 0) + shard->rank();
 }
 
@@ -130,13 +125,12 @@ std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx) {
     if (!u->shard_group()) return {};
     return {u->shard_group(), u->replicate_group()};
   }
-  if (idx.rows.empty()) return {};
-  const Mesh& mesh = idx.rows.begin()->second.param.mesh;
+  if (idx.rows.empty()) return {};  // no FSDP2 parameter either
+  const Mesh& mesh = idx.rows.begin()->second.mesh;
   return {mesh.shard_group(), mesh.replicate_group()};
 }
 
-ShardedTensor rows_value(const Rows& r, const at::Tensor& t) {
-  const ShardedParam& p = r.param;
+ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t) {
   ShardedTensor out{p.global_shape, t.scalar_type(), {}};
   if (t.numel() > 0) {
     std::vector<int64_t> offsets(p.global_shape.size(), 0);
@@ -146,8 +140,7 @@ ShardedTensor rows_value(const Rows& r, const at::Tensor& t) {
   return out;
 }
 
-std::pair<int64_t, int64_t> rows_range(const Rows& r) {
-  const ShardedParam& p = r.param;
+std::pair<int64_t, int64_t> rows_range(const ShardedParam& p) {
   int64_t row_numel = 1;
   for (size_t d = 1; d < p.global_shape.size(); ++d) row_numel *= p.global_shape[d];
   return {p.row_offset * row_numel, (p.row_offset + p.local.size(0)) * row_numel};

@@ -27,18 +27,13 @@ struct Owned {
   const ParamInfo* param;
 };
 
-// A parameter that fully_shard sharded (FSDP2): this rank holds its rows
-// [row_offset, row_offset + local rows), in the parameter object itself.
-struct Rows {
-  ShardedParam param;
-  const void* group = nullptr;  // its FSDPModule's group
-};
-
 // Where every unit, original parameter and cast buffer of a model is (FSDP1),
 // or every group and sharded parameter (FSDP2; a model is one or the other).
 struct ModelIndex {
   std::vector<FSDPModule> groups;                          // FSDP2, pre-order
-  std::unordered_map<const c10::TensorImpl*, Rows> rows;  // FSDP2 parameters
+  // FSDP2 parameters: this rank holds rows [row_offset, row_offset + local
+  // rows) of each, in the parameter object itself.
+  std::unordered_map<const c10::TensorImpl*, ShardedParam> rows;
   std::vector<std::shared_ptr<UnitView>> units;
   std::unordered_map<const torch::nn::Module*, std::vector<std::pair<std::string, Owned>>> owned;  // by owner module
   std::unordered_map<const c10::TensorImpl*, Owned> by_impl;  // original parameters
@@ -56,7 +51,7 @@ struct Item {
   const UnitView* unit = nullptr;   // kFlat, kOwned
   const ParamInfo* param = nullptr;  // kOwned
   at::Tensor tensor;                 // kParam, kBuffer
-  const Rows* rows = nullptr;        // kRows
+  const ShardedParam* rows = nullptr;  // kRows
   bool frozen = false;               // a parameter with requires_grad false
 };
 // Every key of `m`'s state dict under `type`, in PyTorch's order.
@@ -77,10 +72,10 @@ std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx);
 
 // FSDP2: `t` (shaped like the parameter's local rows: the rows themselves
 // or an optimizer's state of them) as this rank's piece of the whole.
-ShardedTensor rows_value(const Rows& r, const at::Tensor& t);
+ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t);
 // FSDP2: the parameter's elements this rank holds, [lo, hi) of the
 // row-major whole (one contiguous range).
-std::pair<int64_t, int64_t> rows_range(const Rows& r);
+std::pair<int64_t, int64_t> rows_range(const ShardedParam& p);
 
 // `t`, or a CPU copy of it with to_cpu.
 at::Tensor offload(const at::Tensor& t, bool to_cpu);

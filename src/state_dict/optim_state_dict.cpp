@@ -29,7 +29,7 @@ struct OptParam {
   at::Tensor tensor;
   const UnitView* unit = nullptr;    // a unit's flat shard (param null) or an original parameter's shard
   const ParamInfo* param = nullptr;  // the original parameter (use_orig_params)
-  const Rows* rows = nullptr;        // a parameter that fully_shard sharded (FSDP2)
+  const ShardedParam* rows = nullptr;  // a parameter that fully_shard sharded (FSDP2)
   std::string name;                  // plain, original and FSDP2 parameters
 };
 
@@ -38,7 +38,7 @@ struct Naming {
   ModelIndex idx;
   std::unordered_map<const ParamInfo*, std::string> owned;      // first name of each original parameter
   std::unordered_map<const c10::TensorImpl*, std::string> plain;  // parameters outside units
-  std::unordered_map<const c10::TensorImpl*, std::pair<std::string, const Rows*>> rows;  // FSDP2 parameters
+  std::unordered_map<const c10::TensorImpl*, std::pair<std::string, const ShardedParam*>> rows;  // FSDP2 parameters
   std::unordered_map<const c10::TensorImpl*, const UnitView*> flat;  // flat shards
   std::unordered_map<std::string, size_t> position;             // keys in the model's state-dict order
 
@@ -50,7 +50,7 @@ struct Naming {
       if (item.kind == Item::kOwned) owned.emplace(item.param, item.key);
       if (item.kind == Item::kParam) plain.emplace(item.tensor.unsafeGetTensorImpl(), item.key);
       if (item.kind == Item::kRows) {
-        rows.emplace(item.rows->param.param.unsafeGetTensorImpl(), std::make_pair(item.key, item.rows));
+        rows.emplace(item.rows->param.unsafeGetTensorImpl(), std::make_pair(item.key, item.rows));
       }
     }
     for (const auto& u : idx.units) flat[u->flat_shard().unsafeGetTensorImpl()] = u.get();
@@ -194,9 +194,9 @@ void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Nam
 void gather_rows(const Kind& kind, const torch::optim::Optimizer& opt, const std::vector<OptParam>& ps, bool emit,
                  bool to_cpu, const StateSink& out) {
   if (ps.empty()) return;
-  const auto& group = ps.front().rows->param.mesh.shard_group();
+  const auto& group = ps.front().rows->mesh.shard_group();
   for (const auto& op : ps) {
-    if (op.rows->param.mesh.shard_group() != group) {
+    if (op.rows->mesh.shard_group() != group) {
       throw ConfigError("optim_state_dict: the fully_shard parameters " + ps.front().name + " and " + op.name +
                         " are sharded over different meshes; a FULL optimizer state dict needs one mesh");
     }
@@ -223,8 +223,8 @@ void gather_rows(const Kind& kind, const torch::optim::Optimizer& opt, const std
     for (size_t f = 0; f < nf; ++f) {
       if (flags[base + static_cast<int64_t>(f)] == 0) continue;
       at::Tensor t = st ? kind.get(*st, kind.fields[f]) : at::Tensor();
-      if (!t.defined()) t = at::zeros_like(op.rows->param.local);
-      at::Tensor full = op.rows->param.gather(t.detach());  // [collective]
+      if (!t.defined()) t = at::zeros_like(op.rows->local);
+      at::Tensor full = op.rows->gather(t.detach());  // [collective]
       if (emit) out(op.name + "." + kind.fields[f], offload(full, to_cpu));
     }
     if (emit && kind.has_step && flags[base + width - 1] > 0) {
@@ -433,7 +433,7 @@ class Planner {
           errors_.push_back("missing " + key + " (other parameters of its flat parameter have '" + f + "')");
         } else if (op.rows) {
           auto [lo, hi] = rows_range(*op.rows);
-          fill(key, op.rows->param.global_shape, lo, hi, dst.view({-1}));
+          fill(key, op.rows->global_shape, lo, hi, dst.view({-1}));
         } else if (!p) {
           fill(key, op.tensor.sizes().vec(), 0, op.tensor.numel(), dst.view({-1}));
         } else {

@@ -156,7 +156,7 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
         break;
       }
       case Item::kRows: {
-        const ShardedParam& p = item.rows->param;
+        const ShardedParam& p = *item.rows;
         if (type == StateDictType::kSharded) {
           sink(item.key, rows_value(*item.rows, offload(p.local.detach(), to_cpu)));
         } else {
@@ -186,12 +186,23 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
 
 }  // namespace detail
 
-StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix) {
+namespace detail {
+
+StateDict collect_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
+                             bool skip_frozen) {
   std::unordered_map<std::string, StateValue> values;
-  auto keys = visit_state_dict(model, prefix, [&](const std::string& key, StateValue v) { values.emplace(key, std::move(v)); });
+  auto keys = visit_state_dict(
+      model, prefix, [&](const std::string& key, StateValue v) { values.emplace(key, std::move(v)); },
+      /*copy=*/true, skip_frozen);
   StateDict out;
   for (const auto& key : keys) out.insert(key, std::move(values.at(key)));
   return out;
+}
+
+}  // namespace detail
+
+StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix) {
+  return collect_state_dict(model, prefix, /*skip_frozen=*/false);
 }
 
 // ---------------------------------------------------------------------------
@@ -216,7 +227,7 @@ void validate(const std::vector<Item>& items, const StateDict& state, bool stric
     switch (item.kind) {
       case Item::kFlat: want = {item.unit->numel()}; break;
       case Item::kOwned: want = item.param->shape; break;
-      case Item::kRows: want = item.rows->param.global_shape; break;
+      case Item::kRows: want = item.rows->global_shape; break;
       default: want = item.tensor.sizes().vec();
     }
     if (value_shape(v) != want) {
@@ -312,8 +323,8 @@ std::vector<Copy> plan(const std::vector<Item>& items, const StateDict& state) {
       }
       case Item::kRows: {
         auto [lo, hi] = rows_range(*item.rows);
-        const at::Tensor& local = item.rows->param.local;
-        if (hi > lo) copies.push_back({v, item.rows->param.global_shape, lo, hi, local.detach().view({-1})});
+        const at::Tensor& local = item.rows->local;
+        if (hi > lo) copies.push_back({v, item.rows->global_shape, lo, hi, local.detach().view({-1})});
         break;
       }
       default: {

@@ -13,7 +13,6 @@
 #include "fsdp/error.h"
 #include "fsdp/state_dict/state_dict_options.h"
 #include "fsdp/core/detail/unit_view.h"
-#include "fsdp/fsdp2/fully_shard.h"
 
 namespace fsdp {
 
@@ -53,6 +52,15 @@ StateDictSetting state_dict_setting_of(const void* unit_or_group, StateDictType 
   return it == t.settings.end() ? StateDictSetting{fallback, default_config(fallback)} : it->second;
 }
 
+std::vector<FSDPModule> fully_shard_modules(const std::shared_ptr<torch::nn::Module>& model) {
+  std::vector<FSDPModule> out;
+  if (!model) return out;
+  for (const auto& m : model->modules(/*include_self=*/true)) {
+    if (auto g = fsdp_module_of(*m)) out.push_back(*g);
+  }
+  return out;
+}
+
 }  // namespace detail
 
 struct StateDictTypeGuard::Saved {
@@ -71,9 +79,7 @@ StateDictTypeGuard::StateDictTypeGuard(const std::shared_ptr<torch::nn::Module>&
   std::lock_guard<std::mutex> lock(t.mu);
   std::vector<std::shared_ptr<const void>> keys;
   for (auto& u : detail::unit_views_of(model)) keys.push_back(u);
-  for (const auto& m : model ? model->modules(/*include_self=*/true) : std::vector<std::shared_ptr<torch::nn::Module>>{}) {
-    if (auto g = fsdp_module_of(*m)) keys.push_back(g->group());
-  }
+  for (const auto& g : detail::fully_shard_modules(model)) keys.push_back(g.group());
   for (auto& key : keys) {
     auto saved = std::make_shared<Saved>();
     auto it = t.settings.find(key.get());

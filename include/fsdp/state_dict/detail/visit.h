@@ -19,6 +19,7 @@ class Optimizer;
 }
 namespace fsdp {
 struct OptimParamGroup;  // fsdp/state_dict/optim_state_dict.h, which a caller includes to use the result
+class StateDict;        // fsdp/state_dict/state_dict.h, likewise
 }
 
 namespace fsdp::detail {
@@ -36,6 +37,11 @@ using StateSink = std::function<void(const std::string& key, StateValue value)>;
 // gathered (torch's ignore_frozen_params).
 std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
                                           const StateSink& sink, bool copy = true, bool skip_frozen = false);
+
+// [as visit_state_dict] Its entries collected into a StateDict, in order:
+// state_dict() (fsdp/state_dict/state_dict.h) with skip_frozen.
+StateDict collect_state_dict(const std::shared_ptr<torch::nn::Module>& model, const std::string& prefix,
+                             bool skip_frozen);
 
 // [local] True when `model` holds FSDP units or modules that fully_shard
 // sharded: the model whose state is sharded over ranks.
