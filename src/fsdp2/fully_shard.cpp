@@ -78,8 +78,8 @@ std::mutex& registry_mutex() {
   static std::mutex mu;
   return mu;
 }
-// The parameters some live group manages (by TensorImpl), so that an outer
-// fully_shard leaves a tied parameter with the group that took it first.
+// The parameters some live group manages (by TensorImpl): a parameter
+// belongs to one group.
 std::unordered_map<const void*, std::weak_ptr<ParamGroup>>& registry() {
   static std::unordered_map<const void*, std::weak_ptr<ParamGroup>> map;
   return map;
@@ -161,9 +161,11 @@ std::vector<std::shared_ptr<ParamGroup>> groups_under(const ParamGroup& g, bool 
     out.push_back(detail::group_of(*g.module()));
     return out;
   }
-  for (const auto& m : g.module()->modules(/*include_self=*/true)) {
-    if (auto x = detail::group_of(*m)) {
-      if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+  for (const auto* member : g.modules()) {
+    for (const auto& m : member->modules(/*include_self=*/true)) {
+      if (auto x = detail::group_of(*m)) {
+        if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+      }
     }
   }
   return out;
@@ -179,25 +181,37 @@ ParamGroup& checked(const std::shared_ptr<ParamGroup>& g) {
 namespace detail {
 std::shared_ptr<ParamGroup> group_of(const torch::nn::Module& module) {
   auto slot = find_slot(&module);
-  return slot ? std::dynamic_pointer_cast<ParamGroup>(slot->hooks) : nullptr;
+  auto hooks = slot ? std::dynamic_pointer_cast<ModuleHooks>(slot->hooks) : nullptr;
+  return hooks ? hooks->group : nullptr;
 }
 }  // namespace detail
 
-FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const FullyShardOptions& options) {
-  if (!module) throw ConfigError("fully_shard: the module is null");
+namespace {
+
+// torch's _get_root_modules: the modules of `modules` that no other of them
+// holds, in order, each once.
+std::vector<std::shared_ptr<torch::nn::Module>> root_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& candidate : modules) {
+    if (!candidate) throw ConfigError("fully_shard: a module of the list is null");
+    bool held = false;
+    for (const auto& other : modules) {
+      if (other.get() == candidate.get()) continue;
+      for (const auto& m : other->modules(/*include_self=*/false)) held = held || m.get() == candidate.get();
+    }
+    const bool again = std::any_of(out.begin(), out.end(), [&](const auto& m) { return m.get() == candidate.get(); });
+    if (!held && !again) out.push_back(candidate);
+  }
+  return out;
+}
+
+// The checks on one module fully_shard is applied to; its slot.
+std::shared_ptr<detail::Slot> checked_slot(const std::shared_ptr<torch::nn::Module>& module) {
   const std::string name = module->name();
   if (dynamic_cast<torch::nn::ModuleListImpl*>(module.get()) || dynamic_cast<torch::nn::ModuleDictImpl*>(module.get())) {
     throw ConfigError("fully_shard: module " + name +
                       " is a container without a forward of its own (ModuleList or ModuleDict): shard its "
                       "elements, or the module that calls them");
-  }
-  check_mesh(options.mesh(), name);
-  int post_size = 0;
-  const std::optional<bool> raf = check_reshard_after_forward(options, name, post_size);
-  if (options.offload_policy().offload_params && options.mesh().shard_group()->device().is_cuda()) {
-    throw ConfigError("fully_shard: module " + name +
-                      ": offload_policy with CUDA parameters is not implemented in fsdp-cpp yet (on a CPU mesh it "
-                      "is accepted and changes nothing, as in torch)");
   }
   auto slot = detail::find_slot(module.get());
   if (!slot) {
@@ -211,19 +225,44 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const F
                       " is already wrapped by FullyShardedDataParallel; one model takes one engine");
   }
   if (slot->hooks) throw ConfigError("fully_shard: module " + name + " is already sharded by fully_shard; shard each module once");
+  return slot;
+}
+
+}  // namespace
+
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, const FullyShardOptions& options) {
+  if (modules.empty()) throw ConfigError("fully_shard: the list of modules is empty");
+  const std::vector<std::shared_ptr<torch::nn::Module>> roots = root_modules(modules);
+  std::vector<std::shared_ptr<detail::Slot>> slots;
+  std::string name;
+  for (const auto& m : roots) {
+    slots.push_back(checked_slot(m));
+    name += (name.empty() ? "" : ", ") + m->name();
+  }
+  if (roots.size() > 1) name = "[" + name + "]";
+  check_mesh(options.mesh(), name);
+  int post_size = 0;
+  const std::optional<bool> raf = check_reshard_after_forward(options, name, post_size);
+  if (options.offload_policy().offload_params && options.mesh().shard_group()->device().is_cuda()) {
+    throw ConfigError("fully_shard: module " + name +
+                      ": offload_policy with CUDA parameters is not implemented in fsdp-cpp yet (on a CPU mesh it "
+                      "is accepted and changes nothing, as in torch)");
+  }
 
   // Deferred modules (built under fsdp::EmptyInitGuard) get an eager
   // build's values now, group by group as fully_shard goes bottom-up: the
   // parameters of modules sharded already hold their rows and stay.
-  materialize(module);
+  for (const auto& m : roots) materialize(m);
   const std::unordered_set<const void*> ignored = ignored_of(options);
   // torch's _get_managed_modules and _get_managed_states: the modules in
-  // post-order (children first), not entering modules sharded already; their
-  // own parameters in order, each once.
-  std::vector<std::pair<std::string, torch::nn::Module*>> modules;
+  // post-order (children first) from each root, not entering modules
+  // sharded already; their own parameters in order, each once.
+  std::unordered_set<const torch::nn::Module*> root_set;
+  for (const auto& m : roots) root_set.insert(m.get());
+  std::vector<std::pair<std::string, torch::nn::Module*>> managed_modules;
   std::unordered_set<const torch::nn::Module*> visited;
   std::function<void(const std::string&, torch::nn::Module&)> dfs = [&](const std::string& path, torch::nn::Module& m) {
-    if (&m != module.get()) {
+    if (!root_set.count(&m)) {
       auto s = detail::find_slot(&m);
       if (s && s->unit) {
         throw ConfigError("fully_shard: module " + name + " holds module " + path +
@@ -235,21 +274,27 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const F
     for (const auto& child : m.named_children()) {
       if (!visited.count(child.value().get())) dfs(path.empty() ? child.key() : path + "." + child.key(), *child.value());
     }
-    modules.emplace_back(path, &m);
+    managed_modules.emplace_back(path, &m);
   };
-  dfs("", *module);
+  for (const auto& m : roots) dfs("", *m);
   std::vector<FSDPParam> params;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     std::unordered_set<const void*> seen;
-    for (const auto& [path, m] : modules) {
+    for (const auto& [path, m] : managed_modules) {
       for (const auto& sub : m->named_parameters(/*recurse=*/false)) {
         const at::Tensor& t = sub.value();
         const void* impl = t.unsafeGetTensorImpl();
-        // A parameter a nested group took already (tied to one outside it)
-        // stays with that group.
-        if (ignored.count(impl) || managed(t) || !seen.insert(impl).second) continue;
+        if (ignored.count(impl) || !seen.insert(impl).second) continue;
         const std::string pname = path.empty() ? sub.key() : path + "." + sub.key();
+        if (managed(t)) {
+          // torch's _validate_no_duplicate_params.
+          throw ConfigError("fully_shard: module " + name + ": parameter " + pname +
+                            " is shared with a parameter that another fully_shard group already manages (module " +
+                            registry()[impl].lock()->name() +
+                            "); a shared (tied) parameter belongs to one group: apply fully_shard to the modules "
+                            "that share it together, as a list (fully_shard({a, b}, ...))");
+        }
         if (t.dim() == 0) {
           throw ConfigError("fully_shard: module " + name + ": parameter " + pname +
                             " is a scalar (0-d); fully_shard shards dimension 0: make it a 1-D tensor of one "
@@ -263,15 +308,22 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const F
       }
     }
   }
-  auto group = std::make_shared<ParamGroup>(module.get(), std::move(params), options);
+  std::vector<torch::nn::Module*> members;
+  for (const auto& m : roots) members.push_back(m.get());
+  auto group = std::make_shared<ParamGroup>(std::move(members), std::move(params), options);
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     for (const auto& p : group->params()) registry()[p.param.unsafeGetTensorImpl()] = group;
   }
   group->reshard_after_forward = raf;
   if (post_size > 0) group->post_forward_group = post_forward_group(options.mesh().shard_group(), post_size);
-  slot->hooks = group;
+  for (size_t i = 0; i < roots.size(); ++i) slots[i]->hooks = std::make_shared<detail::ModuleHooks>(group, roots[i].get());
   return FSDPModule(group);
+}
+
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const FullyShardOptions& options) {
+  if (!module) throw ConfigError("fully_shard: the module is null");
+  return fully_shard(std::vector<std::shared_ptr<torch::nn::Module>>{module}, options);
 }
 
 namespace {
@@ -324,7 +376,7 @@ at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_
   std::unordered_set<const void*> managed_here;
   for (const auto& g : groups_under(r, /*recurse=*/true)) {
     if (g->unsharded()) {
-      throw ConfigError("clip_grad_norm_: module " + g->module()->name() +
+      throw ConfigError("clip_grad_norm_: module " + g->name() +
                         " still holds its full parameters; call it after the last backward of the step, with the "
                         "parameters resharded (reshard())");
     }
@@ -332,15 +384,18 @@ at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_
   }
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  for (const auto& item : r.module()->named_parameters()) {
+  std::unordered_set<const void*> seen;
+  for (const auto* member : r.modules()) {
+   for (const auto& item : member->named_parameters()) {
     const at::Tensor& g = item.value().grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     if (!managed_here.count(item.value().unsafeGetTensorImpl())) {
-      throw ConfigError("clip_grad_norm_: parameter " + item.key() + " of module " + r.module()->name() +
+      throw ConfigError("clip_grad_norm_: parameter " + item.key() + " of module " + member->name() +
                         " has a gradient but no fully_shard group under it manages it (an ignored parameter?); "
                         "its gradient is not sharded like the others");
     }
     grads.push_back(g);
+   }
   }
   const auto& group = r.options().mesh().shard_group();
   if (grads.empty()) return at::zeros({}, at::TensorOptions().device(group->device()));
@@ -370,6 +425,8 @@ at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_
 }
 
 torch::nn::Module& FSDPModule::module() const { return *checked(group_).module(); }
+
+std::vector<torch::nn::Module*> FSDPModule::modules() const { return checked(group_).modules(); }
 
 std::vector<ShardedParam> FSDPModule::sharded_params() const {
   const ParamGroup& g = checked(group_);
@@ -413,7 +470,7 @@ void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
 void FSDPModule::set_is_last_backward(bool last) {
   ParamGroup& g = checked(group_);
   if (!g.context()) {
-    throw ConfigError("FSDPModule::set_is_last_backward at module " + g.module()->name() +
+    throw ConfigError("FSDPModule::set_is_last_backward at module " + g.name() +
                       ": the root is known at its first forward; call it after one");
   }
   g.context()->is_last_backward = last;

@@ -74,8 +74,9 @@ std::vector<int64_t> FSDPParam::local_shape() const {
   return s;
 }
 
-ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params, FullyShardOptions options)
-    : module_(module), params_(std::move(params)), options_(std::move(options)) {
+ParamGroup::ParamGroup(std::vector<torch::nn::Module*> modules, std::vector<FSDPParam> params,
+                       FullyShardOptions options)
+    : modules_(std::move(modules)), params_(std::move(params)), options_(std::move(options)) {
   shard_group_ = options_.mesh().shard_group();
   replicate_group_ = options_.mesh().replicate_group();
   shard_size_ = shard_group_->size();
@@ -103,6 +104,13 @@ ParamGroup::ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params,
 }
 
 ParamGroup::~ParamGroup() = default;
+
+std::string ParamGroup::name() const {
+  if (modules_.size() == 1) return modules_[0]->name();
+  std::string out = "[";
+  for (size_t i = 0; i < modules_.size(); ++i) out += (i ? ", " : "") + modules_[i]->name();
+  return out + "]";
+}
 
 at::ScalarType ParamGroup::compute_dtype(const FSDPParam& p) const {
   const auto& want = options_.mp_policy().param_dtype;
@@ -232,9 +240,15 @@ void ParamGroup::reshard() {
 }
 
 void ParamGroup::lazy_init() {
+  if (modules_.size() > 1) {
+    // torch: "FSDP requires a single root module".
+    throw ConfigError("fully_shard: the group of modules " + name() +
+                      " ran forward first, as the root of its model, but a root is one module: apply fully_shard "
+                      "to the model that calls them too, and run the model");
+  }
   ctx_ = std::make_shared<RootContext>();
   is_root_ = true;
-  for (const auto& item : module_->named_modules("", /*include_self=*/true)) {
+  for (const auto& item : module()->named_modules("", /*include_self=*/true)) {
     auto g = group_of(*item.value());
     if (!g) continue;
     if (std::none_of(ctx_->groups.begin(), ctx_->groups.end(),
@@ -264,21 +278,26 @@ std::shared_ptr<ParamGroup> ParamGroup::previous_in_forward() const {
 
 void ParamGroup::pre_forward(std::vector<at::Tensor>& inputs) {
   if (!ctx_) lazy_init();
+  if (modules_to_run_.empty()) modules_to_run_ = modules_;
   if (is_root_ && tl_depth == 0 && state_ != GroupState::kPreBackward) ctx_->forward_order.clear();
   ++tl_depth;
   // A forward re-run in this group's backward (activation checkpointing)
-  // finds its parameters gathered and keeps the backward's state.
+  // finds its parameters gathered and keeps the backward's state. Of a
+  // list's modules, the first to run in a pass starts the group's forward;
+  // the others only cast their inputs.
   const bool rerun = state_ == GroupState::kPreBackward;
-  if (!rerun) {
+  const bool first_in_pass = !rerun && state_ != GroupState::kForward;
+  if (first_in_pass) {
     state_ = GroupState::kForward;
     ctx_->forward_order.push_back(weak_from_this());
   }
   unshard();
-  prefetch(forward_prefetch);
+  if (first_in_pass) prefetch(forward_prefetch);
   const auto& mp = options_.mp_policy();
   for (auto& t : inputs) {
     if (mp.cast_forward_inputs && mp.param_dtype && t.defined() && is_float(t.scalar_type())) t = t.to(*mp.param_dtype);
   }
+  if (!first_in_pass && !rerun) return;
   // torch's RegisterPostBackwardFunction: the gradients of this forward's
   // inputs are complete when its backward is done.
   inputs_pending_ = 0;
@@ -296,9 +315,22 @@ void ParamGroup::pre_forward(std::vector<at::Tensor>& inputs) {
   }
 }
 
-void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
+void ParamGroup::post_forward(torch::nn::Module* module, std::vector<at::Tensor>& outputs) {
   --tl_depth;
-  if (state_ == GroupState::kPreBackward) return;  // a re-run inside backward
+  if (state_ != GroupState::kPreBackward) {  // not a re-run inside backward
+    auto it = std::find(modules_to_run_.begin(), modules_to_run_.end(), module);
+    if (it != modules_to_run_.end()) {
+      modules_to_run_.erase(it);
+      if (modules_to_run_.empty()) {
+        end_forward(outputs);
+        if (tl_depth == 0) end_unfinished_forwards(outputs);
+      }
+    }
+  }
+  cast_outputs(outputs);
+}
+
+void ParamGroup::end_forward(std::vector<at::Tensor>& outputs) {
   state_ = GroupState::kIdle;
   if (resharded_after_forward()) {
     if (post_forward_group) {
@@ -316,6 +348,9 @@ void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
       });
     }
   }
+}
+
+void ParamGroup::cast_outputs(std::vector<at::Tensor>& outputs) const {
   if (const auto& od = options_.mp_policy().output_dtype) {
     for (auto& t : outputs) {
       if (t.defined() && is_float(t.scalar_type())) t = t.to(*od);
@@ -323,9 +358,22 @@ void ParamGroup::post_forward(std::vector<at::Tensor>& outputs) {
   }
 }
 
+void ParamGroup::end_unfinished_forwards(std::vector<at::Tensor>& outputs) {
+  // In reverse pre-order, so that within a nesting chain the deepest
+  // group's output cast comes first (torch's order).
+  for (auto w = ctx_->groups.rbegin(); w != ctx_->groups.rend(); ++w) {
+    auto g = w->lock();
+    if (!g || g.get() == this || g->modules_to_run_.empty()) continue;
+    g->end_forward(outputs);
+    g->cast_outputs(outputs);
+    g->modules_to_run_.clear();
+  }
+}
+
 void ParamGroup::forward_failed() noexcept {
   --tl_depth;
   if (state_ == GroupState::kForward) state_ = GroupState::kIdle;
+  modules_to_run_.clear();
   try {
     reshard();
   } catch (...) {
@@ -403,7 +451,7 @@ void ParamGroup::reduce() {
   }
   const int ar_size = replicate_group_ ? replicate_group_->size() : 1;
   const DivideFactors f = divide_factors(shard_size_, ar_size, reduce_dtype, gradient_divide_factor,
-                                         force_sum_reduction, module_->name());
+                                         force_sum_reduction, name());
   int64_t block = 0;
   for (size_t i : with_grad) block += params_[i].padded_numel();
   const int w = shard_size_;
@@ -460,7 +508,7 @@ void ParamGroup::complete(RootContext::Pending& p) {
     // summed, for the next reduction that all-reduces.
     auto& partial = g.partial_reduce_output_;
     if (partial.defined() && g.partial_params_ != p.params) {
-      throw ConfigError("fully_shard: module " + g.module_->name() +
+      throw ConfigError("fully_shard: module " + g.name() +
                         ": the gradients reduced without the all-reduce across replicas "
                         "(set_requires_all_reduce(false)) belong to other parameters than this backward's; every "
                         "micro-batch must give gradients to the same parameters");

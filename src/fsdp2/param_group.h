@@ -73,15 +73,20 @@ struct RootContext {
   std::vector<Pending> pending;
 };
 
-class ParamGroup final : public ForwardHooks, public std::enable_shared_from_this<ParamGroup> {
+// One fully_shard call's group. A call on a list of modules makes one group
+// of several modules (torch's _register_group_forward_hooks): the first of
+// them to run in a pass gathers, each casts its inputs (and outputs), and the
+// last to run ends the group's forward (reshard, pre-backward hooks); the
+// root's post-forward ends the forward of groups whose modules did not all run.
+class ParamGroup final : public std::enable_shared_from_this<ParamGroup> {
  public:
-  ParamGroup(torch::nn::Module* module, std::vector<FSDPParam> params, FullyShardOptions options);
-  ~ParamGroup() override;
+  ParamGroup(std::vector<torch::nn::Module*> modules, std::vector<FSDPParam> params, FullyShardOptions options);
+  ~ParamGroup();
 
-  // ForwardHooks (fsdp/core/detail/forward_call.h).
-  void pre_forward(std::vector<at::Tensor>& inputs) override;
-  void post_forward(std::vector<at::Tensor>& outputs) override;
-  void forward_failed() noexcept override;
+  // The forward of `module` (one of modules()), through its ModuleHooks.
+  void pre_forward(std::vector<at::Tensor>& inputs);
+  void post_forward(torch::nn::Module* module, std::vector<at::Tensor>& outputs);
+  void forward_failed() noexcept;
 
   // [collective over the shard group] Issues the all-gather (nothing when
   // unsharded or gathering); wait_unshard completes it (copy-out).
@@ -103,7 +108,11 @@ class ParamGroup final : public ForwardHooks, public std::enable_shared_from_thi
   // The root's end of backward (queued on the autograd engine).
   void finish_backward();
 
-  torch::nn::Module* module() const { return module_; }
+  // The modules fully_shard was applied to (one, or a list's roots).
+  const std::vector<torch::nn::Module*>& modules() const { return modules_; }
+  torch::nn::Module* module() const { return modules_.front(); }
+  // The modules' names, for messages ("A", or "[A, B]" for a list).
+  std::string name() const;
   const std::vector<FSDPParam>& params() const { return params_; }
   const FullyShardOptions& options() const { return options_; }
   int shard_size() const { return shard_size_; }
@@ -134,12 +143,21 @@ class ParamGroup final : public ForwardHooks, public std::enable_shared_from_thi
   // Completes the oldest pending reduction of the root's context.
   static void complete(RootContext::Pending& p);
   bool resharded_after_forward() const;
+  // The group's post-forward: reshard (as set), pre-backward hooks on
+  // `outputs`, idle; and the output dtype cast.
+  void end_forward(std::vector<at::Tensor>& outputs);
+  void cast_outputs(std::vector<at::Tensor>& outputs) const;
+  // The iteration's forward root: ends the forward of the groups of its
+  // tree whose modules did not all run (torch's _force_complete_incomplete_states).
+  void end_unfinished_forwards(std::vector<at::Tensor>& outputs);
   at::ScalarType compute_dtype(const FSDPParam& p) const;
   // A parameter's elements in one rank's block of the all-gather (bytes when
   // the gather is in bytes).
   int64_t gather_numel(const FSDPParam& p) const;
 
-  torch::nn::Module* module_;
+  std::vector<torch::nn::Module*> modules_;
+  // The modules still to run in this forward pass (torch's _modules_to_run_forward).
+  std::vector<torch::nn::Module*> modules_to_run_;
   std::vector<FSDPParam> params_;
   FullyShardOptions options_;
   dist::ProcessGroupPtr shard_group_;
@@ -164,6 +182,20 @@ class ParamGroup final : public ForwardHooks, public std::enable_shared_from_thi
   int inputs_pending_ = 0;
   std::shared_ptr<RootContext> ctx_;
   bool is_root_ = false;
+};
+
+// The forward hooks (fsdp/core/detail/forward_call.h) in the slot of one
+// module of a group.
+class ModuleHooks final : public ForwardHooks {
+ public:
+  ModuleHooks(std::shared_ptr<ParamGroup> group, torch::nn::Module* module)
+      : group(std::move(group)), module(module) {}
+  void pre_forward(std::vector<at::Tensor>& inputs) override { group->pre_forward(inputs); }
+  void post_forward(std::vector<at::Tensor>& outputs) override { group->post_forward(module, outputs); }
+  void forward_failed() noexcept override { group->forward_failed(); }
+
+  const std::shared_ptr<ParamGroup> group;
+  torch::nn::Module* const module;
 };
 
 // [local] The group that fully_shard made for `module`, or null.

@@ -4,6 +4,7 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,7 +57,11 @@ std::vector<FSDPModule> fully_shard_modules(const std::shared_ptr<torch::nn::Mod
   std::vector<FSDPModule> out;
   if (!model) return out;
   for (const auto& m : model->modules(/*include_self=*/true)) {
-    if (auto g = fsdp_module_of(*m)) out.push_back(*g);
+    auto g = fsdp_module_of(*m);
+    // A group of several modules (fully_shard on a list) once.
+    if (g && std::none_of(out.begin(), out.end(), [&](const FSDPModule& x) { return x.group() == g->group(); })) {
+      out.push_back(*g);
+    }
   }
   return out;
 }

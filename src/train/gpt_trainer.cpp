@@ -26,8 +26,10 @@
 
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/core/trace_span.h"
+#include "fsdp/core/utils.h"
 #include "fsdp/distributed/rank_errors.h"
 #include "fsdp/error.h"
+#include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/observability/profiler.h"
 #include "fsdp/strategy/strategy.h"
@@ -63,6 +65,23 @@ FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGr
   return o;
 }
 
+// [collective over the world with --mesh] --engine fsdp2: fully_shard on
+// each block, then on the root, on the strategy's group (or its 2-D mesh),
+// with the run's sharding strategy, precision and activation checkpointing.
+Model fully_shard_model(const FSDPStrategy& strategy, const TrainConfig& c, const std::shared_ptr<models::GPTImpl>& net) {
+  const FSDPOptions wrap = strategy.module_sharded_options();
+  FullyShardOptions o(wrap.device_mesh() ? Mesh::hybrid(*wrap.device_mesh())
+                                         : Mesh::of(std::shared_ptr<dist::ProcessGroup>(&strategy.group(), [](dist::ProcessGroup*) {})));
+  if (strategy.sharding_strategy() == ShardingStrategy::kShardGradOp) o.reshard_after_forward(false);
+  if (strategy.precision().name == "bf16-mixed") o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, at::kFloat});
+  if (strategy.cpu_offload().offload_params) o.offload_policy(OffloadPolicy{true});
+  FullyShard<models::GPTImpl> model(net, o, transformer_auto_wrap_policy<models::GPTBlockImpl>());
+  if (activation_checkpointing(c.strategy)) {
+    apply_activation_checkpointing(model.ptr(), checkpoint_module_types<models::GPTBlockImpl>());
+  }
+  return model;
+}
+
 // [collective] The model, wrapped. Its initial weights come from the seed
 // alone: under empty_init each block is built when FSDP shards it, from the
 // generator state it was first built from, so with the values an eager
@@ -74,6 +93,7 @@ Model build_model(FSDPStrategy& strategy, const TrainConfig& c) {
     auto deferred = strategy.module_init_context(c.empty_init);
     net = std::make_shared<models::GPTImpl>(c.model);
   }
+  if (c.engine == "fsdp2") return fully_shard_model(strategy, c, net);
   return strategy.setup_module(net);
 }
 
@@ -455,7 +475,11 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   Model model = build_model(strategy, c);
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
-  strategy.setup_optimizer(opt);
+  if (c.engine == "fsdp2") {
+    check_optimizer(model.ptr(), opt);
+  } else {
+    strategy.setup_optimizer(opt);
+  }
   Start start = resume_job(strategy, run, c, identity, model, opt, data);
   // Before step 1: what every save will need (checkpoints/ usable, the
   // saves' names free), so that a run never trains to lose it at a save.

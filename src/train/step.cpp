@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fsdp/core/utils.h"  // resident_memory_mib
+#include "fsdp/fsdp2/fully_shard.h"
 
 namespace fsdp::train {
 
@@ -17,7 +18,12 @@ StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::
   strategy.backward(loss);  // scaled under "16-mixed"
   StepResult r;
   r.loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
-  r.grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
+  // --engine fsdp2: the fully_shard root clips as DTensor does (no gradient
+  // scaler: 16-mixed is refused with that engine).
+  const auto fsdp2 = fsdp_module_of(*model.ptr());
+  r.grad_norm = (fsdp2 ? clip_grad_norm_(*fsdp2, 1.0) : strategy.clip_gradients_norm(model.ptr(), opt, 1.0))
+                    .to(at::kDouble)
+                    .item<double>();
   // Under "16-mixed" the scaler skips steps with inf gradients itself.
   r.finite = std::isfinite(r.loss) && (strategy.grad_scaler() != nullptr || std::isfinite(r.grad_norm));
   if (r.finite) strategy.optimizer_step(opt);

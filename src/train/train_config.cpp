@@ -141,6 +141,19 @@ void validate_settings(const TrainConfig& c) {
   positive(c.model.context, "--context");
   positive(c.keep, "--keep");
   positive(c.log_every, "--log-every");
+  if (c.engine != "fsdp1" && c.engine != "fsdp2") throw ConfigError("--engine '" + c.engine + "': expected fsdp1 or fsdp2");
+  if (c.engine == "fsdp2") {
+    if (c.strategy.sharding_strategy() == ShardingStrategy::kNoShard) {
+      throw ConfigError("--engine fsdp2 with --sharding-strategy NO_SHARD: fully_shard always shards; expected "
+                        "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD (or --engine fsdp1)");
+    }
+    const std::string precision = parse_precision(c.strategy.precision()).name;
+    if (precision != "32-true" && precision != "bf16-mixed") {
+      throw ConfigError("--engine fsdp2 with --precision " + c.strategy.precision() +
+                        ": fsdp-train's fully_shard path takes 32-true or bf16-mixed (bfloat16 compute, float32 "
+                        "reduction); the others are FSDP1's here: expected one of those two, or --engine fsdp1");
+    }
+  }
   (void)chosen_loggers(c.loggers);
   if (!c.profile_steps.empty()) {
     const StepRange r = parse_step_range(c.profile_steps, "--profile-steps");

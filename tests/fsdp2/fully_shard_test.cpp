@@ -69,21 +69,23 @@ struct TinyLMImpl : torch::nn::Module {
   explicit TinyLMImpl(bool lora) {
     offset = register_parameter("offset", torch::zeros({1, kDim}));  // one row: empty shards from world 2 on
     mix = register_parameter("mix", torch::zeros({2}));              // two rows: an empty shard at world 3
-    emb = register_module("emb", torch::nn::Embedding(kVocab, kDim));
+    emb = register_module("emb", Unit<torch::nn::EmbeddingImpl>(kVocab, kDim));
     b0 = register_module("b0", Unit<BlockImpl>(lora));
     b1 = register_module("b1", Unit<BlockImpl>(lora));
-    head = register_module("head", torch::nn::Linear(kDim, kVocab));
+    head = register_module("head", Unit<torch::nn::LinearImpl>(kDim, kVocab));
   }
   at::Tensor forward(at::Tensor tokens) {
     at::Tensor h = emb(tokens).mean(1) + offset;
     h = b1(b0(h));
     h = h * mix[0] + mix[1];
-    return head(h);
+    return skip_head ? h : head(h);
   }
   at::Tensor offset, mix;
-  torch::nn::Embedding emb{nullptr};
+  // emb and head in Unit holders, so that fully_shard can take them as a list.
+  Unit<torch::nn::EmbeddingImpl> emb{nullptr};
   Unit<BlockImpl> b0{nullptr}, b1{nullptr};
-  torch::nn::Linear head{nullptr};
+  Unit<torch::nn::LinearImpl> head{nullptr};
+  bool skip_head = false;  // forward stops before the head (a chunked loss calls it)
 };
 
 // The model with fully_shard_oracle.py's initial values (and, for LoRA,
@@ -135,8 +137,13 @@ Sharded shard(dist::ProcessGroup& pg, const std::set<std::string>& flags) {
   if (flags.count("raf0")) o.reshard_after_forward(false);
   if (flags.count("raf2")) o.reshard_after_forward(2);
   if (flags.count("bf16")) o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, at::kFloat, std::nullopt, true});
-  s.b0 = fully_shard(s.net->b0, o);
-  s.b1 = fully_shard(s.net->b1, o);
+  if (flags.count("ends")) fully_shard({s.net->emb.ptr(), s.net->head.ptr()}, o);
+  if (flags.count("group")) {
+    s.b0 = s.b1 = fully_shard({s.net->b0.ptr(), s.net->b1.ptr()}, o);
+  } else {
+    s.b0 = fully_shard(s.net->b0, o);
+    s.b1 = fully_shard(s.net->b1, o);
+  }
   s.fsdp = fully_shard(s.root, o);
   return s;
 }
@@ -181,6 +188,10 @@ std::string run_case(dist::ProcessGroup& pg, const std::string& c, bool libtorch
     }
     if (flags.count("clip")) append(out, clip_grad_norm_(s.fsdp, 0.5));
     opt->step();
+    if (flags.count("prefetch")) {
+      s.fsdp.unshard();  // gathers the stepped shards, which reshard() shows again
+      s.fsdp.reshard();
+    }
   }
   for (const auto& p : s.net->named_parameters()) append(out, p.value());
   return out;
@@ -251,10 +262,13 @@ void expect_equal_to_torch(int world, const std::vector<std::string>& cases) {
 }
 
 TEST(FullyShardTorch, World2EqualsTorchBitwise) {
-  expect_equal_to_torch(2, {"base", "raf0", "bf16", "lora", "accum", "bf16+accum", "prefetch", "sum", "clip"});
+  expect_equal_to_torch(2, {"base", "raf0", "bf16", "lora", "accum", "bf16+accum", "prefetch", "sum", "clip", "group",
+                            "ends", "ends+bf16"});
 }
 
-TEST(FullyShardTorch, World3EqualsTorchBitwise) { expect_equal_to_torch(3, {"base", "raf0", "sum", "clip"}); }
+TEST(FullyShardTorch, World3EqualsTorchBitwise) {
+  expect_equal_to_torch(3, {"base", "raf0", "sum", "clip", "group+ends"});
+}
 
 // HSDP 2x2, and resharding to groups of 2 after forward at a 1-D world of 4.
 TEST(FullyShardTorch, World4HsdpAndReshardToTwoEqualTorchBitwise) {
@@ -314,6 +328,33 @@ TEST(FullyShard, RefusesWhatTorchRefusesByName) {
       EXPECT_NE(config_error([&] { fully_shard(net->b0, FullyShardOptions(mesh).reshard_after_forward(3)); })
                     .find("must be a factor of 2"),
                 std::string::npos);
+    }
+    {
+      // A parameter shared by two groups (torch 2.15 refuses it at the
+      // first forward); sharded together, as a list, it is accepted.
+      auto net = make_model(false);
+      fully_shard(net->emb, mesh);
+      net->head->register_parameter("tied", net->emb->weight);
+      EXPECT_NE(config_error([&] { fully_shard(net->head, mesh); })
+                    .find("parameter tied is shared with a parameter that another fully_shard group already manages "
+                          "(module torch::nn::EmbeddingImpl)"),
+                std::string::npos);
+      auto tied = make_model(false);
+      tied->head->register_parameter("tied", tied->emb->weight);
+      FSDPModule ends = fully_shard({tied->emb.ptr(), tied->head.ptr()}, mesh);
+      EXPECT_EQ(ends.sharded_params().size(), 3u);  // emb.weight once, head.weight, head.bias
+      EXPECT_EQ(ends.modules().size(), 2u);
+      EXPECT_EQ(fsdp_module_of(*tied->head)->group(), ends.group());
+      // A list runs under the model that calls it, never as the root.
+      auto list = make_model(false);
+      fully_shard({list->b0.ptr(), list->b1.ptr()}, mesh);
+      EXPECT_NE(config_error([&] { list->b0(torch::zeros({2, kDim})); }).find("but a root is one module"),
+                std::string::npos);
+      // A listed module that another listed one holds is not a member of its own.
+      auto nested = make_model(false);
+      Unit<TinyLMImpl> holder(nested);
+      FSDPModule all = fully_shard({nested->b0.ptr(), std::shared_ptr<torch::nn::Module>(nested)}, mesh);
+      EXPECT_EQ(all.modules(), std::vector<torch::nn::Module*>{nested.get()});
     }
     {
       // A module no holder can interpose (LibTorch has no module hooks).
@@ -437,6 +478,40 @@ TEST(FullyShard, MaterialisesDeferredModulesWithEagerValues) {
         EXPECT_TRUE(at::equal(p.full_tensor(), eager.at(prefix + p.name))) << prefix + p.name;
       }
     }
+  });
+}
+
+// fully_shard([emb, head]) with a forward that stops before the head (a
+// chunked loss calls it afterwards): the root's post-forward ends the
+// group's forward (its parameters are their rows again), the head's
+// standalone call gathers them anew, and training gives the bits of the
+// same group with the head inside the forward.
+TEST(FullyShard, AGroupModuleCalledAfterTheForwardTrainsAsInside) {
+  at::set_num_threads(1);
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    auto run = [&](bool outside) {
+      Sharded s = shard(pg, {"ends"});
+      s.net->skip_head = outside;
+      optim::AdamW opt(s.net->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
+      std::string out;
+      for (int step = 0; step < kSteps; ++step) {
+        opt.zero_grad();
+        auto [tokens, target] = batch(step, 0, pg.rank(), pg.size());
+        at::Tensor logits = s.root(tokens);
+        if (outside) {
+          EXPECT_EQ(s.net->head->weight.size(0), kVocab / 2 + (pg.rank() == 0)) << "the head's rows after the root's forward";
+          logits = s.net->head(logits);
+        }
+        at::Tensor loss = F::cross_entropy(logits, target);
+        loss.backward();
+        append(out, loss);
+        opt.step();
+      }
+      for (const auto& p : s.net->named_parameters()) append(out, p.value());
+      return out;
+    };
+    const std::string inside = run(false), outside = run(true);
+    EXPECT_EQ(first_difference(outside, inside, "head outside", pg.rank(), pg.size()), "");
   });
 }
 

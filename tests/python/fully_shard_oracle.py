@@ -16,14 +16,18 @@ float32. A case is a name and its settings, joined by '+':
   bf16        MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
   lora        embedding, head and the blocks' linears frozen; LoRA adapters train
   accum       two micro-batches per step, the first without gradient sync
-  prefetch    explicit forward and backward prefetch lists, and an async
-              unshard of the root before each forward
+  prefetch    explicit forward and backward prefetch lists, an async
+              unshard of the root before each forward, and unshard() then
+              reshard() after each step
   hsdp        a 2-D mesh (replicate=2, shard=WORLD/2)
   noar        two micro-batches per step, the first without the all-reduce
               across replicas (set_requires_all_reduce(False); with hsdp)
   sum         set_gradient_divide_factor(WORLD) with force-sum reduction
   clip        clip_grad_norm_(max_norm=0.5) before each step; the norm is
               written after the step's loss
+  group       the two blocks sharded as one group: fully_shard([b0, b1])
+  ends        the embedding and the head sharded as one group:
+              fully_shard([emb, head]) (the first and the last module to run)
 e.g. "base", "bf16+raf0".
 """
 import os
@@ -106,7 +110,7 @@ def batch(step, micro, rank, world):
 
 def run_case(case, rank, world, out_dir):
     flags = set(case.split("+"))
-    known = {"base", "raf0", "raf2", "bf16", "lora", "accum", "prefetch", "hsdp", "sum", "clip", "noar"}
+    known = {"base", "raf0", "raf2", "bf16", "lora", "accum", "prefetch", "hsdp", "sum", "clip", "noar", "group", "ends"}
     if flags - known:
         raise SystemExit(f"fully_shard_oracle.py: unknown case flags {sorted(flags - known)}; known: {sorted(known)}")
     if "hsdp" in flags:
@@ -121,8 +125,13 @@ def run_case(case, rank, world, out_dir):
     if "bf16" in flags:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model = make_model("lora" in flags)
-    fully_shard(model.b0, **kwargs)
-    fully_shard(model.b1, **kwargs)
+    if "ends" in flags:
+        fully_shard([model.emb, model.head], **kwargs)
+    if "group" in flags:
+        fully_shard([model.b0, model.b1], **kwargs)
+    else:
+        fully_shard(model.b0, **kwargs)
+        fully_shard(model.b1, **kwargs)
     fully_shard(model, **kwargs)
     if "prefetch" in flags:
         model.set_modules_to_forward_prefetch([model.b0])
@@ -152,6 +161,9 @@ def run_case(case, rank, world, out_dir):
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
             losses.append(norm.full_tensor().float())
         opt.step()
+        if "prefetch" in flags:
+            model.unshard()  # gathers the stepped shards, which reshard() shows again
+            model.reshard()
     with open(os.path.join(out_dir, f"{case}.r{rank}.bin"), "wb") as f:
         for loss in losses:
             f.write(struct.pack("<f", loss.item()))

@@ -95,8 +95,12 @@ class FSDPModule {
   FSDPModule() = default;
   explicit FSDPModule(std::shared_ptr<detail::ParamGroup> group) : group_(std::move(group)) {}
 
+  // The module fully_shard was applied to (of a list, the first root).
   torch::nn::Module& module() const;
-  // This group's parameters, in order (the module's named_parameters order).
+  // The modules fully_shard was applied to: one, or a list's roots.
+  std::vector<torch::nn::Module*> modules() const;
+  // This group's parameters, in order (the modules' named_parameters order;
+  // names relative to the module that holds them).
   std::vector<ShardedParam> sharded_params() const;
 
   // [collective] Gathers the full parameters now. async_op: returns at once,
@@ -146,8 +150,22 @@ class FSDPModule {
 // a module sharded twice, or by FullyShardedDataParallel; a container without
 // a forward (ModuleList, ModuleDict); a scalar (0-d) parameter; a mesh that
 // is neither 1-D nor 2-D, or 2-D without dimension names; an int
-// reshard_after_forward that is not a factor of the shard size.
+// reshard_after_forward that is not a factor of the shard size; a parameter
+// that another fully_shard group manages (tied: shard the modules together).
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module, const FullyShardOptions& options);
+// [local, as above] torch's fully_shard([a, b, ...]): one group of the
+// parameters of several modules (the listed modules that no other listed one
+// holds), gathered in one all-gather and reduced in one reduce-scatter. The
+// first of them to run in a forward gathers the group; each casts its inputs
+// (and outputs) as mp_policy says; the last to run reshards it and hooks the
+// pre-backward on its output; the root's forward ends the group's forward if
+// some of them did not run (a head called outside the model's forward). The
+// modules that share a parameter (a head tied to an embedding) must be
+// sharded together this way: fully_shard refuses, naming it, a parameter that
+// another group manages already. A list cannot be the root: run the model
+// that holds them, sharded too. All the handles of the modules (fsdp_module_of)
+// are this one group's.
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, const FullyShardOptions& options);
 template <class M>
 FSDPModule fully_shard(const torch::nn::ModuleHolder<M>& holder, const FullyShardOptions& options) {
   return fully_shard(std::shared_ptr<torch::nn::Module>(holder.ptr()), options);
