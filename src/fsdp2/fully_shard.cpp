@@ -386,16 +386,16 @@ at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_
   std::vector<at::Tensor> grads;
   std::unordered_set<const void*> seen;
   for (const auto* member : r.modules()) {
-   for (const auto& item : member->named_parameters()) {
-    const at::Tensor& g = item.value().grad();
-    if (!g.defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    if (!managed_here.count(item.value().unsafeGetTensorImpl())) {
-      throw ConfigError("clip_grad_norm_: parameter " + item.key() + " of module " + member->name() +
-                        " has a gradient but no fully_shard group under it manages it (an ignored parameter?); "
-                        "its gradient is not sharded like the others");
+    for (const auto& item : member->named_parameters()) {
+      const at::Tensor& g = item.value().grad();
+      if (!g.defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+      if (!managed_here.count(item.value().unsafeGetTensorImpl())) {
+        throw ConfigError("clip_grad_norm_: parameter " + item.key() + " of module " + member->name() +
+                          " has a gradient but no fully_shard group under it manages it (an ignored parameter?); "
+                          "its gradient is not sharded like the others");
+      }
+      grads.push_back(g);
     }
-    grads.push_back(g);
-   }
   }
   const auto& group = r.options().mesh().shard_group();
   if (grads.empty()) return at::zeros({}, at::TensorOptions().device(group->device()));
