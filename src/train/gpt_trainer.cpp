@@ -65,13 +65,20 @@ FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGr
   return o;
 }
 
-// [collective over the world with --mesh] --engine fsdp2: fully_shard on
+// [collective over the world with a 2-D mesh] --engine fsdp2: fully_shard on
 // each block, then on the root, on the strategy's group (or its 2-D mesh),
 // with the run's sharding strategy, precision and activation checkpointing.
 Model fully_shard_model(const FSDPStrategy& strategy, const TrainConfig& c, const std::shared_ptr<models::GPTImpl>& net) {
   const FSDPOptions wrap = strategy.module_sharded_options();
-  FullyShardOptions o(wrap.device_mesh() ? Mesh::hybrid(*wrap.device_mesh())
-                                         : Mesh::of(std::shared_ptr<dist::ProcessGroup>(&strategy.group(), [](dist::ProcessGroup*) {})));
+  // The strategy's FSDP1 layout: its --mesh, or HYBRID_SHARD's default of
+  // sharding within a node (hybrid_shard_size) and replicating across nodes.
+  std::optional<dist::DeviceMesh> mesh = wrap.device_mesh();
+  const int world = wrap.process_group() ? wrap.process_group()->size() : 0;
+  if (!mesh && strategy.sharding_strategy() == ShardingStrategy::kHybridShard && wrap.hybrid_shard_size() > 0 &&
+      wrap.hybrid_shard_size() < world) {
+    mesh = dist::init_device_mesh(wrap.process_group(), world / wrap.hybrid_shard_size(), wrap.hybrid_shard_size());
+  }
+  FullyShardOptions o(mesh ? Mesh::hybrid(*mesh) : Mesh::of(wrap.process_group()));
   if (strategy.sharding_strategy() == ShardingStrategy::kShardGradOp) o.reshard_after_forward(false);
   if (strategy.precision().name == "bf16-mixed") o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, at::kFloat});
   if (strategy.cpu_offload().offload_params) o.offload_policy(OffloadPolicy{true});
