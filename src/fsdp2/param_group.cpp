@@ -221,10 +221,31 @@ void ParamGroup::reshard_to_post_forward() {
   post_forward_shard_ = keep;
 }
 
+void ParamGroup::show_sharded_grads() {
+  if (!unsharded_ || sharded_grads_shown_) return;
+  for (auto& p : params_) {
+    p.unsynced_grad = p.param.grad();
+    p.param.mutable_grad() = p.sharded_grad;
+    p.sharded_grad = at::Tensor();
+  }
+  sharded_grads_shown_ = true;
+}
+
+void ParamGroup::hide_sharded_grads() {
+  if (!sharded_grads_shown_) return;
+  for (auto& p : params_) {
+    p.sharded_grad = p.param.grad();
+    p.param.mutable_grad() = p.unsynced_grad;
+    p.unsynced_grad = at::Tensor();
+  }
+  sharded_grads_shown_ = false;
+}
+
 void ParamGroup::reshard() {
   if (gathering_) wait_unshard();  // the backend may still write into the buffer
   post_forward_shard_ = at::Tensor();
   if (!unsharded_) return;
+  hide_sharded_grads();
   at::NoGradGuard no_grad;
   for (auto& p : params_) {
     // A full gradient not reduced (set_requires_gradient_sync(false)) waits
@@ -338,6 +359,11 @@ void ParamGroup::end_forward(std::vector<at::Tensor>& outputs) {
     } else {
       reshard();
     }
+  } else {
+    // Unsharded until backward: the optimizer's view of .grad is the
+    // sharded gradient meanwhile (a zero_grad between forward and backward
+    // clears what this backward would add to, as in torch).
+    show_sharded_grads();
   }
   if (at::GradMode::is_enabled()) {
     std::weak_ptr<ParamGroup> weak = weak_from_this();
@@ -396,6 +422,7 @@ void ParamGroup::pre_backward() {
     });
   }
   unshard();
+  hide_sharded_grads();
   if (!backward_prefetch.empty()) {
     prefetch(backward_prefetch);
   } else if (auto prev = previous_in_forward()) {
@@ -538,7 +565,7 @@ void ParamGroup::complete(RootContext::Pending& p) {
     if (shard.scalar_type() != q.padded.scalar_type()) shard = shard.to(q.padded.scalar_type());
     off += q.padded_numel();
     // While the parameter is unsharded its sharded gradient waits aside.
-    at::Tensor& slot = g.unsharded_ ? q.sharded_grad : q.param.mutable_grad();
+    at::Tensor& slot = g.unsharded_ && !g.sharded_grads_shown_ ? q.sharded_grad : q.param.mutable_grad();
     if (slot.defined()) {
       slot.add_(shard);
     } else {

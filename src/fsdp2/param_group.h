@@ -143,6 +143,13 @@ class ParamGroup final : public std::enable_shared_from_this<ParamGroup> {
   // Completes the oldest pending reduction of the root's context.
   static void complete(RootContext::Pending& p);
   bool resharded_after_forward() const;
+  // Between a forward that leaves this group unsharded and its backward,
+  // the parameters' .grad is their sharded gradient, as torch's sharded
+  // parameters show it (an optimizer's zero_grad there clears it); the
+  // unsharded parameters' gradient slot waits aside. hide puts it back
+  // before backward accumulates into it. Both are no-ops when not needed.
+  void show_sharded_grads();
+  void hide_sharded_grads();
   // The group's post-forward: reshard (as set), pre-backward hooks on
   // `outputs`, idle; and the output dtype cast.
   void end_forward(std::vector<at::Tensor>& outputs);
@@ -166,6 +173,7 @@ class ParamGroup final : public std::enable_shared_from_this<ParamGroup> {
   int shard_rank_ = 0;
   GroupState state_ = GroupState::kIdle;
   bool unsharded_ = false;
+  bool sharded_grads_shown_ = false;  // unsharded, with the sharded gradients on the parameters (show_sharded_grads)
   // The all-gather in flight.
   bool gathering_ = false;
   dist::Work gather_work_;

@@ -298,6 +298,45 @@ struct ScalarImpl : torch::nn::Module {
   at::Tensor s;
 };
 
+// torch's sharded parameters are apart from the unsharded ones, so an
+// optimizer's zero_grad clears the sharded gradient wherever it is called:
+// `loss = model(x); opt.zero_grad(); loss.backward()` trains as zero_grad
+// before the forward does. Here the root stays unsharded from its forward to
+// its backward (as torch's root does); its parameters' .grad is the sharded
+// gradient meanwhile, and zero_grad clears it.
+TEST(FullyShard, ZeroGradBetweenForwardAndBackwardClearsTheShardedGradient) {
+  std::vector<std::vector<at::Tensor>> after(2);
+  for (int order = 0; order < 2; ++order) {
+    std::mutex mu;
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      auto net = make_model(false);
+      Mesh mesh = Mesh::of(borrow(pg));
+      fully_shard(net->b0, mesh);
+      fully_shard(net->b1, mesh);
+      Unit<TinyLMImpl> root(net);
+      fully_shard(root, mesh);
+      optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1e-2));
+      for (int step = 0; step < 4; ++step) {
+        auto [tokens, target] = batch(step, 0, pg.rank(), 2);
+        if (order == 0) opt.zero_grad();
+        auto loss = F::cross_entropy(root(tokens), target);
+        if (order == 1) {
+          opt.zero_grad();
+          for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+        }
+        loss.backward();
+        opt.step();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (pg.rank() == 0) {
+        for (const auto& p : net->parameters()) after[order].push_back(p.detach().clone());
+      }
+    });
+  }
+  ASSERT_EQ(after[0].size(), after[1].size());
+  for (size_t i = 0; i < after[0].size(); ++i) EXPECT_TRUE(after[0][i].equal(after[1][i])) << "parameter " << i;
+}
+
 TEST(FullyShard, RefusesWhatTorchRefusesByName) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     Mesh mesh = Mesh::of(borrow(pg));
