@@ -20,4 +20,15 @@ inline void expect_config_error(const std::function<void()>& f, const std::strin
   }
 }
 
+// The message of the ConfigError `f` throws; "(no ConfigError)" if it throws none.
+template <class F>
+std::string config_error(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no ConfigError)";
+}
+
 }  // namespace fsdp::testing
