@@ -40,6 +40,9 @@ LAYERS = [
     ("fault_points", []),
     # Byte strings (paths) in JSON: Python's surrogateescape. Standard library only.
     ("text", []),
+    # Hugging Face's tokenizers (tokenizer.json, SentencePiece): standard
+    # library, PCRE2, ICU, sentencepiece and nlohmann-json; no LibTorch.
+    ("tokenizers", ["error"]),
     # fsdp-run and the job's environment as launchers describe it
     # (torchrun, SLURM, MPI): standard library only, no LibTorch.
     ("launch", ["error", "text"]),
@@ -60,7 +63,10 @@ LAYERS = [
     ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "fsdp2", "state_dict"]),
     ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint"]),
     ("models", ["error", "launch", "distributed", "core"]),
-    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models"]),
+    # Hugging Face model directories in and out (config, weights, export) for
+    # the models: on the checkpoint storage seam.
+    ("hf", ["error", "text", "formats", "launch", "distributed", "core", "fsdp2", "state_dict", "checkpoint", "models"]),
+    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models", "hf", "tokenizers"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 # Folders of deprecated forwarding headers (old paths of a renamed module):

@@ -10,7 +10,9 @@
 # fault tests make network namespaces), python3-venv, and the allocators
 # `fsdp-run --allocator` preloads (jemalloc, tcmalloc, mimalloc: the trial in
 # docs/performance.md), and Open MPI's mpirun (openmpi-bin: the mpirun launch
-# tests, docs/launching.md), and doxygen (the API reference, scripts/doxygen.sh).
+# tests, docs/launching.md), doxygen (the API reference, scripts/doxygen.sh),
+# and PCRE2, ICU, SentencePiece and pkg-config (fsdp::tokenizers:
+# tokenizer.json's regular expressions, NFC, tokenizer.model).
 #
 # PyPI, into .venv/ (ignored by git): requirements.txt's pinned torch 2.x (its
 # LibTorch is the default build), lightning, the peers, and tensorboard (the
@@ -27,7 +29,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make ccache libtorch-dev libgloo-dev libopenblas0-pthread libgtest-dev libcli11-dev
           nlohmann-json3-dev zlib1g-dev python3-torch python3-venv clang libclang-rt-14-dev iproute2
-          libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 openmpi-bin doxygen)
+          libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 openmpi-bin doxygen libpcre2-dev libicu-dev
+          libsentencepiece-dev pkg-config)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -53,7 +56,7 @@ venv=.venv
 stamp=$venv/.fsdp-requirements
 want=$(sha256sum requirements.txt scripts/lean_requirements.py | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] &&
-   "$venv/bin/python" -c 'import torch, lightning, safetensors, tensorboard' 2>/dev/null; then
+   "$venv/bin/python" -c 'import torch, lightning, safetensors, tensorboard, transformers, tokenizers, sentencepiece, peft' 2>/dev/null; then
   exit 0
 fi
 echo "deps: making $venv (requirements.txt: $(grep -E '^[a-z]' requirements.txt | tr '\n' ' '))"

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Fuzzes the parsers of checkpoint files with libFuzzer under AddressSanitizer
-# (clang; scripts/deps.sh installs it). Targets (tests/fuzz/checkpoint_fuzz.cpp):
+# Fuzzes the parsers of checkpoint files, and tokenizer.json's, with libFuzzer
+# under AddressSanitizer (clang; scripts/deps.sh installs it). Targets
+# (tests/fuzz/checkpoint_fuzz.cpp, and tokenizer_fuzz.cpp):
 #   index    the JSON index of either format
 #   full     a whole full checkpoint file (zip reader, index, records, checksums)
 #   sharded  a whole sharded checkpoint directory (index and data files)
 #   pickle   the pickle of a torch.save file (module state dicts from Python)
 #   safetensors  a safetensors file (Hugging Face's weights: header, tensors, loading)
 #   dcp      a DCP directory's .metadata (the unpickler's DCP mode)
-# Each run starts from real checkpoints its target writes (the seed corpus).
+#   hf_config  a Hugging Face model's config.json (tests/fuzz/hf_fuzz.cpp)
+#   hf_index   a model.safetensors.index.json beside real shards (hf_fuzz.cpp)
+#   tokenizer  a tokenizer.json (fsdp::tokenizers' reader, then encode and
+#            decode; tests/fuzz/tokenizer_fuzz.cpp, no LibTorch)
+# Each run starts from real checkpoints its target writes (the seed corpus;
+# for tokenizer, small tokenizer.json files in real models' layouts).
 #
 #   scripts/fuzz.sh build               configure and build build-fuzz/
 #   scripts/fuzz.sh run TARGET SECONDS  fuzz one target (the test suite runs each for seconds)
@@ -27,7 +33,8 @@ build() {
   # Against Debian's LibTorch (CPU only, no CUDA libraries under ASan): the
   # parsers under test are fsdp-cpp's own and the same for every LibTorch.
   cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DFSDP_FUZZ=ON -DFSDP_LIBTORCH=debian >/dev/null
-  cmake --build $B -j"$(nproc)" --target fuzz_index fuzz_full fuzz_sharded fuzz_pickle fuzz_safetensors fuzz_dcp
+  cmake --build $B -j"$(nproc)" --target fuzz_index fuzz_full fuzz_sharded fuzz_pickle fuzz_safetensors fuzz_dcp \
+    fuzz_tokenizer fuzz_hf_config fuzz_hf_index
 }
 
 run() {
@@ -51,10 +58,10 @@ case "${1:-}" in
   run) run "$2" "$3" ;;
   all)
     build
-    for t in index full sharded pickle safetensors dcp; do run "$t" "${2:-60}"; done
+    for t in index full sharded pickle safetensors dcp tokenizer hf_config hf_index; do run "$t" "${2:-60}"; done
     ;;
   *)
-    sed -n '2,18p' "$0"
+    sed -n '2,25p' "$0"
     exit 2
     ;;
 esac

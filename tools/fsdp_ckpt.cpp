@@ -7,6 +7,10 @@
 //   fsdp-ckpt consolidate DIR OUT     sharded -> one full file (torch.load-able), one tensor in memory at a time
 //   fsdp-ckpt export CKPT OUT [--format safetensors]
 //                                     the model's weights as a safetensors file (Hugging Face's), one tensor at a time
+//   fsdp-ckpt export CKPT OUT --format hf --config DIR [--max-shard-size 5GB] [--dtype bfloat16]
+//                                     a Hugging Face model directory (config, generation config, tokenizer files
+//                                     copied from DIR, size-capped safetensors and their index) that
+//                                     transformers' from_pretrained loads
 //   fsdp-ckpt convert SRC DST --format full|sharded
 //                                     any checkpoint (fsdp-cpp's, DCP from PyTorch / Lightning) -> either format
 // A full checkpoint is already PyTorch's format: torch.load(PATH) opens it.
@@ -21,6 +25,8 @@
 
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
+#include "fsdp/hf/export.h"
+#include "fsdp/hf/hf_model.h"
 #include "fsdp/train/gpt_trainer.h"
 
 namespace {
@@ -203,11 +209,18 @@ int main(int argc, char** argv) {
   con->add_option("dir", path, "sharded checkpoint directory")->required();
   con->add_option("out", out, "output file")->required();
   std::string format = "safetensors";
-  auto* exp = app.add_subcommand("export", "the model's weights as a file of another format (safetensors)");
+  std::string hf_config, max_shard = "50GB", dtype;
+  auto* exp = app.add_subcommand("export", "the model's weights in another format: a safetensors file, or a Hugging "
+                                           "Face model directory (--format hf)");
   exp->add_option("ckpt", path, "checkpoint file or directory (either format)")->required();
-  exp->add_option("out", out, "output file")->required();
-  exp->add_option("--format", format, "output format (default: safetensors)")
-      ->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("out", out, "output file (safetensors) or new directory (hf)")->required();
+  exp->add_option("--format", format, "output format: safetensors (default) or hf")
+      ->check(CLI::IsMember({"safetensors", "hf"}));
+  exp->add_option("--config", hf_config,
+                  "hf: the model's directory (its config.json; generation_config.json and tokenizer files are copied)");
+  exp->add_option("--max-shard-size", max_shard, "hf: the safetensors files' cap (default 50GB, as save_pretrained)");
+  exp->add_option("--dtype", dtype, "hf: float32, bfloat16 or float16 (default: as saved)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
   auto* conv = app.add_subcommand("convert", "any checkpoint (also DCP from PyTorch or Lightning) -> full or sharded (DCP)");
   std::string conv_format;
   conv->add_option("src", path, "checkpoint file or directory")->required();
@@ -217,7 +230,18 @@ int main(int argc, char** argv) {
   try {
     if (ins->parsed()) return inspect(path);
     if (ver->parsed()) return verify(path);
-    if (exp->parsed()) {
+    if (exp->parsed() && format == "hf") {
+      if (hf_config.empty()) throw fsdp::ConfigError("export --format hf needs --config DIR (the model's directory)");
+      fsdp::hf::ExportOptions o;
+      o.config = fsdp::hf::read_config(hf_config);
+      o.source_dir = hf_config;
+      o.max_shard_bytes = fsdp::hf::parse_shard_size(max_shard, "--max-shard-size");
+      o.dtype = dtype;
+      fsdp::hf::export_hf(path, out, o);
+    } else if (exp->parsed()) {
+      if (!hf_config.empty() || !dtype.empty()) {
+        throw fsdp::ConfigError("export: --config and --dtype are options of --format hf");
+      }
       fsdp::export_safetensors(path, out);
     } else if (conv->parsed()) {
       fsdp::convert_checkpoint(path, out,

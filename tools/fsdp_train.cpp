@@ -1,7 +1,9 @@
 // fsdp-train: trains a byte-level GPT with fsdp-cpp (run it under fsdp-run),
-// or generates text from one of its checkpoints.
+// generates text from one of its checkpoints, or tokenizes text into a
+// token-id file for --data.
 //   fsdp-run --nproc-per-node 2 -- fsdp-train --preset tiny --steps 100 --out runs/tiny
 //   fsdp-run --nproc-per-node 1 -- fsdp-train generate --checkpoint runs/tiny/checkpoints/step-00000100 --prompt "the"
+//   fsdp-train prepare --tokenizer Meta-Llama-3-8B --out train.bin --append-eos a.txt b.txt
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
@@ -16,6 +18,7 @@
 #include "fsdp/distributed/process_group.h"  // init_process_group_from_env
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
+#include "fsdp/train/prepare.h"
 #include "fsdp/train/run_settings.h"
 
 namespace {
@@ -69,8 +72,27 @@ int main(int argc, char** argv) {
   gen->add_option("--temperature", go.temperature, "sampling temperature; 0: greedy")->capture_default_str();
   gen->add_option("--top-k", go.top_k, "sample among the k most likely bytes; 0: all")->capture_default_str();
   gen->add_option("--seed", go.seed, "sampling seed")->capture_default_str();
+
+  auto* prep = app.add_subcommand(
+      "prepare", "tokenize text files with a model's tokenizer into a token-id file for --data (llm.c's format)");
+  fsdp::train::PrepareOptions po;
+  prep->add_option("--tokenizer", po.tokenizer, "a model directory (tokenizer.json or tokenizer.model) or the file")
+      ->required();
+  prep->add_option("--out", po.out, "the token file to write (llm.c's format: uint16 ids, uint32 above 65536 tokens)")
+      ->required();
+  prep->add_flag("--append-eos", po.append_eos, "the tokenizer's EOS after each input file");
+  prep->add_option("--chunk-bytes", po.chunk_bytes, "text read and encoded at a time (cut at line breaks)")
+      ->capture_default_str();
+  prep->add_option("inputs", po.inputs, "text files (UTF-8), in order")->required();
   CLI11_PARSE(app, argc, argv);
   try {
+    if (prep->parsed()) {
+      const fsdp::train::PrepareResult r = fsdp::train::prepare(po);
+      std::cout << "fsdp-train prepare: wrote " << po.out << ": " << r.tokens << " tokens of a vocabulary of "
+                << r.vocab_size << " (llm.c version " << r.version << ", " << (r.version == 1 ? "uint16" : "uint32")
+                << " ids) from " << po.inputs.size() << " file" << (po.inputs.size() == 1 ? "" : "s") << std::endl;
+      return 0;
+    }
     if (gen->parsed()) {
       auto world = fsdp::dist::init_process_group_from_env();
       {

@@ -5,6 +5,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
+#include "fsdp/checkpoint/hf_storage.h"
 #include "fsdp/checkpoint/storage.h"
 #include "fsdp/error.h"
 #include "loading.h"
@@ -125,9 +126,13 @@ std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, 
 
 void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
                      dist::ProcessGroup& group, bool strict) {
-  std::unique_ptr<detail::Source> src;
-  load_module([&]() -> const StorageReader& { return *(src = detail::open_source(path, /*accept_raw=*/true)); }, path,
-              module, group, strict, nullptr);
+  std::unique_ptr<StorageReader> src;
+  load_module(
+      [&]() -> const StorageReader& {
+        if (is_hf_model_dir(path)) return *(src = std::make_unique<HfStorageReader>(path));
+        return *(src = detail::open_source(path, /*accept_raw=*/true));
+      },
+      path, module, group, strict, nullptr);
 }
 
 std::map<std::string, CheckpointValue> load_checkpoint(const StorageReader& reader, CheckpointState& state,

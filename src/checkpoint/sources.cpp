@@ -13,6 +13,7 @@
 #include <set>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
+#include "fsdp/checkpoint/hf_storage.h"
 #include "fsdp/error.h"
 #include "fsdp/formats/dcp.h"
 #include "fsdp/formats/torch_pickle.h"
@@ -31,7 +32,10 @@ std::vector<StorageBox> StorageReader::chunks(const std::string& key) const {
 
 bool StorageReader::keyed_by_ids(const std::string&) const { return false; }
 
-std::unique_ptr<StorageReader> open_checkpoint_storage(const std::string& path) { return detail::open_source(path); }
+std::unique_ptr<StorageReader> open_checkpoint_storage(const std::string& path) {
+  if (is_hf_model_dir(path)) return std::make_unique<HfStorageReader>(path);
+  return detail::open_source(path);
+}
 
 namespace detail {
 

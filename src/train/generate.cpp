@@ -10,7 +10,7 @@
 
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
-#include "fsdp/train/batches.h"  // bytes_to_tokens
+#include "fsdp/train/batches.h"  // bytes_to_tokens, kByteVocab
 #include "fsdp/train/gpt_trainer.h"
 
 namespace fsdp::train {
@@ -23,6 +23,11 @@ void generate_stream(const std::string& checkpoint, const std::string& prompt, c
   }
   const auto info = inspect_checkpoint(checkpoint);
   const models::GPTConfig cfg = checkpoint_model_config(info, checkpoint);
+  if (cfg.vocab_size != kByteVocab) {
+    throw ConfigError("generate: " + checkpoint + " holds a model of " + std::to_string(cfg.vocab_size) +
+                      " tokens (--vocab: trained on token ids); generate reads the prompt and writes its text as "
+                      "bytes: expected a byte-level checkpoint (vocab " + std::to_string(kByteVocab) + ")");
+  }
   if (o.top_k < 0 || o.top_k > cfg.vocab_size) {
     throw ConfigError("generate: --top-k must be between 0 (all) and the vocabulary size " +
                       std::to_string(cfg.vocab_size) + ", got " + std::to_string(o.top_k));

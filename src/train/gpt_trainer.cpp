@@ -31,6 +31,7 @@
 #include "fsdp/error.h"
 #include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/observability/loggers.h"
+#include "fsdp/optim/adamw.h"
 #include "fsdp/observability/profiler.h"
 #include "fsdp/strategy/strategy.h"
 #include "fsdp/train/run_settings.h"
@@ -50,10 +51,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The run's text: --data memory-mapped (never copied whole), or the generated corpus.
+// The run's tokens: --data memory-mapped (never copied whole) and read as
+// --data-format says, or the generated corpus.
 Corpus read_corpus(const TrainConfig& c) {
   if (c.data.empty()) return Corpus::hold(generated_corpus(), "the generated corpus");
-  return Corpus::map_file(c.data, "--data");
+  return Corpus::map_file(c.data, "--data", c.data_format);
 }
 
 // The strategy of a run: the one place where TrainConfig's settings become
@@ -116,24 +118,35 @@ CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int6
 
 // ConfigError when the checkpoint a run resumed from (`from`) trained on the
 // same --data path as `c` and recorded another fingerprint of it
-// (Corpus::fingerprint) than `now`: the file changed in place. With
-// --allow-data-change, said on stderr instead. A changed path is a changed
-// flag (overridden_flags names it); a checkpoint from before fingerprints
-// has none to compare.
-void check_data_unchanged(const ResumePoint& from, const TrainConfig& c, const std::string& now) {
+// (Corpus::fingerprint) than `now`: the file changed in place; or read it
+// as another format (DataLayout::format, "data_format") than `format`: the
+// same bytes would be other tokens. With --allow-data-change, said on stderr
+// instead. A changed path is a changed flag (overridden_flags names it); a
+// checkpoint from before fingerprints (or formats) has none to compare.
+void check_data_unchanged(const ResumePoint& from, const TrainConfig& c, const std::string& now,
+                          const std::string& format) {
   const auto text = [&](const char* key) -> std::optional<std::string> {
     const auto it = from.values.find(key);
     if (it == from.values.end() || !std::holds_alternative<std::string>(it->second)) return std::nullopt;
     return std::get<std::string>(it->second);
   };
-  const auto was = text("data_fingerprint"), path = text("config.run.data");
-  if (!was || !path || *path != c.data || *was == now) return;
-  const std::string what = (c.data.empty() ? std::string("the generated corpus") : "--data " + c.data) +
-                           " changed since " + from.path + " was saved: its fingerprint (size:hash of sampled "
-                           "pages) was " + *was + ", it is " + now;
+  const auto was = text("data_fingerprint"), path = text("config.run.data"), was_format = text("data_format");
+  if (!path || *path != c.data) return;
+  const std::string data = c.data.empty() ? std::string("the generated corpus") : "--data " + c.data;
+  std::string what, expected = "the same file";
+  if (was && *was != now) {
+    what = data + " changed since " + from.path + " was saved: its fingerprint (size:hash of sampled pages) was " +
+           *was + ", it is " + now;
+  } else if (was_format && *was_format != format) {
+    what = data + " is read as " + format + " now (--data-format " + c.data_format + "); the run that saved " +
+           from.path + " read it as " + *was_format + ", so its bytes are other tokens now";
+    expected = "the file read as the run read it (--data-format)";
+  } else {
+    return;
+  }
   if (!c.allow_data_change) {
-    throw ConfigError(what + ". The run would continue on other text than it trained on; expected the same file, or "
-                             "--allow-data-change to resume on the changed one on purpose");
+    throw ConfigError(what + ". The run would continue on other text than it trained on; expected " + expected +
+                      ", or --allow-data-change to resume on the changed one on purpose");
   }
   std::cerr << "fsdp-train: WARNING: " << what << "; resuming on it (--allow-data-change)" << std::endl;
 }
@@ -188,6 +201,7 @@ RunIdentity begin_job(const FSDPStrategy& strategy, const RunDirectory& run, Tra
 struct RunData {
   std::optional<BatchSampler> batches;
   std::string fingerprint;  // Corpus::fingerprint: into each checkpoint; a resume compares it
+  std::string format;       // DataLayout::format: into each checkpoint; a resume compares it
   bool evaluates = false;   // a held-out loss is computed
 };
 
@@ -198,15 +212,19 @@ void read_data(const FSDPStrategy& strategy, const TrainConfig& c, RunData& d) {
   dist::agree(strategy.group(), dist::capture([&] {
                 Corpus corpus = read_corpus(c);
                 d.fingerprint = corpus.fingerprint();
+                d.format = corpus.layout().format;
                 d.batches.emplace(std::move(corpus), c.model.context, c.batch, c.strategy.seed(),
-                                  strategy.global_rank(), strategy.world_size(), strategy.root_device());
+                                  strategy.global_rank(), strategy.world_size(), strategy.root_device(),
+                                  c.model.vocab_size);
               }),
               "reading --data");
   d.evaluates = c.eval_every > 0 && d.batches->has_held_out();
   if (c.eval_every > 0 && !d.evaluates) {
-    strategy.print("fsdp-train: " + d.batches->corpus().name() + " is too short to hold any text out (" +
-                   std::to_string(d.batches->corpus().size()) + " bytes; at least " +
-                   std::to_string(min_bytes_to_hold_out(c.model.context)) + " needed): no held-out loss is computed");
+    const Corpus& corpus = d.batches->corpus();
+    strategy.print("fsdp-train: " + corpus.name() + " is too short to hold any text out (" +
+                   std::to_string(corpus.tokens()) + " " + corpus.layout().unit() + "; at least " +
+                   std::to_string(min_tokens_to_hold_out(c.model.context)) +
+                   " needed): no held-out loss is computed");
   }
 }
 
@@ -234,7 +252,7 @@ Start resume_job(const FSDPStrategy& strategy, const RunDirectory& run, const Tr
   at.step = p.step;
   at.position = p.samples;
   strategy.print("fsdp-train: resumed from " + at.from.path + " at step " + std::to_string(at.step));
-  dist::agree(strategy.group(), dist::capture([&] { check_data_unchanged(at.from, c, data.fingerprint); }),
+  dist::agree(strategy.group(), dist::capture([&] { check_data_unchanged(at.from, c, data.fingerprint, data.format); }),
               "--resume: comparing --data with the checkpoint's");
   if (p.world && *p.world != nranks) {
     at.resized.emplace();
@@ -449,7 +467,7 @@ void save_if_due(Job& job, int64_t done, int64_t position) {
   if (!((c.save_every > 0 && done % c.save_every == 0) || done == c.steps)) return;
   CheckpointState s = run_state(job.model, job.opt, done);
   s.value("samples", position).value("world", int64_t{job.strategy.world_size()});
-  s.value("data_fingerprint", job.data.fingerprint);
+  s.value("data_fingerprint", job.data.fingerprint).value("data_format", job.data.format);
   put_config(s, c, job.identity);
   save_and_rotate(job.run, job.strategy, s, done, c.keep, job.identity);
 }
@@ -481,7 +499,9 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   read_data(strategy, c, data);
   Model model = build_model(strategy, c);
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
+  // torch.optim.AdamW's update to the bit (fsdp/optim/adamw.h), so a run
+  // continued in PyTorch steps as it would have here.
+  optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
   if (c.engine == "fsdp2") {
     check_optimizer(model.ptr(), opt);
   } else {

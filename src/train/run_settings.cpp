@@ -15,6 +15,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/text/bytes_json.h"
+#include "fsdp/train/batches.h"  // check_data_format
 
 namespace fsdp::train {
 
@@ -70,8 +71,10 @@ std::vector<RunSetting> make_table() {
          c.preset = t;
        },
        nullptr},
-      {"model.vocab", "", nullptr, false, "", false, false, "model.vocab", 1, "vocab", false, false,
-       [](const C& c) -> V { return c.model.vocab_size; }, nullptr, nullptr},
+      {"model.vocab", "--vocab", nullptr, false,
+       "token ids the model knows (256: bytes; a --data file of token ids needs its tokenizer's vocabulary)", true,
+       false, "model.vocab", 1, "vocab", false, false, [](const C& c) -> V { return c.model.vocab_size; },
+       [](C& c, const std::string& t) { c.model.vocab_size = whole<int64_t>("--vocab", t); }, nullptr},
       {"model.context", "--context", nullptr, false, "tokens per sample (overrides the preset)", false, false,
        "model.context", 2, "context", true, true, [](const C& c) -> V { return c.model.context; },
        [](C& c, const std::string& t) { c.model.context = whole<int64_t>("--context", t); }, nullptr},
@@ -111,9 +114,19 @@ std::vector<RunSetting> make_table() {
        nullptr},
       {"out", "--out", nullptr, false, "run directory (metrics.jsonl, checkpoints/)", true, true, nullptr, 0, nullptr,
        false, false, [](const C& c) -> V { return c.out; }, [](C& c, const std::string& t) { c.out = t; }, nullptr},
-      {"data", "--data", nullptr, false, "text file to train on (default: a generated corpus)", false, true, "run.data",
-       12, "data", true, false, [](const C& c) -> V { return c.data; }, [](C& c, const std::string& t) { c.data = t; },
+      {"data", "--data", nullptr, false,
+       "data file to train on: text, or token ids (--data-format; default: a generated corpus)", false, true,
+       "run.data", 12, "data", true, false, [](const C& c) -> V { return c.data; }, [](C& c, const std::string& t) { c.data = t; },
        "(the generated corpus)"},
+      {"data_format", "--data-format", nullptr, false,
+       "how --data holds its tokens: text (its bytes), uint16 or uint32 (raw little-endian token ids, nanoGPT's .bin), "
+       "auto (llm.c's header when the file has one, else text)",
+       true, true, "run.data_format", 0, nullptr, false, false, [](const C& c) -> V { return c.data_format; },
+       [](C& c, const std::string& t) {
+         check_data_format(t);
+         c.data_format = t;
+       },
+       nullptr},
       {"save_every", "--save-every", nullptr, false, "checkpoint every N steps (0: at the end only)", true, true,
        nullptr, 0, nullptr, false, false, [](const C& c) -> V { return c.save_every; },
        [](C& c, const std::string& t) { c.save_every = whole<int64_t>("--save-every", t); }, nullptr},

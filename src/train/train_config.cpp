@@ -17,7 +17,7 @@
 #include <system_error>
 
 #include "fsdp/error.h"
-#include "fsdp/train/batches.h"  // kGeneratedCorpusBytes
+#include "fsdp/train/batches.h"  // kGeneratedCorpusBytes, read_data_layout
 #include "fsdp/observability/profiler.h"  // parse_step_range
 #include "fsdp/text/enum_names.h"
 
@@ -141,6 +141,15 @@ void validate_settings(const TrainConfig& c) {
   positive(c.model.context, "--context");
   positive(c.keep, "--keep");
   positive(c.log_every, "--log-every");
+  positive(c.model.vocab_size, "--vocab");
+  if (c.model.vocab_size > (int64_t{1} << 31)) {  // what checkpoint_model_config takes back
+    throw ConfigError("--vocab must be at most 2147483648, got " + std::to_string(c.model.vocab_size));
+  }
+  check_data_format(c.data_format);
+  if (c.data.empty() && (c.data_format == "uint16" || c.data_format == "uint32")) {
+    throw ConfigError("--data-format " + c.data_format + " without --data: the generated corpus is text; expected a "
+                      "--data file of " + c.data_format + " token ids, or --data-format auto or text");
+  }
   if (c.engine != "fsdp1" && c.engine != "fsdp2") throw ConfigError("--engine '" + c.engine + "': expected fsdp1 or fsdp2");
   if (c.engine == "fsdp2") {
     if (c.strategy.sharding_strategy() == ShardingStrategy::kNoShard) {
@@ -200,10 +209,14 @@ void validate_settings(const TrainConfig& c) {
     }
     const auto size = fs::file_size(c.data, ec);
     if (ec || size == 0) throw ConfigError("--data " + c.data + ": the file is empty");
-    if (static_cast<int64_t>(size) < c.model.context + 2) {  // one sample, and a choice of where it starts
-      throw ConfigError("--data " + c.data + ": " + std::to_string(size) + " bytes is too short: --context " +
+    const DataLayout layout = read_data_layout(c.data, c.data_format, "--data");  // reads llm.c's header, if any
+    const std::string unit = layout.unit();
+    if (layout.tokens < c.model.context + 2) {  // one sample, and a choice of where it starts
+      throw ConfigError("--data " + c.data + ": " + std::to_string(layout.tokens) + " " + unit +
+                        (unit == "bytes" ? "" : " (" + layout.format + ")") + " is too short: --context " +
                         std::to_string(c.model.context) + " needs at least " + std::to_string(c.model.context + 2) +
-                        " bytes (a sample of " + std::to_string(c.model.context + 1) + " and room to place it)");
+                        " " + unit + " (a sample of " + std::to_string(c.model.context + 1) +
+                        " and room to place it)");
     }
   }
   if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");

@@ -151,5 +151,5 @@ TEST(RunSettings, CheckpointRecordsRowsAndResumeRefusesFixedOnes) {
                               std::to_string(now * 2) + ";");
     });
   }
-  EXPECT_EQ(fixed, 4);  // context, dim, layers, heads
+  EXPECT_EQ(fixed, 5);  // vocab, context, dim, layers, heads
 }

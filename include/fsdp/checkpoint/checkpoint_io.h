@@ -159,7 +159,9 @@ std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, 
 // [collective over `group`] Loads only a model's weights (Lightning's
 // load_checkpoint(path, module) and Fabric's load_raw), wrapped or not, at
 // any world size: the single model entry of an fsdp-cpp checkpoint, a
-// safetensors file (Hugging Face's weights: recognized by its content, or by
+// Hugging Face model directory (model.safetensors or its sharded index,
+// fsdp/checkpoint/hf_storage.h: each rank reads only the rows its shards
+// overlap), a safetensors file (Hugging Face's weights: recognized by its content, or by
 // the name *.safetensors; its header validated as the safetensors package
 // validates it, docs/checkpoint-format.md), or a module state dict that
 // torch.save(model.state_dict()) (Python) or torch::pickle_save (LibTorch)

@@ -106,7 +106,8 @@ struct LoadPlan {
 using LoadPlanner = std::function<LoadPlan(const StorageReader& reader, LoadPlan plan)>;
 
 // [local] The built-in storage of the checkpoint at `path`: every format
-// load_checkpoint(path, state, ...) reads. ConfigError as load_checkpoint's
+// load_checkpoint(path, state, ...) reads, and a Hugging Face model
+// directory (fsdp/checkpoint/hf_storage.h). ConfigError as load_checkpoint's
 // for a path that holds no checkpoint or a damaged index.
 std::unique_ptr<StorageReader> open_checkpoint_storage(const std::string& path);
 

@@ -45,7 +45,13 @@ struct TrainConfig {
   double min_lr = -1;         // -1: lr / 10; other negatives are refused
   NonfiniteLoss on_nonfinite_loss = NonfiniteLoss::kStop;
   std::string out = "runs/latest";  // run directory: metrics.jsonl, train.log, checkpoints/ (not / or $HOME)
-  std::string data;                 // text file, memory-mapped (empty: the generated corpus)
+  std::string data;                 // data file, memory-mapped (empty: the generated corpus)
+  // How `data` holds its tokens (fsdp/train/batches.h): "text" (its bytes),
+  // "uint16" or "uint32" (raw little-endian ids, nanoGPT's .bin), "auto"
+  // (llm.c's format when the file starts with its magic, read by its header;
+  // anything else text). Ids at or beyond model.vocab_size (--vocab, 256 by
+  // default: bytes) stop the run at the first batch that holds one.
+  std::string data_format = "auto";
   int64_t save_every = 0;           // 0: only at the end
   int keep = 2;                     // checkpoints kept
   // One run per directory (docs/reliability.md). A run that starts fresh
@@ -122,7 +128,8 @@ LoggerChoice chosen_loggers(const std::string& names);
 models::GPTConfig preset(const std::string& name);
 
 // Checks what can be checked before training: heads divide dim, the data
-// file exists and is not empty, the run directory is writable, numbers are
+// file exists, is not empty, its format (--data-format; llm.c's header)
+// holds and its tokens hold a sample, the run directory is writable, numbers are
 // positive, overwrite is not combined with resume, resume_from exists and
 // (with overwrite) lies outside the run directory. ConfigError naming the
 // setting otherwise.
