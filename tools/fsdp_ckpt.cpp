@@ -7,7 +7,7 @@
 //   fsdp-ckpt consolidate DIR OUT     sharded -> one full file (torch.load-able), one tensor in memory at a time
 //   fsdp-ckpt export CKPT OUT [--format safetensors]
 //                                     the model's weights as a safetensors file (Hugging Face's), one tensor at a time
-//   fsdp-ckpt export CKPT OUT --format hf --config DIR [--max-shard-size 5GB] [--dtype bfloat16]
+//   fsdp-ckpt export CKPT OUT --format hf [--config DIR] [--max-shard-size 5GB] [--dtype bfloat16]
 //                                     a Hugging Face model directory (config, generation config, tokenizer files
 //                                     copied from DIR, size-capped safetensors and their index) that
 //                                     transformers' from_pretrained loads
@@ -18,6 +18,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -179,7 +180,7 @@ int verify(const std::string& path) {
       bool trained = false;
       for (const auto& [name, value] : info.values) trained |= name.rfind("config.model.", 0) == 0;
       if (trained) {
-        fsdp::train::checkpoint_model_config(info, path);
+        (void)fsdp::train::checkpoint_model(info, path);
         problems = run_position_problems(info);
       }
     } catch (const std::exception& e) {
@@ -217,7 +218,8 @@ int main(int argc, char** argv) {
   exp->add_option("--format", format, "output format: safetensors (default) or hf")
       ->check(CLI::IsMember({"safetensors", "hf"}));
   exp->add_option("--config", hf_config,
-                  "hf: the model's directory (its config.json; generation_config.json and tokenizer files are copied)");
+                  "hf: the model's directory (its config.json; generation_config.json and tokenizer files are copied); "
+                  "default: what an fsdp-train checkpoint of a Llama records");
   exp->add_option("--max-shard-size", max_shard, "hf: the safetensors files' cap (default 50GB, as save_pretrained)");
   exp->add_option("--dtype", dtype, "hf: float32, bfloat16 or float16 (default: as saved)")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
@@ -231,10 +233,26 @@ int main(int argc, char** argv) {
     if (ins->parsed()) return inspect(path);
     if (ver->parsed()) return verify(path);
     if (exp->parsed() && format == "hf") {
-      if (hf_config.empty()) throw fsdp::ConfigError("export --format hf needs --config DIR (the model's directory)");
       fsdp::hf::ExportOptions o;
-      o.config = fsdp::hf::read_config(hf_config);
-      o.source_dir = hf_config;
+      if (hf_config.empty()) {
+        // An fsdp-train checkpoint of a Llama records its config.json (and
+        // the hf: directory it came from, whose tokenizer files are copied).
+        const fsdp::CheckpointInfo info = fsdp::inspect_checkpoint(path);
+        bool trained = false;
+        for (const auto& [name, value] : info.values) trained |= name == "config.model.llama";
+        if (!trained) {
+          throw fsdp::ConfigError("export --format hf needs --config DIR (the model's directory): " + path +
+                                  " records no model config.json");
+        }
+        const fsdp::train::CheckpointModel held = fsdp::train::checkpoint_model(info, path);
+        o.config = *held.llama;
+        if (held.source.rfind("hf:", 0) == 0 && std::filesystem::is_directory(held.source.substr(3))) {
+          o.source_dir = held.source.substr(3);
+        }
+      } else {
+        o.config = fsdp::hf::read_config(hf_config);
+        o.source_dir = hf_config;
+      }
       o.max_shard_bytes = fsdp::hf::parse_shard_size(max_shard, "--max-shard-size");
       o.dtype = dtype;
       fsdp::hf::export_hf(path, out, o);

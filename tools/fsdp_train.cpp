@@ -68,10 +68,13 @@ int main(int argc, char** argv) {
   gen->add_option("--prompt", prompt, "text to continue")->capture_default_str();
   // As text, parsed below: CLI11 saturates an integer beyond 64 bits instead of refusing it.
   std::string tokens = std::to_string(go.tokens);
-  gen->add_option("--tokens", tokens, "bytes to generate (printed as they are drawn)")->capture_default_str();
+  gen->add_option("--tokens", tokens, "tokens to generate (bytes for the GPT; printed as they are drawn)")->capture_default_str();
   gen->add_option("--temperature", go.temperature, "sampling temperature; 0: greedy")->capture_default_str();
-  gen->add_option("--top-k", go.top_k, "sample among the k most likely bytes; 0: all")->capture_default_str();
+  gen->add_option("--top-k", go.top_k, "sample among the k most likely tokens; 0: all")->capture_default_str();
   gen->add_option("--seed", go.seed, "sampling seed")->capture_default_str();
+  gen->add_option("--tokenizer", go.tokenizer,
+                  "a Llama checkpoint's tokenizer: a model directory or its tokenizer.json / tokenizer.model "
+                  "(default: the --model hf:DIR it was trained from)");
 
   auto* prep = app.add_subcommand(
       "prepare", "tokenize text files with a model's tokenizer into a token-id file for --data (llm.c's format)");
@@ -120,6 +123,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       if (given[i] && given[i]->count() > 0) rows[i].set(c, rows[i].is_switch ? (switches[i] ? "true" : "false") : texts[i]);
     }
+    fsdp::train::resolve_model(c);  // a Llama's sizes, from its config.json
     if (print_config) {
       fsdp::train::validate_settings(c);  // the errors a run gives; nothing is written
       std::cout << fsdp::train::config_json(c) << std::endl;

@@ -71,7 +71,10 @@ void load_model(const StorageReader& reader, const LoadPlan& plan, const std::st
                 const std::shared_ptr<torch::nn::Module>& model, bool strict) {
   const formats::EntryRecord* rec = find_entry(reader, entry);
   const auto reads = reads_of(plan, entry);
-  StateDict sd;
+  // The keys and shapes first (checked before anything is read), then each
+  // tensor's pieces read as the model takes it: one tensor in memory at a
+  // time beside the model, never a second copy of all its shards.
+  StateDict shapes;
   std::set<std::string> wanted;
   for (const auto& [key, shape, boxes] : local_boxes(model)) {
     wanted.insert(key);
@@ -79,20 +82,25 @@ void load_model(const StorageReader& reader, const LoadPlan& plan, const std::st
     if (!reader.index().tensors.count(tkey)) continue;  // missing: load_state_dict reports it
     const auto& t = find_tensor(reader, tkey);
     if (t.shape != shape) {
-      sd.insert(key, ShardedTensor{t.shape, t.dtype, {}});  // reported as a size mismatch
+      shapes.insert(key, ShardedTensor{t.shape, t.dtype, {}});  // reported as a size mismatch
       continue;
     }
-    auto r = reads.find(tkey);
-    if (r == reads.end()) continue;  // left out of the plan: missing
-    sd.insert(key, sharded(reader, *r->second, t));
+    if (!reads.count(tkey)) continue;  // left out of the plan: missing
+    shapes.insert(key, ShardedTensor{t.shape, t.dtype, {}});
   }
   if (rec) {
     for (const auto& k : rec->keys) {
-      if (!wanted.count(k)) sd.insert(k, ShardedTensor{find_tensor(reader, entry + "/" + k).shape, at::kFloat, {}});
+      if (!wanted.count(k)) shapes.insert(k, ShardedTensor{find_tensor(reader, entry + "/" + k).shape, at::kFloat, {}});
     }
   }
   StateDictTypeGuard guard(model, StateDictType::kSharded);
-  load_state_dict(model, sd, strict);
+  load_state_dict(
+      model, shapes,
+      [&](const std::string& key) -> StateValue {
+        const std::string tkey = entry + "/" + key;
+        return sharded(reader, *reads.at(tkey), find_tensor(reader, tkey));
+      },
+      strict);
 }
 
 void load_optimizer(const StorageReader& reader, const LoadPlan& plan, const std::string& entry,

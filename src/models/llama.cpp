@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <vector>
 
 #include "fsdp/error.h"
 
@@ -37,7 +39,7 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 LlamaLinear projection(const LlamaConfig& c, const std::string& name, int64_t in, int64_t out, bool bias) {
   const auto& t = c.lora.targets;
   const bool adapted = c.lora.rank > 0 && std::find(t.begin(), t.end(), name) != t.end();
-  return LlamaLinear(in, out, bias, c.initializer_range, adapted ? c.lora.rank : 0, c.lora.alpha);
+  return LlamaLinear(in, out, bias, c.initialize ? c.initializer_range : -1.0, adapted ? c.lora.rank : 0, c.lora.alpha);
 }
 
 // transformers' _init_weights: normal(0, initializer_range), zero biases.
@@ -112,7 +114,7 @@ LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool with_bias, double
                                  double lora_alpha) {
   weight = register_parameter("weight", at::empty({out, in}));
   if (with_bias) bias = register_parameter("bias", at::empty({out}));
-  {
+  if (init_std >= 0) {
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(weight, 0.0, init_std);
     if (bias.defined()) bias.zero_();
@@ -249,8 +251,9 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c) {
   }
   auto eopts = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
   if (c.pad_token_id) eopts.padding_idx(*c.pad_token_id);
+  if (!c.initialize) eopts._weight(at::empty({c.vocab_size, c.hidden_size}));  // LibTorch then draws nothing
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(eopts));
-  {
+  if (c.initialize) {
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(embed_tokens->weight, 0.0, c.initializer_range);
     if (c.pad_token_id) embed_tokens->weight[*c.pad_token_id].zero_();
@@ -343,6 +346,27 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_state_shapes(con
   }
   out.push_back({"model.norm.weight", {H}});
   if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, H}});
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_adapter_shapes(const LlamaConfig& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (c.lora.rank <= 0) return out;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim, r = c.lora.rank;
+  // (name, module path, in, out) in transformers' order.
+  const std::vector<std::tuple<const char*, const char*, int64_t, int64_t>> projections = {
+      {"q_proj", "self_attn", H, q},  {"k_proj", "self_attn", H, kv}, {"v_proj", "self_attn", H, kv},
+      {"o_proj", "self_attn", q, H},  {"gate_proj", "mlp", H, I},     {"up_proj", "mlp", H, I},
+      {"down_proj", "mlp", I, H}};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    for (const auto& [name, parent, in, o] : projections) {
+      if (std::find(c.lora.targets.begin(), c.lora.targets.end(), name) == c.lora.targets.end()) continue;
+      const std::string p = "model.layers." + std::to_string(i) + "." + parent + "." + name + ".";
+      out.push_back({p + "lora_A.weight", {r, in}});
+      out.push_back({p + "lora_B.weight", {o, r}});
+    }
+  }
   return out;
 }
 

@@ -358,9 +358,12 @@ void apply(const std::vector<Copy>& copies) {
 
 }  // namespace
 
-void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state, bool strict) {
-  if (!model) throw ConfigError("load_state_dict: the model is null");
-  ModelIndex idx = index_model(model);
+namespace {
+
+// load_state_dict's first step: the items of `model` (indexed in `idx`,
+// which they point into), once no unit is in a forward, every unit and group
+// resharded; and the model's state dict type.
+std::vector<Item> loadable_items(const std::shared_ptr<torch::nn::Module>& model, ModelIndex& idx, StateDictType& type) {
   check_idle(idx, "load_state_dict");
   for (const auto& u : idx.units) {
     if (u->awaiting_backward()) {
@@ -374,11 +377,36 @@ void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const Stat
     u->reshard();  // full parameters left from a forward without backward are rebuilt from the shards
   }
   for (auto& g : idx.groups) g.reshard();  // FSDP2: the parameters show their rows again
-  auto [type, config] = model_type(idx);
+  type = model_type(idx).first;
   std::vector<Item> items;
   walk(*model, "", idx, type, items);
+  return items;
+}
+
+}  // namespace
+
+void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state, bool strict) {
+  if (!model) throw ConfigError("load_state_dict: the model is null");
+  ModelIndex idx = index_model(model);
+  StateDictType type{};
+  const std::vector<Item> items = loadable_items(model, idx, type);
   validate(items, state, strict, type, model->name());
   apply(plan(items, state));
+}
+
+void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& shapes,
+                     const std::function<StateValue(const std::string&)>& value_of, bool strict) {
+  if (!model) throw ConfigError("load_state_dict: the model is null");
+  ModelIndex idx = index_model(model);
+  StateDictType type{};
+  const std::vector<Item> items = loadable_items(model, idx, type);
+  validate(items, shapes, strict, type, model->name());
+  for (const auto& item : items) {
+    if (!shapes.contains(item.key)) continue;
+    StateDict one;
+    one.insert(item.key, value_of(item.key));
+    apply(plan({item}, one));
+  }
 }
 
 }  // namespace fsdp

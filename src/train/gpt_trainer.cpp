@@ -30,6 +30,9 @@
 #include "fsdp/distributed/rank_errors.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp2/fully_shard.h"
+#include "fsdp/hf/export.h"
+#include "fsdp/hf/hf_model.h"
+#include "fsdp/hf/peft.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/observability/profiler.h"
@@ -60,17 +63,26 @@ Corpus read_corpus(const TrainConfig& c) {
 
 // The strategy of a run: the one place where TrainConfig's settings become
 // FSDPStrategyOptions.
+// The unit (and the activation-checkpointed block) is the model's block:
+// the GPT's, or a Llama's decoder layer.
 FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   FSDPStrategyOptions o = c.strategy;
-  o.auto_wrap_module_types<models::GPTBlockImpl>();
+  if (trains_llama(c)) {
+    o.auto_wrap_module_types<models::LlamaDecoderLayerImpl>();
+    if (activation_checkpointing(c.strategy)) o.activation_checkpointing_module_types<models::LlamaDecoderLayerImpl>();
+  } else {
+    o.auto_wrap_module_types<models::GPTBlockImpl>();
+  }
   if (world) o.world(world);
   return o;
 }
 
 // [collective over the world with a 2-D mesh] --engine fsdp2: fully_shard on
-// each block, then on the root, on the strategy's group (or its 2-D mesh),
-// with the run's sharding strategy, precision and activation checkpointing.
-Model fully_shard_model(const FSDPStrategy& strategy, const TrainConfig& c, const std::shared_ptr<models::GPTImpl>& net) {
+// each block (`Block`), then on the root, on the strategy's group (or its
+// 2-D mesh), with the run's sharding strategy, precision and activation
+// checkpointing.
+template <class Net, class Block>
+Model fully_shard_model(const FSDPStrategy& strategy, const TrainConfig& c, const std::shared_ptr<Net>& net) {
   const FSDPOptions wrap = strategy.module_sharded_options();
   // The strategy's FSDP1 layout: its --mesh, or HYBRID_SHARD's default of
   // sharding within a node (hybrid_shard_size) and replicating across nodes.
@@ -84,26 +96,60 @@ Model fully_shard_model(const FSDPStrategy& strategy, const TrainConfig& c, cons
   if (strategy.sharding_strategy() == ShardingStrategy::kShardGradOp) o.reshard_after_forward(false);
   if (strategy.precision().name == "bf16-mixed") o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, at::kFloat});
   if (strategy.cpu_offload().offload_params) o.offload_policy(OffloadPolicy{true});
-  FullyShard<models::GPTImpl> model(net, o, transformer_auto_wrap_policy<models::GPTBlockImpl>());
-  if (activation_checkpointing(c.strategy)) {
-    apply_activation_checkpointing(model.ptr(), checkpoint_module_types<models::GPTBlockImpl>());
-  }
+  FullyShard<Net> model(net, o, transformer_auto_wrap_policy<Block>());
+  if (activation_checkpointing(c.strategy)) apply_activation_checkpointing(model.ptr(), checkpoint_module_types<Block>());
   return model;
 }
 
-// [collective] The model, wrapped. Its initial weights come from the seed
-// alone: under empty_init each block is built when FSDP shards it, from the
-// generator state it was first built from, so with the values an eager
-// build has. Seeds LibTorch's process-wide generator.
-Model build_model(FSDPStrategy& strategy, const TrainConfig& c) {
+// [collective] The model `Net` built from `config`, wrapped (`Block` the
+// unit). Its initial weights come from the seed alone: under empty_init
+// each block is built when FSDP shards it, from the generator state it was
+// first built from, so with the values an eager build has. Seeds LibTorch's
+// process-wide generator.
+template <class Net, class Block, class Config>
+Model build(FSDPStrategy& strategy, const TrainConfig& c, const Config& config) {
   torch::manual_seed(c.strategy.seed());
-  std::shared_ptr<models::GPTImpl> net;
+  std::shared_ptr<Net> net;
   {
     auto deferred = strategy.module_init_context(c.empty_init);
-    net = std::make_shared<models::GPTImpl>(c.model);
+    net = std::make_shared<Net>(config);
   }
-  if (c.engine == "fsdp2") return fully_shard_model(strategy, c, net);
+  if (c.engine == "fsdp2") return fully_shard_model<Net, Block>(strategy, c, net);
   return strategy.setup_module(net);
+}
+
+// [collective] The run's model: the GPT of c.model, or the Llama of `llama`
+// (its config.json with the run's adapters; an hf: source's weights are
+// loaded later, load_hf_weights).
+Model build_model(FSDPStrategy& strategy, const TrainConfig& c, const std::optional<models::LlamaConfig>& llama) {
+  if (llama) return build<models::LlamaImpl, models::LlamaDecoderLayerImpl>(strategy, c, *llama);
+  return build<models::GPTImpl, models::GPTBlockImpl>(strategy, c, c.model);
+}
+
+// [collective] --model hf:DIR on a run that starts fresh: the directory's
+// weights into the sharded model, each rank reading only its shards' byte
+// ranges (hf::load_weights; its errors agreed across the ranks). The
+// adapters of a LoRA run keep their initial values.
+void load_hf_weights(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama,
+                     const Model& model) {
+  const auto t = std::chrono::steady_clock::now();
+  const std::string dir = c.model_source.substr(3);
+  const hf::LoadStats stats = hf::load_weights(dir, llama, model.ptr(), strategy.group());
+  std::ostringstream what;
+  what << "fsdp-train: loaded " << dir << " (rank 0 read " << std::fixed << std::setprecision(1)
+       << static_cast<double>(stats.bytes_read) / (1 << 20) << " MiB of weights) in "
+       << std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() << " s";
+  strategy.print(what.str());
+}
+
+// The optimizer's parameters: those that train (a LoRA run's base is
+// frozen, and holds no optimizer state).
+std::vector<at::Tensor> trained_parameters(const Model& model) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : model->parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
 }
 
 // What a checkpoint of the run holds at `step` (the steps done); what a
@@ -211,6 +257,13 @@ struct RunData {
 void read_data(const FSDPStrategy& strategy, const TrainConfig& c, RunData& d) {
   dist::agree(strategy.group(), dist::capture([&] {
                 Corpus corpus = read_corpus(c);
+                if (trains_llama(c) && corpus.layout().format == "text") {
+                  throw ConfigError("--data " + c.data + " is read as text (--data-format " + c.data_format +
+                                    "): its bytes would be the ids, and --model " + c.model_source +
+                                    " takes its tokenizer's: expected token ids (fsdp-train prepare --tokenizer DIR "
+                                    "--out FILE TEXT... writes them with llm.c's header), or --data-format uint16 or "
+                                    "uint32 for a raw .bin");
+                }
                 d.fingerprint = corpus.fingerprint();
                 d.format = corpus.layout().format;
                 d.batches.emplace(std::move(corpus), c.model.context, c.batch, c.strategy.seed(),
@@ -374,6 +427,7 @@ struct Job {
   torch::optim::Optimizer& opt;
   Start& start;
   Outputs& out;
+  const std::optional<models::LlamaConfig>& llama;  // a Llama run's model
   int64_t skipped = 0;  // steps skipped for a non-finite loss (rank 0's count)
 };
 
@@ -469,7 +523,36 @@ void save_if_due(Job& job, int64_t done, int64_t position) {
   s.value("samples", position).value("world", int64_t{job.strategy.world_size()});
   s.value("data_fingerprint", job.data.fingerprint).value("data_format", job.data.format);
   put_config(s, c, job.identity);
+  // A Llama's config.json: what generate, export and a resume build it from.
+  if (job.llama) s.value("config.model.llama", models::llama_config_json(*job.llama, job.llama->dtype));
   save_and_rotate(job.run, job.strategy, s, done, c.keep, job.identity);
+}
+
+// [collective] --save-hf, after the last checkpoint (`checkpoint`): the
+// adapters of a LoRA run as PEFT's (gathered to rank 0), or the
+// checkpoint's model exported by rank 0 as a Hugging Face directory in the
+// dtype the model came in, with an hf: source's generation config and
+// tokenizer files. Every rank returns once it is there, or throws the same
+// error.
+void save_hf(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama, const Model& model,
+             const std::string& checkpoint) {
+  const bool hf_source = c.model_source.rfind("hf:", 0) == 0;
+  const std::string source = hf_source ? c.model_source.substr(3) : c.model_config;
+  if (c.lora.rank > 0) {
+    hf::save_peft_adapter(model.ptr(), llama, c.save_hf, source, strategy.group());
+  } else {
+    dist::agree_from(strategy.group(), 0, dist::capture([&] {
+                       if (strategy.global_rank() != 0) return;
+                       hf::ExportOptions o;
+                       o.config = llama;
+                       o.config.lora = {};
+                       if (hf_source) o.source_dir = source;
+                       o.dtype = llama.dtype;
+                       hf::export_hf(checkpoint, c.save_hf, o);
+                     }),
+                     "--save-hf: ");
+  }
+  strategy.print("fsdp-train: wrote " + c.save_hf + (c.lora.rank > 0 ? " (the LoRA adapters, as PEFT's)" : " (a Hugging Face model directory)"));
 }
 
 // Closes the loggers and draws loss.svg on rank 0 (a drawing is not worth
@@ -487,8 +570,15 @@ void finish(const FSDPStrategy& strategy, const TrainConfig& c, Outputs& out) {
 }  // namespace
 
 double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
-  validate(config);
   TrainConfig c = config;
+  resolve_model(c);
+  validate(c);
+  std::optional<models::LlamaConfig> llama;
+  if (trains_llama(c)) {
+    llama = llama_config(c);
+    // An hf: model's weights are loaded (or a checkpoint's, on resume): not drawn first.
+    llama->initialize = c.model_source == "llama";
+  }
   FSDPStrategy strategy(strategy_options(c, world));
   strategy.setup_environment();
   warn_about_precision(strategy, c);
@@ -497,17 +587,18 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   const RunIdentity identity = begin_job(strategy, run, c, lock);
   RunData data;
   read_data(strategy, c, data);
-  Model model = build_model(strategy, c);
+  Model model = build_model(strategy, c, llama);
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
   // torch.optim.AdamW's update to the bit (fsdp/optim/adamw.h), so a run
   // continued in PyTorch steps as it would have here.
-  optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
+  optim::AdamW opt(trained_parameters(model), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
   if (c.engine == "fsdp2") {
     check_optimizer(model.ptr(), opt);
   } else {
     strategy.setup_optimizer(opt);
   }
   Start start = resume_job(strategy, run, c, identity, model, opt, data);
+  if (start.from.path.empty() && c.model_source.rfind("hf:", 0) == 0) load_hf_weights(strategy, c, *llama, model);
   // Before step 1: what every save will need (checkpoints/ usable, the
   // saves' names free), so that a run never trains to lose it at a save.
   dist::agree_from(strategy.group(), 0, dist::capture([&] {
@@ -518,7 +609,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   open_outputs(strategy, run, c, start.step, out);
   StepProfiler profiler(strategy, c, start.step);
   note_resize(strategy, start, out);
-  Job job{strategy, c, run, identity, data, model, opt, start, out};
+  Job job{strategy, c, run, identity, data, model, opt, start, out, llama};
   int64_t position = start.position;
   double mean_loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -534,6 +625,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     save_if_due(job, m.step, position);
     mean_loss = m.loss;
   }
+  if (!c.save_hf.empty()) save_hf(strategy, c, *llama, model, run.checkpoint_path(c.steps));
   finish(strategy, c, out);
   return mean_loss;
 }

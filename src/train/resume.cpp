@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -39,6 +40,28 @@ void check_resumable(const std::string& path, const CheckpointInfo& info, const 
   if (const std::string changes = fixed_setting_changes(info, c); !changes.empty()) {
     throw ConfigError("--resume: " + path + " holds a model of another shape:" + changes);
   }
+  // A Llama's shapes come from its config.json: compared tensor by tensor.
+  const CheckpointModel saved = checkpoint_model(info, path);
+  if (saved.llama && trains_llama(c)) {
+    auto shapes = [](const models::LlamaConfig& m) {
+      auto all = models::llama_state_shapes(m);
+      for (auto& a : models::llama_adapter_shapes(m)) all.push_back(std::move(a));
+      return all;
+    };
+    const auto was = shapes(*saved.llama), now = shapes(llama_config(c));
+    auto entry = [](const std::vector<std::pair<std::string, std::vector<int64_t>>>& list, size_t i) {
+      if (i >= list.size()) return std::string("nothing");
+      std::string text = "'" + list[i].first + "' [";
+      for (size_t d = 0; d < list[i].second.size(); ++d) text += (d ? ", " : "") + std::to_string(list[i].second[d]);
+      return text + "]";
+    };
+    for (size_t i = 0; i < std::max(was.size(), now.size()); ++i) {
+      if (i < was.size() && i < now.size() && was[i] == now[i]) continue;
+      throw ConfigError("--resume: " + path + " holds a model of another shape than --model " + c.model_source +
+                        " (with its LoRA settings): the checkpoint holds " + entry(was, i) + " where the run's model has " +
+                        entry(now, i) + ": expected the config.json and LoRA settings the run started with");
+    }
+  }
   const auto over = overridden_flags(info, c);
   if (!over.empty()) {
     std::string msg = "fsdp-train: --resume: these flags differ from the checkpoint's run and apply from its step on:";
@@ -56,7 +79,7 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
     CheckpointInfo info;
     try {
       info = inspect_checkpoint(path);
-      (void)checkpoint_model_config(info, path);  // checked before anything is compared
+      (void)checkpoint_model(info, path);  // checked before anything is compared
     } catch (const ConfigError& e) {
       throw ConfigError("--resume-from " + path + " is not a checkpoint fsdp-train can resume: " + e.what());
     }
@@ -102,7 +125,7 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
       continue;
     }
     try {
-      (void)checkpoint_model_config(info, path);  // checked before anything is compared
+      (void)checkpoint_model(info, path);  // checked before anything is compared
     } catch (const ConfigError& e) {
       std::cerr << "fsdp-train: skipping " << path << ": " << e.what() << std::endl;
       continue;

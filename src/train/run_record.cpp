@@ -43,7 +43,113 @@ std::string run_id_of(const CheckpointInfo& info) {
   return v ? *v : "";
 }
 
+namespace {
+
+// The model entry's tensors of a checkpoint ("<entry>/<key>"; fsdp-train's entry is "model"), by key.
+std::map<std::string, std::vector<int64_t>> model_tensors(const CheckpointInfo& info) {
+  std::map<std::string, std::vector<int64_t>> listed;
+  for (const auto& t : info.tensors) {
+    if (t.key.rfind("model/", 0) == 0) listed[t.key.substr(6)] = t.shape;
+  }
+  return listed;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+models::GPTConfig gpt_model_config(const CheckpointInfo& info, const std::string& path);
+
+// The recorded value `key` of `info` as text and its type ("int", "float",
+// "str"); ConfigError naming the checkpoint when absent.
+std::pair<std::string, std::string> recorded(const CheckpointInfo& info, const std::string& path, const std::string& key) {
+  const std::string name = config_name(info, key);
+  if (name.empty()) throw ConfigError(path + ": its run trained a Llama but it records no 'config." + key + "'");
+  const auto t = info.value_types.find(name);
+  return {info.values.at(name), t == info.value_types.end() ? "?" : t->second};
+}
+
+// A Llama run's model: its config.json and LoRA settings, against the model entry's tensors.
+models::LlamaConfig llama_model_config(const CheckpointInfo& info, const std::string& path) {
+  const auto [text, text_type] = recorded(info, path, "model.llama");
+  if (text_type != "str") throw ConfigError(path + ": its 'config.model.llama' is a " + text_type + "; expected a str (config.json)");
+  models::LlamaConfig c = models::parse_llama_config(text, path + " 'config.model.llama'");
+  const auto [rank, rank_type] = recorded(info, path, "model.lora_rank");
+  const auto [alpha, alpha_type] = recorded(info, path, "model.lora_alpha");
+  const auto [targets, targets_type] = recorded(info, path, "model.lora_targets");
+  int64_t r = -1;
+  const auto [ptr, ec] = std::from_chars(rank.data(), rank.data() + rank.size(), r);
+  if (rank_type != "int" || ec != std::errc() || ptr != rank.data() + rank.size() || r < 0 || r > (int64_t{1} << 31)) {
+    throw ConfigError(path + ": its 'config.model.lora_rank' = " + rank + " (" + rank_type + "); expected an int from 0 to 2^31");
+  }
+  c.lora.rank = r;
+  char* end = nullptr;
+  c.lora.alpha = std::strtod(alpha.c_str(), &end);
+  if (alpha_type != "float" || alpha.empty() || end != alpha.c_str() + alpha.size()) {
+    throw ConfigError(path + ": its 'config.model.lora_alpha' = " + alpha + " (" + alpha_type + "); expected a float");
+  }
+  if (targets_type != "str") throw ConfigError(path + ": its 'config.model.lora_targets' is a " + targets_type + "; expected a str");
+  c.lora.targets.clear();
+  for (size_t at = 0; at <= targets.size();) {
+    const size_t comma = std::min(targets.find(',', at), targets.size());
+    c.lora.targets.push_back(targets.substr(at, comma - at));
+    at = comma + 1;
+  }
+  try {
+    models::check_lora(c.lora);
+  } catch (const ConfigError& e) {
+    throw ConfigError(path + ": its LoRA settings (config.model.lora_*): " + e.what());
+  }
+  auto want = models::llama_state_shapes(c);
+  for (auto& a : models::llama_adapter_shapes(c)) want.push_back(std::move(a));
+  auto listed = model_tensors(info);
+  for (const auto& [key, shape] : want) {
+    const auto it = listed.find(key);
+    if (it == listed.end()) {
+      throw ConfigError(path + ": its model configuration (config.model.llama) does not match its tensors: it needs "
+                        "'model/" + key + "', which the checkpoint does not hold");
+    }
+    if (it->second != shape) {
+      throw ConfigError(path + ": its model configuration (config.model.llama) does not match its tensors: 'model/" +
+                        key + "' is " + shape_text(it->second) + ", the configuration needs " + shape_text(shape));
+    }
+    listed.erase(it);
+  }
+  if (!listed.empty()) {
+    throw ConfigError(path + ": its model holds 'model/" + listed.begin()->first +
+                      "', which its configuration (config.model.llama) has no place for");
+  }
+  return c;
+}
+
+}  // namespace
+
+CheckpointModel checkpoint_model(const CheckpointInfo& info, const std::string& path) {
+  CheckpointModel m;
+  const std::string name = config_name(info, "model.source");
+  if (!name.empty()) m.source = info.values.at(name);
+  if (m.source == "gpt") {
+    m.gpt = gpt_model_config(info, path);
+  } else {
+    m.llama = llama_model_config(info, path);
+  }
+  return m;
+}
+
 models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std::string& path) {
+  const std::string name = config_name(info, "model.source");
+  if (!name.empty() && info.values.at(name) != "gpt") {
+    throw ConfigError(path + " holds a Llama-family model (--model " + info.values.at(name) +
+                      "), not fsdp-train's GPT: expected a checkpoint of --model gpt");
+  }
+  return gpt_model_config(info, path);
+}
+
+namespace {
+
+models::GPTConfig gpt_model_config(const CheckpointInfo& info, const std::string& path) {
   // The recorded numbers are checked (each an int, in range) and then held
   // against the tensors the checkpoint lists, before anything is built from
   // them: a damaged or hostile configuration is an error naming it, never an
@@ -78,16 +184,8 @@ models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std:
     throw ConfigError(path + ": its model configuration has heads " + std::to_string(c.heads) +
                       " that do not divide dim " + std::to_string(c.dim));
   }
-  // Against the model entry's tensors ("<entry>/<key>"; fsdp-train's entry is "model").
-  std::map<std::string, std::vector<int64_t>> listed;
-  for (const auto& t : info.tensors) {
-    if (t.key.rfind("model/", 0) == 0) listed[t.key.substr(6)] = t.shape;
-  }
-  auto shape_text = [](const std::vector<int64_t>& s) {
-    std::string out = "[";
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-  };
+  // Against the model entry's tensors.
+  const auto listed = model_tensors(info);
   const std::string layers_text = "'config.model.layers' = " + std::to_string(c.layers);
   if (static_cast<size_t>(c.layers) > listed.size()) {  // before listing O(layers) keys
     throw ConfigError(path + ": its model configuration does not match its tensors: " + layers_text + ", but the model holds " +
@@ -115,8 +213,6 @@ models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std:
   return c;
 }
 
-namespace {
-
 // The recorded rows (those with a key in a checkpoint), in digest order.
 std::vector<const RunSetting*> recorded_rows() {
   std::vector<const RunSetting*> rows;
@@ -130,12 +226,22 @@ std::vector<const RunSetting*> recorded_rows() {
 
 }  // namespace
 
+namespace {
+constexpr int kFirstDigestPlaces = 16;  // the places of the settings before --model
+}  // namespace
+
 std::string config_digest(const TrainConfig& c) {
   std::ostringstream os;
   os << std::setprecision(17) << std::boolalpha;
   bool first = true;
   for (const RunSetting* row : recorded_rows()) {
     if (row->digest_place == 0) continue;
+    // Places after the first sixteen (the model's source, LoRA) join the
+    // digest only where the run sets them: earlier configurations keep
+    // their digests.
+    if (row->digest_place > kFirstDigestPlaces && setting_text(row->get(c)) == setting_text(row->get(TrainConfig()))) {
+      continue;
+    }
     os << (first ? "" : " ") << row->digest_label << " ";
     first = false;
     std::visit([&](const auto& x) { os << x; }, row->get(c));
@@ -215,7 +321,14 @@ std::string fixed_setting_changes(const CheckpointInfo& info, const TrainConfig&
   for (const RunSetting* row : recorded_rows()) {
     const std::string* v = config_value(info, row->record);
     if (!v || row->may_change_on_resume) continue;
-    const std::string now = setting_text(row->get(c));
+    const SettingValue value = row->get(c);
+    const std::string now = setting_text(value);
+    // A number compares as a number (a checkpoint keeps 16 as "16.0").
+    if (const double* d = std::get_if<double>(&value)) {
+      char* end = nullptr;
+      const double was = std::strtod(v->c_str(), &end);
+      if (end == v->c_str() + v->size() && !v->empty() && was == *d) continue;
+    }
     if (*v != now) diff += " " + short_name(*row) + " " + *v + " (checkpoint) vs " + now + ";";
   }
   return diff;

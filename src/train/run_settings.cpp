@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <algorithm>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -87,6 +88,46 @@ std::vector<RunSetting> make_table() {
       {"model.heads", "--heads", nullptr, false, "attention heads (overrides the preset)", false, false, "model.heads",
        5, "heads", true, false, [](const C& c) -> V { return c.model.heads; },
        [](C& c, const std::string& t) { c.model.heads = whole<int64_t>("--heads", t); }, nullptr},
+      {"model.source", "--model", nullptr, false,
+       "gpt (the byte-level GPT of --preset), llama (a Llama-family decoder from --config, initialised from --seed) "
+       "or hf:DIR (a Hugging Face model directory: its config.json, and its weights, each rank reading only its "
+       "shards' bytes)",
+       true, false, "model.source", 17, "model", true, false, [](const C& c) -> V { return c.model_source; },
+       [](C& c, const std::string& t) { c.model_source = t; }, nullptr},
+      {"model.config", "--config", nullptr, false, "the config.json of --model llama (Hugging Face's)", false, true,
+       "model.config", 18, "config", true, false, [](const C& c) -> V { return c.model_config; },
+       [](C& c, const std::string& t) { c.model_config = t; }, "(none)"},
+      {"model.lora_rank", "--lora-rank", nullptr, false,
+       "LoRA adapters of this rank on a Llama's projections, the base frozen (0: full fine-tuning; needs --engine "
+       "fsdp2)",
+       true, false, "model.lora_rank", 19, "lora_rank", true, false, [](const C& c) -> V { return c.lora.rank; },
+       [](C& c, const std::string& t) { c.lora.rank = whole<int64_t>("--lora-rank", t); }, nullptr},
+      {"model.lora_alpha", "--lora-alpha", nullptr, false, "LoRA's alpha: the adapters' output is scaled by alpha / rank",
+       true, false, "model.lora_alpha", 20, "lora_alpha", true, false, [](const C& c) -> V { return c.lora.alpha; },
+       [](C& c, const std::string& t) { c.lora.alpha = number("--lora-alpha", t); }, nullptr},
+      {"model.lora_targets", "--lora-targets", nullptr, false,
+       "the projections that get adapters, comma-separated: of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+       "down_proj",
+       true, false, "model.lora_targets", 21, "lora_targets", true, false,
+       [](const C& c) -> V {
+         std::string joined;
+         for (const auto& t : c.lora.targets) joined += (joined.empty() ? "" : ",") + t;
+         return joined;
+       },
+       [](C& c, const std::string& t) {
+         c.lora.targets.clear();
+         for (size_t at = 0; at <= t.size();) {
+           const size_t comma = std::min(t.find(',', at), t.size());
+           c.lora.targets.push_back(t.substr(at, comma - at));
+           at = comma + 1;
+         }
+       },
+       nullptr},
+      {"save_hf", "--save-hf", nullptr, false,
+       "at the end, the model as a Hugging Face directory DIR that transformers loads (with --lora-rank: the "
+       "adapters as PEFT's); DIR must not exist",
+       false, true, nullptr, 0, nullptr, false, false, [](const C& c) -> V { return c.save_hf; },
+       [](C& c, const std::string& t) { c.save_hf = t; }, "(none)"},
       {"steps", "--steps", nullptr, false, "training steps", true, true, "run.steps", 9, "steps", true, false,
        [](const C& c) -> V { return c.steps; }, [](C& c, const std::string& t) { c.steps = whole<int64_t>("--steps", t); },
        nullptr},

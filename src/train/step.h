@@ -1,8 +1,10 @@
 // src/train/step.h — one training step and one held-out evaluation of the
-// GPT under FSDPStrategy: what train() repeats. Both are collectives over
+// run's model (the GPT or a Llama) under FSDPStrategy: what train() repeats. Both are collectives over
 // the strategy's group.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,7 +16,22 @@
 
 namespace fsdp::train {
 
-using Model = Unit<models::GPTImpl>;
+// The model a run trains, either kind (the GPT or a Llama), wrapped by
+// either engine: its root module and its forward, tokens [B, T] to logits
+// [B, T, vocab] through the holder (so that the engine's hooks run).
+class Model {
+ public:
+  template <class Net>
+  /* implicit */ Model(Unit<Net> unit)
+      : module_(unit.ptr()), forward_([unit](const at::Tensor& tokens) mutable { return unit(tokens); }) {}
+  at::Tensor operator()(const at::Tensor& tokens) const { return forward_(tokens); }
+  std::shared_ptr<torch::nn::Module> ptr() const { return module_; }
+  torch::nn::Module* operator->() const { return module_.get(); }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::function<at::Tensor(const at::Tensor&)> forward_;
+};
 
 // What train_step did: the mean loss over the ranks, the gradient norm
 // before clipping, and whether they were finite (not: the optimizer step

@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "fsdp/error.h"
+#include "fsdp/hf/hf_model.h"  // read_config
 #include "fsdp/train/batches.h"  // kGeneratedCorpusBytes, read_data_layout
 #include "fsdp/observability/profiler.h"  // parse_step_range
 #include "fsdp/text/enum_names.h"
@@ -129,7 +130,85 @@ LoggerChoice chosen_loggers(const std::string& names) {
   return out;
 }
 
+bool trains_llama(const TrainConfig& c) { return c.model_source == "llama" || c.model_source.rfind("hf:", 0) == 0; }
+
+namespace {
+
+// The directory of --model hf:DIR.
+std::string hf_directory(const TrainConfig& c) { return c.model_source.substr(3); }
+
+// ConfigError unless --model, --config and the LoRA flags fit together.
+void check_model_source(const TrainConfig& c) {
+  const bool hf = c.model_source.rfind("hf:", 0) == 0;
+  if (c.model_source != "gpt" && c.model_source != "llama" && !hf) {
+    throw ConfigError("--model '" + c.model_source + "': expected gpt (the byte-level GPT of --preset), llama (a "
+                      "Llama-family decoder from --config config.json, initialised from --seed) or hf:DIR (a Hugging "
+                      "Face model directory: its config.json and weights)");
+  }
+  if (hf && hf_directory(c).empty()) throw ConfigError("--model hf: names no directory: expected hf:DIR");
+  if (c.model_source == "llama" && c.model_config.empty()) {
+    throw ConfigError("--model llama needs --config FILE: the model's config.json (Hugging Face's)");
+  }
+  if (c.model_source != "llama" && !c.model_config.empty()) {
+    throw ConfigError("--config " + c.model_config + " with --model " + c.model_source + ": --config is the config.json "
+                      "of --model llama" + (hf ? std::string("; hf:DIR reads DIR/config.json") : std::string()) +
+                      ": expected --model llama, or no --config");
+  }
+  if (c.lora.rank != 0) {
+    if (!trains_llama(c)) {
+      throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --model " + c.model_source +
+                        ": LoRA adapters are for a Llama's projections: expected --model llama or hf:DIR");
+    }
+    try {
+      models::check_lora(c.lora);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("--lora-rank/--lora-alpha/--lora-targets: ") + e.what());
+    }
+    if (c.engine != "fsdp2") {
+      throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --engine " + c.engine +
+                        ": a frozen base costs no gradient memory only under fully_shard: expected --engine fsdp2");
+    }
+  }
+  if (trains_llama(c) && c.data.empty()) {
+    throw ConfigError("--model " + c.model_source + " without --data: the generated corpus is bytes, and a Llama "
+                      "takes its tokenizer's ids: expected --data FILE of token ids (fsdp-train prepare --tokenizer "
+                      "DIR --out FILE TEXT... makes one)");
+  }
+  if (!c.save_hf.empty()) {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(c.save_hf, ec))) {
+      throw ConfigError("--save-hf " + c.save_hf + " already exists: the export writes a new directory and never "
+                        "writes over one: expected a path that does not exist yet");
+    }
+    if (!trains_llama(c)) {
+      throw ConfigError("--save-hf with --model " + c.model_source + ": a Hugging Face export is of a Llama-family "
+                        "model: expected --model llama or hf:DIR");
+    }
+  }
+}
+
+}  // namespace
+
+models::LlamaConfig llama_config(const TrainConfig& c) {
+  if (!trains_llama(c)) throw ConfigError("--model " + c.model_source + " is not a Llama-family model");
+  models::LlamaConfig config =
+      c.model_source == "llama" ? models::read_llama_config(c.model_config) : hf::read_config(hf_directory(c));
+  config.lora = c.lora;
+  return config;
+}
+
+void resolve_model(TrainConfig& c) {
+  check_model_source(c);
+  if (!trains_llama(c)) return;
+  const models::LlamaConfig config = llama_config(c);
+  c.model.vocab_size = config.vocab_size;
+  c.model.dim = config.hidden_size;
+  c.model.layers = config.num_hidden_layers;
+  c.model.heads = config.num_attention_heads;
+}
+
 void validate_settings(const TrainConfig& c) {
+  check_model_source(c);
   auto positive = [](int64_t v, const char* flag) {
     if (v <= 0) throw ConfigError(std::string(flag) + " must be positive, got " + std::to_string(v));
   };
@@ -188,7 +267,7 @@ void validate_settings(const TrainConfig& c) {
   }
   if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
   if (c.eval_every < 0) throw ConfigError("--eval-every must be 0 (never) or positive");
-  if (c.model.dim % c.model.heads != 0) {
+  if (!trains_llama(c) && c.model.dim % c.model.heads != 0) {
     throw ConfigError("--heads " + std::to_string(c.model.heads) + " does not divide the model width --dim " +
                       std::to_string(c.model.dim) + ": expected a divisor of it");
   }

@@ -39,7 +39,8 @@ struct Case {
 };
 
 std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, const Case& c, Opt opt, bool use_orig,
-                                                Nesting nesting, const std::vector<Batch>& batches) {
+                                                Nesting nesting, const std::vector<Batch>& batches,
+                                                bool zero_grad_after_forward = false) {
   FSDPOptions o = options_for_strategy(pg, c.strategy);
   o.use_orig_params(use_orig);
   std::shared_ptr<NetImpl> net;
@@ -53,10 +54,11 @@ std::map<std::string, torch::Tensor> train_fsdp(dist::ProcessGroup& pg, const Ca
   auto optimizer = make_optimizer(opt, model->parameters());
   const int64_t local = kGlobalBatch / pg.size();
   for (const auto& b : batches) {
-    optimizer->zero_grad();
+    if (!zero_grad_after_forward) optimizer->zero_grad();
     auto tokens = b.tokens.narrow(0, pg.rank() * local, local);
     auto target = b.target.narrow(0, pg.rank() * local, local);
     auto loss = torch::nn::functional::cross_entropy(model(tokens), target);
+    if (zero_grad_after_forward) optimizer->zero_grad();
     loss.backward();
     optimizer->step();
   }
@@ -99,6 +101,28 @@ TEST(FlatShardOptimizer, AdamWOverTheFlatShardIsExact) {
       ASSERT_EQ(flat.size(), per_param.size());
       for (const auto& [name, t] : flat) EXPECT_TRUE(torch::equal(t, per_param.at(name))) << to_string(strategy) << " " << name;
     });
+  }
+}
+
+// `loss = model(x); opt.zero_grad(); loss.backward()` trains as zero_grad
+// before the forward does, in every strategy and both use_orig_params modes
+// (SHARD_GRAD_OP and NO_SHARD keep the full parameters from the forward to
+// the backward): the gradient a step reduces is that step's alone.
+TEST(ZeroGrad, BetweenForwardAndBackwardTrainsAsBeforeTheForward) {
+  const auto batches = make_batches(kSteps, kGlobalBatch, 11);
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
+    for (const bool use_orig : {false, true}) {
+      run_ranks(2, [&](dist::ProcessGroup& pg) {
+        const Case c{strategy, 2};
+        auto before = train_fsdp(pg, c, Opt::kAdamW, use_orig, Nesting::kAutoWrap, batches);
+        auto after = train_fsdp(pg, c, Opt::kAdamW, use_orig, Nesting::kAutoWrap, batches, true);
+        ASSERT_EQ(before.size(), after.size());
+        for (const auto& [name, t] : before) {
+          EXPECT_TRUE(torch::equal(t, after.at(name))) << to_string(strategy) << " use_orig_params=" << use_orig << " "
+                                                        << name;
+        }
+      });
+    }
   }
 }
 

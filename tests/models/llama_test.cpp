@@ -5,8 +5,10 @@
 // ranges. Bad configs and directories get errors naming the file and key.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -317,6 +319,173 @@ TEST_F(LlamaTransformers, LoraAdaptersLoadInPeftWithTheSameMergedLogits) {
                         adapter, ours_file},
                        std::chrono::seconds(240));
   EXPECT_EQ(r.exit_code(), 0) << r.output;
+}
+
+// fully_shard at world 2 over a model of `config`: the decoder layers' groups, then the root's (last).
+std::vector<FSDPModule> shard_llama(fsdp::Unit<LlamaImpl>& model, dist::ProcessGroup& pg) {
+  Mesh mesh = Mesh::of(borrow(pg));
+  std::vector<FSDPModule> groups;
+  for (auto& layer : model->model->layers) groups.push_back(fully_shard(layer, mesh));
+  groups.push_back(fully_shard(model, mesh));
+  return groups;
+}
+
+optim::AdamW llama_adamw(fsdp::Unit<LlamaImpl>& model) {
+  return optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1));
+}
+
+// [collective] One step on this rank's rows of `tokens` [6, T]; the mean loss over the ranks.
+double llama_step(fsdp::Unit<LlamaImpl>& model, torch::optim::Optimizer& opt, const at::Tensor& tokens,
+                  dist::ProcessGroup& pg) {
+  const int64_t rows = tokens.size(0) / pg.size();
+  auto mine = tokens.slice(0, pg.rank() * rows, (pg.rank() + 1) * rows);
+  auto logits = model(mine);
+  auto loss = torch::nn::functional::cross_entropy(logits.slice(1, 0, -1).reshape({-1, logits.size(-1)}),
+                                                   mine.slice(1, 1).reshape({-1}));
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+  auto mean = loss.detach().reshape({1}).clone();
+  pg.all_reduce(mean).wait();
+  return mean.item<double>() / pg.size();
+}
+
+// [collective] The weights ("w."), AdamW's moments ("m.", "v.") and step
+// counts ("step.") of a sharded model, whole, by transformers' names.
+std::map<std::string, at::Tensor> full_training_state(const std::vector<FSDPModule>& groups,
+                                                      torch::optim::Optimizer& opt) {
+  std::map<std::string, at::Tensor> out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string prefix = g + 1 < groups.size() ? "model.layers." + std::to_string(g) + "." : "";
+    for (const auto& sp : groups[g].sharded_params()) {
+      const std::string name = prefix + sp.name;
+      out["w." + name] = sp.full_tensor();
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(sp.param.unsafeGetTensorImpl()));
+      out["m." + name] = sp.gather(st.exp_avg());
+      out["v." + name] = sp.gather(st.exp_avg_sq());
+      out["step." + name] = at::full({1}, static_cast<double>(st.step()), at::kDouble);
+    }
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> read_tensors(const std::string& path) {
+  const auto h = formats::read_safetensors_header(path);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& t : h.tensors) out[t.name] = formats::read_safetensors_tensor(path, h, t);
+  return out;
+}
+
+// A run trained in C++ continues in PyTorch + transformers, and one trained
+// there continues here: the handed-over weights, AdamW moments and step
+// counts load bitwise (DCP both ways), one AdamW step on the same gradients
+// is bitwise, and 20 continued steps give losses within 1e-4 of the run
+// that stayed where it was.
+TEST_F(LlamaTransformers, ARunContinuesAcrossCppAndPyTorchBothWays) {
+  const auto config = hf::read_config(model_dir("llama"));
+  const std::string d = dir_->path() + "/resume";
+  fs::create_directories(d);
+  auto gen = at::detail::createCPUGenerator(5);
+  const at::Tensor batches = at::randint(0, config.vocab_size, {23, 6, 12}, gen, at::TensorOptions().dtype(at::kLong));
+  {
+    formats::SafetensorsWriter w(d + "/batches.safetensors", {{"batches", at::kLong, batches.sizes().vec(), 0, 0}}, {});
+    w.write(batches);
+    w.commit();
+  }
+  // C++ -> PyTorch.
+  std::vector<double> cpp_losses(20);
+  std::map<std::string, at::Tensor> saved;
+  std::mutex mu;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    fsdp::Unit<LlamaImpl> model(config);
+    auto groups = shard_llama(model, pg);
+    hf::load_weights(model_dir("llama"), config, model.ptr(), pg);
+    auto opt = llama_adamw(model);
+    for (int64_t i = 0; i < 3; ++i) llama_step(model, opt, batches[i], pg);
+    CheckpointState st;
+    st.model("model", model.ptr()).optimizer("optimizer", opt).value("step", int64_t{3});
+    save_checkpoint(d + "/cpp_dcp", st, pg, {CheckpointFormat::kSharded});
+    auto state = full_training_state(groups, opt);
+    std::vector<double> losses;
+    for (int64_t i = 3; i < 23; ++i) losses.push_back(llama_step(model, opt, batches[i], pg));
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg.rank() == 0) saved = state, cpp_losses = losses;
+  });
+  auto r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/hf_models.py", "resume-cpp", model_dir("llama"),
+                        d + "/cpp_dcp", d + "/batches.safetensors", d + "/py_from_cpp.safetensors"},
+                       std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  auto py = read_tensors(d + "/py_from_cpp.safetensors");
+  size_t compared = 0;
+  for (const auto& [k, v] : saved) {
+    auto it = py.find(k);
+    ASSERT_NE(it, py.end()) << "PyTorch loaded no " << k;
+    EXPECT_TRUE(it->second.to(v.scalar_type()).equal(v)) << k << " is not handed over bitwise";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4 * models::llama_state_shapes(config).size());
+  EXPECT_EQ(py.at("step").item<int64_t>(), 3);
+  for (int64_t i = 0; i < 20; ++i) {
+    EXPECT_NEAR(py.at("losses")[i].item<double>(), cpp_losses[i], 1e-4) << "C++ -> PyTorch, continued step " << i;
+  }
+  // One AdamW step on the same gradients, from the handed-over state: bitwise.
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    fsdp::Unit<LlamaImpl> model(config);
+    auto groups = shard_llama(model, pg);
+    auto opt = llama_adamw(model);
+    CheckpointState st;
+    st.model("model", model.ptr()).optimizer("optimizer", opt);
+    load_checkpoint(d + "/cpp_dcp", st, pg);
+    auto named = model->named_parameters();
+    std::vector<std::string> names;
+    for (const auto& p : named) names.push_back(p.key());
+    std::sort(names.begin(), names.end());
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto& p = named[names[i]];
+      // As the Python side writes it: (arange * 0.01) * (i + 1) + 0.3, then sin.
+      p.mutable_grad() =
+          (at::arange(p.numel(), at::kFloat).reshape(p.sizes()) * 0.01 * static_cast<int64_t>(i + 1) + 0.3).sin();
+    }
+    opt.step();
+    for (const auto& p : model->named_parameters()) {
+      EXPECT_TRUE(p.value().equal(py.at("one." + p.key()))) << p.key() << ": one AdamW step differs from torch's";
+    }
+  });
+  // PyTorch -> C++.
+  r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/hf_models.py", "train-save", model_dir("llama"),
+                   d + "/batches.safetensors", d},
+                  std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  const auto py_state = read_tensors(d + "/py_state.safetensors");
+  const auto py_losses = read_tensors(d + "/py_losses.safetensors").at("losses");
+  std::vector<double> continued(20);
+  std::map<std::string, at::Tensor> loaded;
+  int64_t step = -1;
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    fsdp::Unit<LlamaImpl> model(config);
+    auto groups = shard_llama(model, pg);
+    auto opt = llama_adamw(model);
+    CheckpointState st;
+    st.model("model", model.ptr()).optimizer("optimizer", opt);
+    auto values = load_checkpoint(d + "/py_dcp", st, pg);
+    auto state = full_training_state(groups, opt);
+    std::vector<double> losses;
+    for (int64_t i = 3; i < 23; ++i) losses.push_back(llama_step(model, opt, batches[i], pg));
+    std::lock_guard<std::mutex> lock(mu);
+    if (pg.rank() == 0) {
+      loaded = state, continued = losses;
+      step = std::get<int64_t>(values.at("step"));
+    }
+  });
+  EXPECT_EQ(step, 3);
+  for (const auto& [k, v] : loaded) {
+    auto it = py_state.find(k);
+    ASSERT_NE(it, py_state.end()) << "PyTorch saved no " << k;
+    EXPECT_TRUE(v.equal(it->second.to(v.scalar_type()))) << k << " is not handed over bitwise";
+  }
+  for (int64_t i = 0; i < 20; ++i) {
+    EXPECT_NEAR(continued[i], py_losses[i].item<double>(), 1e-4) << "PyTorch -> C++, continued step " << i;
+  }
 }
 
 // A checkpoint of either format (full at world 1, sharded at world 2, of a

@@ -15,6 +15,44 @@ transformers' results on them: the reference of tests/models/llama_test.cpp.
                               of ADAPTER onto it with peft, merges them
                               (merge_and_unload), and checks the logits for
                               OURS's "tokens" against OURS's "logits"
+    hf_models.py resume-cpp DIR CKPT BATCHES OUT
+                              a run that fsdp-cpp trained and saved (CKPT: a
+                              DCP directory of {"model", "optimizer", "step"})
+                              continued in PyTorch: transformers' model of DIR
+                              and torch.optim.AdamW (as in train) load CKPT
+                              with torch.distributed.checkpoint; OUT gets the
+                              loaded weights and moments ("w.", "m.", "v."
+                              prefixes, "step"), the weights after one step
+                              on fixed gradients ("one."), and the losses of
+                              20 steps on BATCHES[3:23] ("losses")
+    hf_models.py train-save DIR BATCHES OUTDIR
+                              the other way: 3 steps on BATCHES[0:3] from DIR,
+                              dcp.save into OUTDIR/py_dcp, the saved state as
+                              whole tensors into OUTDIR/py_state.safetensors
+                              (prefixes as above), then 20 steps on
+                              BATCHES[3:23]: OUTDIR/py_losses.safetensors
+    hf_models.py make-tuneable OUT
+                              OUT/base: a small random Llama (float32, an
+                              index of several files) with a byte-level BPE
+                              tokenizer in Llama 3's pipeline
+                              (tests/python/make_tokenizers.py: tokenizer.json,
+                              tokenizer_config.json), its vocab_size the
+                              tokenizer's, BOS and EOS the tokenizer's
+                              <|begin_of_text|> and <|eot_id|>; OUT/corpus.txt:
+                              English-like text to fine-tune on
+    hf_models.py generate-text DIR PROMPT N
+                              greedy generate(do_sample=False) of at most N
+                              new tokens (stopping at the model's eos) by the
+                              model and tokenizer of DIR, the prompt encoded
+                              with its special tokens; prints the text
+                              (decoded skipping special tokens) between
+                              lines "<<<" and ">>>"
+    hf_models.py check-tuned BASE TUNED MAX
+                              loads TUNED with from_pretrained (no missing or
+                              unexpected keys, or exit 1) and checks that its
+                              weights moved off BASE's, by at most MAX each
+                              (they were fine-tuned from BASE, not trained
+                              from another start); MAX 0: equal to BASE's
     hf_models.py check-export DIR OURS [DIR OURS ...]
                               loads each DIR with AutoModelForCausalLM.from_pretrained
                               (no missing or unexpected keys, or exit 1) and
@@ -177,7 +215,156 @@ def check_peft(base_dir, adapter_dir, ours_path):
           f"(the base model's differ by {moved:.2e})")
 
 
+def adamw(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def step_on(model, opt, tokens):
+    logits = model(tokens).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def state_tensors(model, opt, step):
+    """Weights, AdamW's moments and step, as whole tensors by name."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    msd, osd = get_state_dict(model, opt)
+    out = {"w." + k: v.detach().clone() for k, v in msd.items()}
+    for k, fields in osd["state"].items():
+        out["m." + k] = fields["exp_avg"].clone()
+        out["v." + k] = fields["exp_avg_sq"].clone()
+        out["step." + k] = torch.tensor([float(fields["step"])], dtype=torch.float64)
+    out["step"] = torch.tensor([step], dtype=torch.int64)
+    return out
+
+
+def init_dist():
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+
+
+def load_cpp(d, ckpt):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.train()
+    opt = adamw(model)
+    msd, osd = get_state_dict(model, opt)  # initialises AdamW's state, for its layout
+    state = {"model": msd, "optimizer": osd, "step": 0}
+    dcp.load(state, checkpoint_id=ckpt)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return model, opt, state["step"]
+
+
+def resume_cpp(d, ckpt, batches_path, out):
+    from safetensors.torch import load_file
+    init_dist()
+    batches = load_file(batches_path)["batches"]
+    model, opt, step = load_cpp(d, ckpt)
+    result = state_tensors(model, opt, step)
+    # One step on fixed gradients (the same on both sides).
+    for i, (_, p) in enumerate(sorted(model.named_parameters())):
+        p.grad = torch.sin(torch.arange(p.numel(), dtype=torch.float32).reshape(p.shape) * 0.01 * (i + 1) + 0.3)
+    opt.step()
+    for k, v in model.state_dict().items():
+        result["one." + k] = v.detach().clone()
+    model, opt, step = load_cpp(d, ckpt)
+    result["losses"] = torch.stack([step_on(model, opt, batches[i]) for i in range(3, 23)])
+    save_file({k: v.contiguous() for k, v in result.items()}, out)
+
+
+def train_save(d, batches_path, outdir):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from safetensors.torch import load_file
+    init_dist()
+    batches = load_file(batches_path)["batches"]
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.train()
+    opt = adamw(model)
+    for i in range(3):
+        step_on(model, opt, batches[i])
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optimizer": osd, "step": 3}, checkpoint_id=os.path.join(outdir, "py_dcp"))
+    save_file({k: v.contiguous() for k, v in state_tensors(model, opt, 3).items()},
+              os.path.join(outdir, "py_state.safetensors"))
+    losses = torch.stack([step_on(model, opt, batches[i]) for i in range(3, 23)])
+    save_file({"losses": losses}, os.path.join(outdir, "py_losses.safetensors"))
+
+
+def make_tuneable(out):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import make_tokenizers
+    d = os.path.join(out, "base")
+    os.makedirs(d, exist_ok=True)
+    tok = make_tokenizers.make_llama3()
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                   "tokenizer_class": "PreTrainedTokenizerFast"}, f)
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    vocab = max(ids.values()) + 1
+    c = LlamaConfig(**dict(SMALL, vocab_size=vocab), num_key_value_heads=2, bos_token_id=ids["<|begin_of_text|>"],
+                    eos_token_id=ids["<|eot_id|>"])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(c)
+    randomize(model, 11)
+    model.save_pretrained(d, max_shard_size="100KB")
+    with open(os.path.join(out, "corpus.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(make_tokenizers.TRAIN * 4) + "\n")
+
+
+def generate_text(d, prompt, n):
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(d, "tokenizer.json"))
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor([tok(prompt).input_ids])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=int(n), do_sample=False, pad_token_id=model.config.eos_token_id)
+    print("<<<\n" + tok.decode(out[0].tolist(), skip_special_tokens=True) + "\n>>>")
+
+
+def check_tuned(base_dir, tuned_dir, most):
+    tuned, info = AutoModelForCausalLM.from_pretrained(tuned_dir, dtype=torch.float32, output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v}
+    if problems:
+        raise SystemExit(f"{tuned_dir}: from_pretrained reports {problems}")
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).state_dict()
+    moved = 0.0
+    for k, v in tuned.state_dict().items():
+        moved = max(moved, (v - base[k]).abs().max().item())
+    if float(most) == 0:
+        if moved != 0:
+            raise SystemExit(f"{tuned_dir}: its weights differ from {base_dir}'s by up to {moved}; expected equal")
+        print(f"{tuned_dir}: loads with no missing or unexpected keys; its weights equal {base_dir}'s")
+        return
+    if not 0 < moved <= float(most):
+        raise SystemExit(f"{tuned_dir}: its weights moved off {base_dir}'s by up to {moved}; expected (0, {most}]")
+    print(f"{tuned_dir}: loads with no missing or unexpected keys; weights moved off the base's by up to {moved:.2e}")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "make-tuneable":
+        make_tuneable(sys.argv[2])
+        return
+    if len(sys.argv) == 5 and sys.argv[1] == "generate-text":
+        generate_text(*sys.argv[2:5])
+        return
+    if len(sys.argv) == 5 and sys.argv[1] == "check-tuned":
+        check_tuned(*sys.argv[2:5])
+        return
+    if len(sys.argv) == 6 and sys.argv[1] == "resume-cpp":
+        resume_cpp(*sys.argv[2:6])
+        return
+    if len(sys.argv) == 5 and sys.argv[1] == "train-save":
+        train_save(*sys.argv[2:5])
+        return
     if len(sys.argv) == 5 and sys.argv[1] == "check-peft":
         check_peft(sys.argv[2], sys.argv[3], sys.argv[4])
         return

@@ -100,6 +100,12 @@ struct LlamaConfig {
   std::string source_json;
   // Not of config.json: adapters the run adds (rank 0: none).
   LoraConfig lora;
+  // Not of config.json: false builds the decoder's parameters uninitialised
+  // (at::empty: no time spent drawing values), as transformers'
+  // from_pretrained does, for a model whose weights are loaded next
+  // (hf::load_weights, a checkpoint); the LoRA adapters, the norms and an
+  // untied lm_head (LibTorch's Linear) are initialised either way.
+  bool initialize = true;
   std::string source_path;  // the file it was read from (parse_llama_config's `where`; "" when built in code)
 };
 
@@ -140,6 +146,7 @@ TORCH_MODULE(RMSNorm);
 // y = x W^T + b + lora_B(lora_A(x)) * scaling, in PEFT's order.
 class LlamaLinearImpl : public torch::nn::Module {
  public:
+  // init_std < 0: the weight is left uninitialised (LlamaConfig::initialize).
   LlamaLinearImpl(int64_t in, int64_t out, bool bias, double init_std, int64_t lora_rank = 0, double lora_alpha = 0);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;
@@ -236,6 +243,13 @@ TORCH_MODULE(Llama);
 // transformers' order, without building it (no tensor memory). What an HF
 // checkpoint is checked against before it loads.
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_state_shapes(const LlamaConfig& config);
+
+// The LoRA adapters' keys and shapes of a model of `config` (config.lora),
+// layer by layer in transformers' order of the projections: each targeted
+// projection's "<name>.lora_A.weight" [rank, in] and "<name>.lora_B.weight"
+// [out, rank]. Empty without adapters. With llama_state_shapes: all a
+// model built with adapters holds.
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_adapter_shapes(const LlamaConfig& config);
 
 // Greedy generation: appends `max_new_tokens` tokens to `prompt` [B, T]
 // (argmax of the last position's logits, with a KV cache), stopping early

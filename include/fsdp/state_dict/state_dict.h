@@ -99,6 +99,19 @@ StateDict state_dict(const std::shared_ptr<torch::nn::Module>& model, const std:
 // ConfigError.
 void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& state, bool strict = true);
 
+// [local] load_state_dict one value at a time, for loads whose values are
+// read as they are needed (a checkpoint's pieces): `shapes` holds every key
+// the state has, each a ShardedTensor of its global shape and dtype without
+// pieces; it is checked as load_state_dict checks a state (missing,
+// unexpected and mismatched keys, all reported in one ConfigError before
+// anything is asked or written). Then each key of the model that `shapes`
+// holds is asked of `value_of(key)` and copied in before the next is asked,
+// so memory holds one value at a time. A value that does not hold what this
+// rank needs is a ConfigError when it comes: the values before it are
+// loaded by then.
+void load_state_dict(const std::shared_ptr<torch::nn::Module>& model, const StateDict& shapes,
+                     const std::function<StateValue(const std::string&)>& value_of, bool strict = true);
+
 // [collective over `group`: one bytes all-gather, then one all-gather per
 // sharded entry] Replaces every ShardedTensor of `state` by the full tensor,
 // assembled from the pieces all ranks of `group` hold (PyTorch's

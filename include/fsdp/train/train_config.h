@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "fsdp/models/gpt.h"
+#include "fsdp/models/llama.h"
 #include "fsdp/strategy/strategy.h"
 
 namespace fsdp::train {
@@ -34,6 +36,30 @@ NonfiniteLoss parse_nonfinite_loss(const std::string& name);  // ConfigError nam
 struct TrainConfig {
   std::string preset = "default";  // tiny, default, 100m
   models::GPTConfig model;          // filled from the preset (flags may override)
+  // --model: which model the run trains. "gpt": the preset's byte-level GPT
+  // (fsdp/models/gpt.h). "llama": a Llama-family decoder
+  // (fsdp/models/llama.h) built from `model_config` (--config, a Hugging
+  // Face config.json) and initialised from the seed. "hf:DIR": the Hugging
+  // Face model directory DIR: its config.json, and its weights, loaded into
+  // the sharded model with each rank reading only its shards' byte ranges
+  // (fsdp/hf/hf_model.h); a resume loads the checkpoint instead. With a
+  // Llama, the model's sizes come from its config.json (resolve_model: the
+  // preset and --dim, --layers, --heads, --vocab do not apply), each decoder
+  // layer is the unit (and the activation-checkpointed block), and --data
+  // must hold token ids of its tokenizer (`fsdp-train prepare`).
+  std::string model_source = "gpt";
+  std::string model_config;  // --config: with --model llama
+  // --lora-rank, --lora-alpha, --lora-targets: LoRA adapters on a Llama's
+  // projections (models::LoraConfig; rank 0: full fine-tuning). The base is
+  // frozen and costs no gradient or optimizer memory: --engine fsdp2 only.
+  models::LoraConfig lora;
+  // --save-hf DIR: at the end of the run, after its last checkpoint, the
+  // model as a Hugging Face directory that transformers loads (export_hf:
+  // config.json, generation_config.json, the tokenizer's files of an hf:
+  // source, safetensors in its dtype as loaded), or with LoRA the adapters
+  // as PEFT's (save_peft_adapter). DIR must not exist; a run refuses to
+  // start otherwise. Empty: none.
+  std::string save_hf;
   int64_t steps = 200;
   int64_t batch = 8;                // sequences per rank per step
   // AdamW (betas 0.9, 0.95) with nanoGPT's schedule: linear warm-up to lr
@@ -123,6 +149,20 @@ struct LoggerChoice {
 };
 LoggerChoice chosen_loggers(const std::string& names);
 
+// The model of a Llama run (--model llama or hf:DIR): its config.json
+// (models::read_llama_config: errors name the file and key) with the run's
+// LoRA settings; ConfigError for a GPT run.
+models::LlamaConfig llama_config(const TrainConfig& config);
+
+// Whether `config` trains a Llama (--model llama or hf:DIR).
+bool trains_llama(const TrainConfig& config);
+
+// [local; reads config.json] For a Llama run, sets config.model's vocab,
+// dim, layers and heads to its config.json's (the run settings then record
+// and print the model's own sizes); --context stays the run's sequence
+// length. Nothing for a GPT run. ConfigError as llama_config.
+void resolve_model(TrainConfig& config);
+
 // The model sizes of a preset: "tiny" (tests), "default" (a couple of minutes
 // on 2 CPU cores), "100m" (~100 M parameters). ConfigError for others.
 models::GPTConfig preset(const std::string& name);
@@ -171,6 +211,26 @@ double learning_rate(const TrainConfig& config, int64_t step);
 // keys and shapes. ConfigError naming `path` and the first disagreement, or
 // saying the checkpoint was not written by fsdp-train. generate, resume and
 // `fsdp-ckpt verify` (for fsdp-train's checkpoints) check through it.
+// A checkpoint of a Llama run is a ConfigError here, naming it
+// (checkpoint_model takes both).
 models::GPTConfig checkpoint_model_config(const CheckpointInfo& info, const std::string& path);
+
+// The model a checkpoint written by train() holds.
+struct CheckpointModel {
+  std::string source = "gpt";  // its run's --model ("gpt" in checkpoints from before --model)
+  models::GPTConfig gpt;       // the GPT's sizes (source "gpt")
+  // A Llama run's model: the config.json the checkpoint records
+  // ("config.model.llama") with its run's LoRA settings.
+  std::optional<models::LlamaConfig> llama;
+};
+
+// [local] As checkpoint_model_config, for either kind: a Llama's recorded
+// config.json is parsed (models::parse_llama_config's errors, naming the
+// checkpoint and the value) with its LoRA settings (config.model.lora_*, checked
+// as models::check_lora), and the model entry's tensors must be exactly
+// those of llama_state_shapes and llama_adapter_shapes (a missing, extra or
+// misshapen one named). generate, resume and `fsdp-ckpt verify` check
+// through it.
+CheckpointModel checkpoint_model(const CheckpointInfo& info, const std::string& path);
 
 }  // namespace fsdp::train
