@@ -128,8 +128,28 @@ void export_hf(const std::string& checkpoint, const std::string& out_dir, const 
   detail::NewDirectory staging(out_dir, "export");  // refuses an out_dir that exists
   auto reader = open_checkpoint_storage(checkpoint);
   const auto& entry = model_entry(*reader);
+  // A model with LoRA adapters (o.config.lora) is exported merged: its
+  // adapters must be exactly those of the config, and are not written.
+  std::map<std::string, std::vector<int64_t>> adapters;
+  for (const auto& [key, shape] : models::llama_adapter_shapes(o.config)) adapters[key] = shape;
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& key : entry.keys) shapes[key] = reader->index().tensors.at(entry.name + "/" + key).shape;
+  for (const auto& key : entry.keys) {
+    const auto& shape = reader->index().tensors.at(entry.name + "/" + key).shape;
+    const auto a = adapters.find(key);
+    if (a == adapters.end()) {
+      shapes[key] = shape;
+    } else if (a->second != shape) {
+      throw ConfigError(reader->location() + ": the LoRA adapter '" + key + "' has another shape than rank " +
+                        std::to_string(o.config.lora.rank) + " gives: expected the adapters of the config's LoRA settings");
+    }
+  }
+  for (const auto& [key, shape] : adapters) {
+    if (!reader->index().tensors.count(entry.name + "/" + key)) {
+      throw ConfigError(reader->location() + ": the LoRA adapter '" + key + "' is missing: expected rank " +
+                        std::to_string(o.config.lora.rank) + " adapters on " + std::to_string(o.config.lora.targets.size()) +
+                        " projections of every layer");
+    }
+  }
   check_tensors(shapes, o.config, reader->location(), [&](const std::string&) { return reader->location(); });
   // Files as save_pretrained splits them: state-dict order, a new file when
   // the next tensor would pass the cap.
@@ -160,7 +180,15 @@ void export_hf(const std::string& checkpoint, const std::string& out_dir, const 
     const std::string file = n == 1 ? "model.safetensors" : name;
     formats::SafetensorsWriter w(staging.staging() + "/" + file, files[i].tensors, {{"format", "pt"}});
     for (const auto& t : w.layout()) {
-      w.write(read_whole(*reader, entry.name + "/" + t.name).to(t.dtype));  // one tensor in memory at a time
+      at::Tensor value = read_whole(*reader, entry.name + "/" + t.name);  // one tensor in memory at a time
+      // A projection with adapters: W + B A * alpha / rank, in float32 (peft's merge_and_unload).
+      const std::string stem = t.name.size() > 6 ? t.name.substr(0, t.name.size() - 6) : std::string();
+      if (t.name.size() > 6 && t.name.compare(t.name.size() - 6, 6, "weight") == 0 && adapters.count(stem + "lora_A.weight")) {
+        const at::Tensor A = read_whole(*reader, entry.name + "/" + stem + "lora_A.weight").to(at::kFloat);
+        const at::Tensor B = read_whole(*reader, entry.name + "/" + stem + "lora_B.weight").to(at::kFloat);
+        value = value.to(at::kFloat) + at::matmul(B, A) * (o.config.lora.alpha / static_cast<double>(o.config.lora.rank));
+      }
+      w.write(value.to(t.dtype));
       weight_map[t.name] = file;
     }
     w.commit();

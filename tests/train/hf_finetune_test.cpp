@@ -6,7 +6,8 @@
 // transformers and peft: the exported directory loads with no missing keys
 // and holds weights moved a little off the base's; greedy generation from
 // the run's checkpoint gives transformers' text; the adapters load in peft
-// with fsdp-cpp's merged logits, the base untouched. Settings that do not
+// with fsdp-cpp's merged logits, the base untouched, and the checkpoint
+// exported merged gives them in transformers alone. Settings that do not
 // fit together are named before anything trains.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -237,6 +238,12 @@ TEST_F(HfFineTune, LoraTrainsOnlyTheAdaptersWhichPeftLoadsWithTheSameMergedLogit
   for (const auto& t : w.layout()) w.write(t.name == "logits" ? logits : ids);
   w.commit();
   r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/hf_models.py", "check-peft", base(), adapter, ours},
+                  std::chrono::seconds(240));
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  // fsdp-ckpt exports the checkpoint merged: transformers alone gives the same logits.
+  r = run_program({FSDP_CKPT_PATH, "export", checkpoint, path("merged"), "--format", "hf"}, std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/hf_models.py", "check-export", path("merged"), ours},
                   std::chrono::seconds(240));
   EXPECT_EQ(r.exit_code(), 0) << r.output;
   // A resume of the run with another adapter shape is refused, naming it.

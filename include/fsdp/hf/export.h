@@ -28,6 +28,13 @@ struct ExportOptions {
   std::string dtype;
 };
 
+// A model with LoRA adapters (options.config.lora, as an fsdp-train
+// checkpoint of a LoRA run records it) is exported merged: each targeted
+// projection's weight is written as W + B A * alpha / rank, computed in
+// float32 as peft's merge_and_unload does, and the adapters are not
+// written; adapters missing or of another shape are a ConfigError naming
+// them.
+//
 // [local] Writes the model of the checkpoint `checkpoint` (any format
 // load_checkpoint reads, its single model entry, or a Hugging Face
 // directory) as a Hugging Face directory `out_dir`: config.json,
