@@ -238,9 +238,7 @@ int main(int argc, char** argv) {
         // An fsdp-train checkpoint of a Llama records its config.json (and
         // the hf: directory it came from, whose tokenizer files are copied).
         const fsdp::CheckpointInfo info = fsdp::inspect_checkpoint(path);
-        bool trained = false;
-        for (const auto& [name, value] : info.values) trained |= name == "config.model.llama";
-        if (!trained) {
+        if (!info.values.count("config.model.llama")) {
           throw fsdp::ConfigError("export --format hf needs --config DIR (the model's directory): " + path +
                                   " records no model config.json");
         }

@@ -123,8 +123,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       if (given[i] && given[i]->count() > 0) rows[i].set(c, rows[i].is_switch ? (switches[i] ? "true" : "false") : texts[i]);
     }
-    fsdp::train::resolve_model(c);  // a Llama's sizes, from its config.json
     if (print_config) {
+      (void)fsdp::train::resolve_model(c);  // a Llama's sizes, from its config.json (train() resolves them itself)
       fsdp::train::validate_settings(c);  // the errors a run gives; nothing is written
       std::cout << fsdp::train::config_json(c) << std::endl;
       return 0;

@@ -89,6 +89,22 @@ const std::vector<std::string>& lora_target_names() {
   return names;
 }
 
+std::string lora_targets_text(const std::vector<std::string>& targets) {
+  std::string joined;
+  for (const auto& t : targets) joined += (joined.empty() ? "" : ",") + t;
+  return joined;
+}
+
+std::vector<std::string> parse_lora_targets(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    out.push_back(text.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 void check_lora(const LoraConfig& lora) {
   if (lora.rank < 0) throw ConfigError("LoRA: rank " + std::to_string(lora.rank) + " is negative; expected 0 (none) or more");
   if (lora.rank == 0) return;
@@ -367,6 +383,12 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_adapter_shapes(c
       out.push_back({p + "lora_B.weight", {o, r}});
     }
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_model_shapes(const LlamaConfig& c) {
+  auto out = llama_state_shapes(c);
+  for (auto& a : llama_adapter_shapes(c)) out.push_back(std::move(a));
   return out;
 }
 

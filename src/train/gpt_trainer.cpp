@@ -133,7 +133,7 @@ Model build_model(FSDPStrategy& strategy, const TrainConfig& c, const std::optio
 void load_hf_weights(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama,
                      const Model& model) {
   const auto t = std::chrono::steady_clock::now();
-  const std::string dir = c.model_source.substr(3);
+  const std::string dir = hf_directory(c);
   const hf::LoadStats stats = hf::load_weights(dir, llama, model.ptr(), strategy.group());
   std::ostringstream what;
   what << "fsdp-train: loaded " << dir << " (rank 0 read " << std::fixed << std::setprecision(1)
@@ -536,8 +536,8 @@ void save_if_due(Job& job, int64_t done, int64_t position) {
 // error.
 void save_hf(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama, const Model& model,
              const std::string& checkpoint) {
-  const bool hf_source = c.model_source.rfind("hf:", 0) == 0;
-  const std::string source = hf_source ? c.model_source.substr(3) : c.model_config;
+  const std::string hf_dir = hf_directory(c);
+  const std::string source = hf_dir.empty() ? c.model_config : hf_dir;
   if (c.lora.rank > 0) {
     hf::save_peft_adapter(model.ptr(), llama, c.save_hf, source, strategy.group());
   } else {
@@ -546,7 +546,7 @@ void save_hf(const FSDPStrategy& strategy, const TrainConfig& c, const models::L
                        hf::ExportOptions o;
                        o.config = llama;
                        o.config.lora = {};
-                       if (hf_source) o.source_dir = source;
+                       o.source_dir = hf_dir;
                        o.dtype = llama.dtype;
                        hf::export_hf(checkpoint, c.save_hf, o);
                      }),
@@ -571,14 +571,10 @@ void finish(const FSDPStrategy& strategy, const TrainConfig& c, Outputs& out) {
 
 double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   TrainConfig c = config;
-  resolve_model(c);
+  std::optional<models::LlamaConfig> llama = resolve_model(c);
   validate(c);
-  std::optional<models::LlamaConfig> llama;
-  if (trains_llama(c)) {
-    llama = llama_config(c);
-    // An hf: model's weights are loaded (or a checkpoint's, on resume): not drawn first.
-    llama->initialize = c.model_source == "llama";
-  }
+  // An hf: model's weights are loaded (or a checkpoint's, on resume): not drawn first.
+  if (llama) llama->initialize = hf_directory(c).empty();
   FSDPStrategy strategy(strategy_options(c, world));
   strategy.setup_environment();
   warn_about_precision(strategy, c);
@@ -598,7 +594,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     strategy.setup_optimizer(opt);
   }
   Start start = resume_job(strategy, run, c, identity, model, opt, data);
-  if (start.from.path.empty() && c.model_source.rfind("hf:", 0) == 0) load_hf_weights(strategy, c, *llama, model);
+  if (start.from.path.empty() && !hf_directory(c).empty()) load_hf_weights(strategy, c, *llama, model);
   // Before step 1: what every save will need (checkpoints/ usable, the
   // saves' names free), so that a run never trains to lose it at a save.
   dist::agree_from(strategy.group(), 0, dist::capture([&] {

@@ -3,7 +3,6 @@
 
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -35,31 +34,18 @@ std::string problems_text(const std::vector<std::string>& problems) {
 // may be resumed under `c`: ConfigError naming each setting that may not
 // change on resume and differs (the model's shape: fixed_setting_changes).
 // Prints on stdout the flags that differ and apply from its step on
-// (overridden_flags).
-void check_resumable(const std::string& path, const CheckpointInfo& info, const TrainConfig& c) {
+// (overridden_flags). `saved`: the checkpoint's model (checkpoint_model).
+void check_resumable(const std::string& path, const CheckpointInfo& info, const CheckpointModel& saved,
+                     const TrainConfig& c) {
   if (const std::string changes = fixed_setting_changes(info, c); !changes.empty()) {
     throw ConfigError("--resume: " + path + " holds a model of another shape:" + changes);
   }
   // A Llama's shapes come from its config.json: compared tensor by tensor.
-  const CheckpointModel saved = checkpoint_model(info, path);
   if (saved.llama && trains_llama(c)) {
-    auto shapes = [](const models::LlamaConfig& m) {
-      auto all = models::llama_state_shapes(m);
-      for (auto& a : models::llama_adapter_shapes(m)) all.push_back(std::move(a));
-      return all;
-    };
-    const auto was = shapes(*saved.llama), now = shapes(llama_config(c));
-    auto entry = [](const std::vector<std::pair<std::string, std::vector<int64_t>>>& list, size_t i) {
-      if (i >= list.size()) return std::string("nothing");
-      std::string text = "'" + list[i].first + "' [";
-      for (size_t d = 0; d < list[i].second.size(); ++d) text += (d ? ", " : "") + std::to_string(list[i].second[d]);
-      return text + "]";
-    };
-    for (size_t i = 0; i < std::max(was.size(), now.size()); ++i) {
-      if (i < was.size() && i < now.size() && was[i] == now[i]) continue;
+    if (const std::string change = llama_shape_change(*saved.llama, llama_config(c)); !change.empty()) {
       throw ConfigError("--resume: " + path + " holds a model of another shape than --model " + c.model_source +
-                        " (with its LoRA settings): the checkpoint holds " + entry(was, i) + " where the run's model has " +
-                        entry(now, i) + ": expected the config.json and LoRA settings the run started with");
+                        " (with its LoRA settings): " + change +
+                        ": expected the config.json and LoRA settings the run started with");
     }
   }
   const auto over = overridden_flags(info, c);
@@ -77,9 +63,10 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
   auto explicit_checkpoint = [&]() -> std::string {
     const std::string& path = c.resume_from;
     CheckpointInfo info;
+    CheckpointModel saved;
     try {
       info = inspect_checkpoint(path);
-      (void)checkpoint_model(info, path);  // checked before anything is compared
+      saved = checkpoint_model(info, path);  // checked before anything is compared
     } catch (const ConfigError& e) {
       throw ConfigError("--resume-from " + path + " is not a checkpoint fsdp-train can resume: " + e.what());
     }
@@ -87,7 +74,7 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
       throw ConfigError("--resume-from " + path + " is damaged: " + problems_text(problems) +
                         ": expected a checkpoint whose every checksum matches");
     }
-    check_resumable(path, info, c);
+    check_resumable(path, info, saved, c);
     return path;
   };
   if (!c.resume && !c.resume_from.empty()) return explicit_checkpoint();
@@ -124,13 +111,14 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
       if (set_aside) set_aside->push_back(aside);
       continue;
     }
+    CheckpointModel saved;
     try {
-      (void)checkpoint_model(info, path);  // checked before anything is compared
+      saved = checkpoint_model(info, path);  // checked before anything is compared
     } catch (const ConfigError& e) {
       std::cerr << "fsdp-train: skipping " << path << ": " << e.what() << std::endl;
       continue;
     }
-    check_resumable(path, info, c);
+    check_resumable(path, info, saved, c);
     return path;
   }
   if (!c.resume_from.empty()) return explicit_checkpoint();

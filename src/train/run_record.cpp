@@ -91,21 +91,14 @@ models::LlamaConfig llama_model_config(const CheckpointInfo& info, const std::st
     throw ConfigError(path + ": its 'config.model.lora_alpha' = " + alpha + " (" + alpha_type + "); expected a float");
   }
   if (targets_type != "str") throw ConfigError(path + ": its 'config.model.lora_targets' is a " + targets_type + "; expected a str");
-  c.lora.targets.clear();
-  for (size_t at = 0; at <= targets.size();) {
-    const size_t comma = std::min(targets.find(',', at), targets.size());
-    c.lora.targets.push_back(targets.substr(at, comma - at));
-    at = comma + 1;
-  }
+  c.lora.targets = models::parse_lora_targets(targets);
   try {
     models::check_lora(c.lora);
   } catch (const ConfigError& e) {
     throw ConfigError(path + ": its LoRA settings (config.model.lora_*): " + e.what());
   }
-  auto want = models::llama_state_shapes(c);
-  for (auto& a : models::llama_adapter_shapes(c)) want.push_back(std::move(a));
   auto listed = model_tensors(info);
-  for (const auto& [key, shape] : want) {
+  for (const auto& [key, shape] : models::llama_model_shapes(c)) {
     const auto it = listed.find(key);
     if (it == listed.end()) {
       throw ConfigError(path + ": its model configuration (config.model.llama) does not match its tensors: it needs "
@@ -314,6 +307,18 @@ std::vector<std::string> overridden_flags(const CheckpointInfo& info, const Trai
         row->get(c));
   }
   return out;
+}
+
+std::string llama_shape_change(const models::LlamaConfig& was, const models::LlamaConfig& now) {
+  const auto a = models::llama_model_shapes(was), b = models::llama_model_shapes(now);
+  auto entry = [](const std::vector<std::pair<std::string, std::vector<int64_t>>>& list, size_t i) {
+    return i < list.size() ? "'" + list[i].first + "' " + shape_text(list[i].second) : std::string("nothing");
+  };
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i < a.size() && i < b.size() && a[i] == b[i]) continue;
+    return "the checkpoint holds " + entry(a, i) + " where the run's model has " + entry(b, i);
+  }
+  return "";
 }
 
 std::string fixed_setting_changes(const CheckpointInfo& info, const TrainConfig& c) {

@@ -42,6 +42,12 @@ std::string run_id_of(const CheckpointInfo& info);
 // precision, and the data only feeds the steps to come.
 std::vector<std::string> overridden_flags(const CheckpointInfo& info, const TrainConfig& config);
 
+// The first tensor in which a Llama of `was` (a checkpoint's) and one of
+// `now` (the run's: config.json and LoRA settings) differ, by key and shape
+// in transformers' order ("the checkpoint holds 'k' [2, 3] where the run's
+// model has 'k' [2, 4]"); "" when their tensors agree.
+std::string llama_shape_change(const models::LlamaConfig& was, const models::LlamaConfig& now);
+
 // The settings that may not change on resume (the model's shape) and
 // differ: " dim 64 (checkpoint) vs 32;" each, "" when none does.
 std::string fixed_setting_changes(const CheckpointInfo& info, const TrainConfig& config);

@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
-#include <algorithm>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -109,20 +108,8 @@ std::vector<RunSetting> make_table() {
        "the projections that get adapters, comma-separated: of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
        "down_proj",
        true, false, "model.lora_targets", 21, "lora_targets", true, false,
-       [](const C& c) -> V {
-         std::string joined;
-         for (const auto& t : c.lora.targets) joined += (joined.empty() ? "" : ",") + t;
-         return joined;
-       },
-       [](C& c, const std::string& t) {
-         c.lora.targets.clear();
-         for (size_t at = 0; at <= t.size();) {
-           const size_t comma = std::min(t.find(',', at), t.size());
-           c.lora.targets.push_back(t.substr(at, comma - at));
-           at = comma + 1;
-         }
-       },
-       nullptr},
+       [](const C& c) -> V { return models::lora_targets_text(c.lora.targets); },
+       [](C& c, const std::string& t) { c.lora.targets = models::parse_lora_targets(t); }, nullptr},
       {"save_hf", "--save-hf", nullptr, false,
        "at the end, the model as a Hugging Face directory DIR that transformers loads (with --lora-rank: the "
        "adapters as PEFT's); DIR must not exist",

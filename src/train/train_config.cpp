@@ -132,10 +132,11 @@ LoggerChoice chosen_loggers(const std::string& names) {
 
 bool trains_llama(const TrainConfig& c) { return c.model_source == "llama" || c.model_source.rfind("hf:", 0) == 0; }
 
-namespace {
+std::string hf_directory(const TrainConfig& c) {
+  return c.model_source.rfind("hf:", 0) == 0 ? c.model_source.substr(3) : std::string();
+}
 
-// The directory of --model hf:DIR.
-std::string hf_directory(const TrainConfig& c) { return c.model_source.substr(3); }
+namespace {
 
 // ConfigError unless --model, --config and the LoRA flags fit together.
 void check_model_source(const TrainConfig& c) {
@@ -197,14 +198,15 @@ models::LlamaConfig llama_config(const TrainConfig& c) {
   return config;
 }
 
-void resolve_model(TrainConfig& c) {
+std::optional<models::LlamaConfig> resolve_model(TrainConfig& c) {
   check_model_source(c);
-  if (!trains_llama(c)) return;
-  const models::LlamaConfig config = llama_config(c);
+  if (!trains_llama(c)) return std::nullopt;
+  models::LlamaConfig config = llama_config(c);
   c.model.vocab_size = config.vocab_size;
   c.model.dim = config.hidden_size;
   c.model.layers = config.num_hidden_layers;
   c.model.heads = config.num_attention_heads;
+  return config;
 }
 
 void validate_settings(const TrainConfig& c) {

@@ -60,6 +60,10 @@ struct LoraConfig {
 };
 // The projections LoRA can target.
 const std::vector<std::string>& lora_target_names();
+// LoraConfig::targets as comma-separated text ("q_proj,v_proj"), and back
+// (every piece kept, empty ones too: check_lora refuses those).
+std::string lora_targets_text(const std::vector<std::string>& targets);
+std::vector<std::string> parse_lora_targets(const std::string& text);
 // ConfigError naming the setting for a rank below 0, alpha not positive, an
 // unknown or repeated target, or no targets with a rank.
 void check_lora(const LoraConfig& lora);
@@ -250,6 +254,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_state_shapes(con
 // [out, rank]. Empty without adapters. With llama_state_shapes: all a
 // model built with adapters holds.
 std::vector<std::pair<std::string, std::vector<int64_t>>> llama_adapter_shapes(const LlamaConfig& config);
+// Both: every tensor a model of `config` holds (llama_state_shapes, then
+// llama_adapter_shapes).
+std::vector<std::pair<std::string, std::vector<int64_t>>> llama_model_shapes(const LlamaConfig& config);
 
 // Greedy generation: appends `max_new_tokens` tokens to `prompt` [B, T]
 // (argmax of the last position's logits, with a KV cache), stopping early

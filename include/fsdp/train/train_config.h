@@ -157,11 +157,16 @@ models::LlamaConfig llama_config(const TrainConfig& config);
 // Whether `config` trains a Llama (--model llama or hf:DIR).
 bool trains_llama(const TrainConfig& config);
 
+// The DIR of --model hf:DIR; "" for the other models.
+std::string hf_directory(const TrainConfig& config);
+
 // [local; reads config.json] For a Llama run, sets config.model's vocab,
 // dim, layers and heads to its config.json's (the run settings then record
-// and print the model's own sizes); --context stays the run's sequence
-// length. Nothing for a GPT run. ConfigError as llama_config.
-void resolve_model(TrainConfig& config);
+// and print the model's own sizes; --context stays the run's sequence
+// length) and returns its llama_config. Nothing for a GPT run. ConfigError
+// as llama_config, and for --model, --config and LoRA flags that do not fit
+// together.
+std::optional<models::LlamaConfig> resolve_model(TrainConfig& config);
 
 // The model sizes of a preset: "tiny" (tests), "default" (a couple of minutes
 // on 2 CPU cores), "100m" (~100 M parameters). ConfigError for others.
