@@ -18,6 +18,9 @@ namespace {
 
 using json = nlohmann::json;
 constexpr size_t kMaxConfigBytes = 16u << 20;
+// The transformers release whose config.json this file reads and writes
+// (requirements.txt's pin).
+constexpr const char* kEmulatedTransformers = "5.25.0";
 
 [[noreturn]] void bad(const std::string& where, const std::string& key, const std::string& what) {
   throw ConfigError(where + ": key \"" + key + "\": " + what);
@@ -325,11 +328,25 @@ std::string llama_config_json(const LlamaConfig& c, const std::string& dtype) {
     rope["high_freq_factor"] = c.rope_high_freq_factor;
     rope["original_max_position_embeddings"] = c.rope_original_max_position_embeddings;
   }
-  j.erase("rope_scaling");
-  j.erase("rope_theta");
   j["rope_parameters"] = rope;
-  j.erase("torch_dtype");
+  // The legacy keys too, equal to rope_parameters, so that a transformers 4.x
+  // reader (which knows only rope_theta, rope_scaling and torch_dtype) builds
+  // the same model: transformers 5 takes a non-null rope_scaling whole in
+  // place of rope_parameters and fills its rope_theta from the top level,
+  // which is the same theta.
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_type == "default") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    json scaling = rope;
+    scaling.erase("rope_theta");
+    j["rope_scaling"] = scaling;
+  }
   j["dtype"] = dtype;
+  j["torch_dtype"] = dtype;
+  // The keys written are those of the transformers release requirements.txt
+  // pins (and that the tests compare with), not the source's.
+  j["transformers_version"] = kEmulatedTransformers;
   return j.dump(2) + "\n";
 }
 

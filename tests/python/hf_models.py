@@ -173,7 +173,35 @@ def check_export(d, ours_path):
     diff = (logits - ours["logits"]).abs().max().item()
     if not diff <= 1e-5:
         raise SystemExit(f"{d}: logits differ from fsdp-cpp's by {diff}")
+    check_legacy_keys(d)
     print(f"{d}: loads with no missing or unexpected keys; logits within {diff:.2e} of fsdp-cpp's")
+
+
+def check_legacy_keys(d):
+    """The exported config.json names the transformers release it was written for (the one
+    installed here, requirements.txt's pin) and carries the legacy keys (rope_theta,
+    rope_scaling, torch_dtype) that a transformers 4.x reader knows, agreeing with
+    rope_parameters and dtype: read with only the legacy keys, transformers builds the
+    same RoPE and dtype."""
+    import tempfile
+    from transformers import AutoConfig
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    if config.get("transformers_version") != transformers.__version__:
+        raise SystemExit(f"{d}: transformers_version is {config.get('transformers_version')!r}, "
+                         f"expected {transformers.__version__!r} (the release emulated)")
+    for key in ("rope_theta", "rope_scaling", "torch_dtype", "rope_parameters", "dtype"):
+        if key not in config:
+            raise SystemExit(f"{d}: config.json has no {key!r}")
+    legacy = {k: v for k, v in config.items() if k not in ("rope_parameters", "dtype")}
+    full = AutoConfig.from_pretrained(d)
+    with tempfile.TemporaryDirectory() as t:
+        with open(os.path.join(t, "config.json"), "w") as f:
+            json.dump(legacy, f)
+        old = AutoConfig.from_pretrained(t)
+    if dict(old.rope_parameters) != dict(full.rope_parameters) or old.dtype != full.dtype:
+        raise SystemExit(f"{d}: the legacy keys say {old.rope_parameters} {old.dtype}, "
+                         f"rope_parameters and dtype say {full.rope_parameters} {full.dtype}")
 
 
 def train(d, out):

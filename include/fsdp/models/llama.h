@@ -128,7 +128,11 @@ LlamaConfig parse_llama_config(const std::string& json_text, const std::string& 
 // Reads and parses the file `path` (a config.json).
 LlamaConfig read_llama_config(const std::string& path);
 // The config as transformers' config.json (for export): the source text's
-// keys kept, the fields above written over them, "dtype" set to `dtype`.
+// keys kept, the fields above written over them, "dtype" set to `dtype`,
+// "transformers_version" set to the release emulated (5.25.0), and the legacy
+// keys (rope_theta, rope_scaling, torch_dtype) written beside
+// rope_parameters and dtype with the same values, so that transformers 4.x
+// and 5 read the same model.
 std::string llama_config_json(const LlamaConfig& config, const std::string& dtype);
 
 // RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32 and cast
