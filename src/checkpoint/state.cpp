@@ -76,11 +76,25 @@ std::pair<std::string, std::shared_ptr<torch::nn::Module>> the_fsdp_model(const 
   for (const auto& [name, m] : state.models()) {
     if (has_fsdp_units(m)) found.emplace_back(name, m);
   }
+  if (found.empty() && !state.models().empty()) {
+    // The user gave a model, but one that no engine shards: say so, rather
+    // than ask for the model they already passed.
+    std::string names;
+    for (const auto& m : state.models()) names += (names.empty() ? "'" : ", '") + m.first + "'";
+    throw ConfigError(std::string("Could not find a FSDP model in the provided checkpoint state: ") + names +
+                      (state.models().size() == 1 ? " is" : " are") +
+                      " not sharded (no FullyShardedDataParallel unit and no fully_shard module inside). " + verb +
+                      "_checkpoint " + (verb[0] == 's' ? "writes" : "reads into") +
+                      " a sharded model: shard it first (fsdp::FullyShardedDataParallel, fsdp::fully_shard or "
+                      "strategy.setup_module), or " +
+                      (verb[0] == 's' ? "save" : "load") + " an unsharded model with torch::" + verb + ".");
+  }
   if (found.empty()) {
     throw ConfigError(std::string("Could not find a FSDP model in the provided checkpoint state. Please provide the "
                                   "model as part of the state like so: `") +
                       verb + "_checkpoint(path, fsdp::CheckpointState().model(\"model\", model.ptr()), ...)`. Make "
-                      "sure you wrap the model (and build optimizers on it) before " + verb + "ing the checkpoint.");
+                      "sure you wrap the model (and build optimizers on it) before " +
+                      (verb[0] == 's' ? "saving" : "loading") + " the checkpoint.");
   }
   if (found.size() > 1) {
     throw ConfigError(std::string("Found multiple FSDP models in the given state. ") +

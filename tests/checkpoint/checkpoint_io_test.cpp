@@ -350,6 +350,14 @@ TEST(Checkpoint, LightningsErrors) {
     CheckpointState none;
     none.value("step", int64_t{1});
     expect_error([&] { save_checkpoint(dir.path() + "/x", none, pg); }, "Could not find a FSDP model");
+    expect_error([&] { save_checkpoint(dir.path() + "/x", none, pg); }, "before saving the checkpoint");
+    // A model that is there but not sharded is named as such (before: the
+    // message asked to pass the model the user had passed, and misspelt
+    // "saveing").
+    CheckpointState plain;
+    plain.model("net", std::make_shared<torch::nn::LinearImpl>(2, 2));
+    expect_error([&] { save_checkpoint(dir.path() + "/x", plain, pg, {CheckpointFormat::kFull}); },
+                 "'net' is not sharded");
     Trainer other(pg, Opt::kSgd, 2);
     CheckpointState two = state_of(a);
     two.model("model2", other.model.ptr());

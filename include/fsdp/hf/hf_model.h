@@ -9,7 +9,7 @@
 //   fsdp::Unit<fsdp::models::LlamaImpl> model(config);
 //   for (auto& layer : model->model->layers) fsdp::fully_shard(layer, {mesh});
 //   fsdp::fully_shard(model, {mesh});
-//   fsdp::hf::load_weights(dir, model.ptr(), *world);  // [collective]
+//   fsdp::hf::load_weights(dir, config, model.ptr(), *world);  // [collective]
 #pragma once
 
 #include <cstdint>
