@@ -5,7 +5,7 @@
 # files, the fastest of 3 loads in one process each (read, parse, build; not
 # the process's start), printed as a table:
 #   added-N.json     a small byte-level BPE with N added tokens (N = 10k, 30k,
-#                    100k; every other one special), as issue 50 measured;
+#                    100k; every other one special);
 #   template-1M.json the same BPE with a TemplateProcessing of 10^6
 #                    SpecialToken pieces around the sequence.
 # Both sides must agree on each file's vocabulary size (checked).

@@ -1,4 +1,4 @@
-// fsdp::tokenizers on hostile sizes (issue 50, items 5 and 9): loading is
+// fsdp::tokenizers on hostile sizes: loading is
 // linear in added_tokens and in a template's pieces, and a chain of Replace
 // normalizers that multiplies the text is refused by name instead of
 // allocating without bound. No Python: the files are made here.

@@ -1,4 +1,4 @@
-// `fsdp-train tokenize` (fsdp/train/tokenize.h, issue 50 item 14) against
+// `fsdp-train tokenize` (fsdp/train/tokenize.h) against
 // Hugging Face's `tokenizers` and `sentencepiece` in the venv:
 // tests/python/make_tokenizers.py makes the tokenizers (Llama 3's and Llama
 // 2's tokenizer.json layouts, a SentencePiece tokenizer.model) and what the
