@@ -4,6 +4,7 @@
 //   fsdp-run --nproc-per-node 2 -- fsdp-train --preset tiny --steps 100 --out runs/tiny
 //   fsdp-run --nproc-per-node 1 -- fsdp-train generate --checkpoint runs/tiny/checkpoints/step-00000100 --prompt "the"
 //   fsdp-train prepare --tokenizer Meta-Llama-3-8B --out train.bin --append-eos a.txt b.txt
+//   fsdp-train tokenize --tokenizer Meta-Llama-3-8B --text "Hello world"
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
@@ -20,6 +21,7 @@
 #include "fsdp/train/gpt_trainer.h"
 #include "fsdp/train/prepare.h"
 #include "fsdp/train/run_settings.h"
+#include "fsdp/train/tokenize.h"
 
 namespace {
 
@@ -31,6 +33,31 @@ int fail(const std::string& what) {
   std::cerr.flush();
   return 1;
 }
+
+// `fsdp-train tokenize` (fsdp/train/tokenize.h): its options, and the run.
+struct TokenizeCommand {
+  CLI::App* app = nullptr;
+  fsdp::train::TokenizeOptions options;
+  bool plain = false;
+
+  explicit TokenizeCommand(CLI::App& parent) {
+    app = parent.add_subcommand("tokenize",
+                                "print the token ids of texts, one line per input, as Hugging Face's tokenizer "
+                                "encodes them (with its special tokens, as Tokenizer.encode(text) by default)");
+    app->add_option("--tokenizer", options.tokenizer,
+                    "a model directory (tokenizer.json or tokenizer.model) or the file")
+        ->required();
+    app->add_option("--text", options.texts, "a text to encode (repeatable; each one line of ids, before the files)")
+        ->allow_extra_args(false);  // one text per --text: the words after it are files
+    app->add_flag("--no-special-tokens", plain, "without the special tokens (encode(text, add_special_tokens=False))");
+    app->add_option("files", options.files, "text files (UTF-8), each encoded whole as one input; - for standard input");
+  }
+  int run() {
+    options.add_special_tokens = !plain;
+    fsdp::train::tokenize(options, std::cout);
+    return 0;
+  }
+};
 
 }  // namespace
 
@@ -87,8 +114,10 @@ int main(int argc, char** argv) {
   prep->add_option("--chunk-bytes", po.chunk_bytes, "text read and encoded at a time (cut at line breaks)")
       ->capture_default_str();
   prep->add_option("inputs", po.inputs, "text files (UTF-8), in order")->required();
+  TokenizeCommand tokenize(app);
   CLI11_PARSE(app, argc, argv);
   try {
+    if (tokenize.app->parsed()) return tokenize.run();
     if (prep->parsed()) {
       const fsdp::train::PrepareResult r = fsdp::train::prepare(po);
       std::cout << "fsdp-train prepare: wrote " << po.out << ": " << r.tokens << " tokens of a vocabulary of "

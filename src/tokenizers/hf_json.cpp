@@ -14,6 +14,7 @@
 #include "files.h"
 #include "fsdp/error.h"
 #include "fsdp/tokenizers/tokenizer.h"
+#include "json_reader.h"
 #include "pipeline.h"
 #include "regex.h"
 #include "unicode.h"
@@ -22,10 +23,7 @@ namespace fsdp::tokenizers {
 
 namespace {
 
-using Json = nlohmann::json;
 using namespace detail;
-
-constexpr int kMaxJsonDepth = 64;  // real files nest about 6 deep
 
 const char* const kModels = "BPE";
 const char* const kNormalizers = "NFC, Prepend, Replace, Sequence";
@@ -33,116 +31,19 @@ const char* const kPreTokenizers = "ByteLevel, Metaspace, Split, Sequence";
 const char* const kPostProcessors = "TemplateProcessing, ByteLevel, Sequence";
 const char* const kDecoders = "ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence";
 
-std::string member_path(const std::string& path, const std::string& name) {
-  return path.empty() ? name : path + "." + name;
-}
-std::string index_path(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
-
-// The file's JSON with the reading context: each accessor names the key it
-// reads in its refusals.
-class Reader {
- public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
-  const std::string& source() const { return source_; }
-
-  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
-    throw ConfigError("tokenizer: " + source_ + ": " + (path.empty() ? std::string("the top level") : path) + ": " +
-                      what);
-  }
-
-  const Json& object(const Json& j, const std::string& path, const char* expected) const {
-    if (!j.is_object()) fail(path, std::string("expected ") + expected + ", got " + describe(j));
-    return j;
-  }
-  // obj[name], or nullptr when absent.
-  static const Json* find(const Json& obj, const std::string& name) {
-    auto it = obj.find(name);
-    return it == obj.end() ? nullptr : &*it;
-  }
-  // obj[name], which must be there.
-  const Json& need(const Json& obj, const std::string& path, const char* name, const char* expected) const {
-    const Json* v = find(obj, name);
-    if (!v) fail(member_path(path, name), std::string("missing (expected ") + expected + ")");
-    return *v;
-  }
-  std::string string(const Json& j, const std::string& path) const {
-    if (!j.is_string()) fail(path, "expected a string, got " + describe(j));
-    return j.get<std::string>();
-  }
-  bool boolean(const Json& j, const std::string& path) const {
-    if (!j.is_boolean()) fail(path, "expected true or false, got " + describe(j));
-    return j.get<bool>();
-  }
-  // A boolean that may be absent or null (false then).
-  bool flag(const Json& obj, const std::string& path, const char* name) const {
-    const Json* v = find(obj, name);
-    return v && !v->is_null() && boolean(*v, member_path(path, name));
-  }
-  uint64_t unsigned_integer(const Json& j, const std::string& path, uint64_t max) const {
-    if (!j.is_number_integer() || (j.is_number_integer() && !j.is_number_unsigned() && j.get<int64_t>() < 0) ||
-        j.get<uint64_t>() > max) {
-      fail(path, "expected an integer from 0 to " + std::to_string(max) + ", got " + describe(j));
-    }
-    return j.get<uint64_t>();
-  }
-  // A string of exactly one character (Rust's char).
-  char32_t character(const Json& j, const std::string& path) const {
-    const std::string s = string(j, path);
-    size_t i = 0;
-    if (s.empty() || (next_code_point(s, i), i != s.size())) {
-      fail(path, "expected one character, got '" + s + "'");
-    }
-    i = 0;
-    return next_code_point(s, i);
-  }
-  // The "type" of a component, which must be an object.
-  std::string type(const Json& j, const std::string& path, const char* what, const char* supported) const {
-    object(j, path, (std::string("a ") + what + " object").c_str());
-    const Json* t = find(j, "type");
-    if (!t) {
-      fail(member_path(path, "type"), std::string("missing (expected the ") + what + "'s type: " + supported + ")");
-    }
-    return string(*t, member_path(path, "type"));
-  }
-  [[noreturn]] void unknown(const std::string& path, const char* what, const std::string& name,
-                            const char* supported) const {
-    fail(member_path(path, "type"),
-         std::string("unknown ") + what + " type '" + name + "' (supported: " + supported + "; docs/tokenizers.md)");
-  }
-  // {"String": s} (a literal) or {"Regex": r}, as a Regex.
-  Regex pattern(const Json& j, const std::string& path) const {
-    object(j, path, "{\"String\": ...} or {\"Regex\": ...}");
-    if (const Json* s = find(j, "String")) {
-      return Regex::literal(string(*s, member_path(path, "String")), source_ + ": " + member_path(path, "String"));
-    }
-    if (const Json* r = find(j, "Regex")) {
-      return Regex(string(*r, member_path(path, "Regex")), source_ + ": " + member_path(path, "Regex"));
-    }
-    fail(path, "expected {\"String\": ...} or {\"Regex\": ...}");
-  }
-
-  static std::string describe(const Json& j) {
-    std::string s = j.dump();
-    if (s.size() > 60) s = s.substr(0, 57) + "...";
-    return std::string(j.type_name()) + " " + s;
-  }
-
- private:
-  std::string source_;
-};
-
 std::unique_ptr<Normalizer> parse_normalizer(const Reader& r, const Json& j, const std::string& path) {
   if (j.is_null()) return nullptr;
   const std::string type = r.type(j, path, "normalizer", kNormalizers);
-  if (type == "NFC") return std::make_unique<NfcNormalizer>();
+  std::string where = r.source() + ": " + path + " (" + type + ")";  // names it in its errors
+  if (type == "NFC") return std::make_unique<NfcNormalizer>(std::move(where));
   if (type == "Prepend") {
     return std::make_unique<PrependNormalizer>(
-        r.string(r.need(j, path, "prepend", "a string"), member_path(path, "prepend")));
+        r.string(r.need(j, path, "prepend", "a string"), member_path(path, "prepend")), std::move(where));
   }
   if (type == "Replace") {
     return std::make_unique<ReplaceNormalizer>(
         r.pattern(r.need(j, path, "pattern", "{\"String\": ...} or {\"Regex\": ...}"), member_path(path, "pattern")),
-        r.string(r.need(j, path, "content", "a string"), member_path(path, "content")));
+        r.string(r.need(j, path, "content", "a string"), member_path(path, "content")), std::move(where));
   }
   if (type == "Sequence") {
     const std::string list = member_path(path, "normalizers");
@@ -152,7 +53,7 @@ std::unique_ptr<Normalizer> parse_normalizer(const Reader& r, const Json& j, con
     for (size_t i = 0; i < items.size(); ++i) {
       if (auto n = parse_normalizer(r, items[i], index_path(list, i))) steps.push_back(std::move(n));
     }
-    return std::make_unique<SequenceNormalizer>(std::move(steps));
+    return std::make_unique<SequenceNormalizer>(std::move(steps), std::move(where));
   }
   r.unknown(path, "normalizer", type, kNormalizers);
 }
@@ -319,7 +220,8 @@ std::unique_ptr<Decoder> parse_decoder(const Reader& r, const Json& j, const std
   if (type == "Replace") {
     return std::make_unique<ReplaceDecoder>(
         r.pattern(r.need(j, path, "pattern", "{\"String\": ...} or {\"Regex\": ...}"), member_path(path, "pattern")),
-        r.string(r.need(j, path, "content", "a string"), member_path(path, "content")));
+        r.string(r.need(j, path, "content", "a string"), member_path(path, "content")),
+        r.source() + ": " + path + " (Replace)");
   }
   if (type == "Metaspace") {
     return std::make_unique<MetaspaceDecoder>(
@@ -493,7 +395,9 @@ class HfTokenizer : public Tokenizer {
     }
     std::string out;
     if (decoder_) {
-      for (const std::string& s : decoder_->decode_chain(std::move(tokens))) out += s;
+      size_t input = 0;
+      for (const std::string& t : tokens) input += t.size();
+      for (const std::string& s : decoder_->decode_chain(std::move(tokens), input)) out += s;
     } else {
       for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
     }
@@ -534,21 +438,7 @@ class HfTokenizer : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> hf_tokenizer_from_json(std::string_view json, const std::string& source) {
-  Json root;
-  try {
-    // The parser's callback bounds the nesting (the parser keeps a stack per level).
-    root = Json::parse(json, [&](int depth, Json::parse_event_t event, Json&) {
-      if (depth > kMaxJsonDepth &&
-          (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start)) {
-        throw ConfigError("tokenizer: " + source + ": nests objects and lists more than " +
-                          std::to_string(kMaxJsonDepth) +
-                          " deep (expected a tokenizer.json; real ones nest about 6 deep)");
-      }
-      return true;
-    });
-  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number too big for a double
-    throw ConfigError("tokenizer: " + source + ": not valid JSON: " + e.what() + " (expected a tokenizer.json)");
-  }
+  const Json root = parse_json(json, source);
   try {
     return std::make_unique<HfTokenizer>(root, source);
   } catch (const Json::exception& e) {  // a type this reader did not check (it checks each)

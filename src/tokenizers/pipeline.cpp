@@ -1,7 +1,8 @@
 // Hugging Face's tokenizer.json pipeline by hand, for the components that
 // Llama 2 and 3, Mistral, Qwen2 and GPT-2 use: each one follows the Rust
 // library's code (tokenizers 0.23: normalizers/, pre_tokenizers/,
-// tokenizer/added_vocabulary.rs, processors/template.rs, decoders/),
+// tokenizer/added_vocabulary.rs, processors/template.rs; decoders/ in
+// decoders.cpp),
 // including its corner cases, so that the ids and texts are the same.
 #include "pipeline.h"
 
@@ -16,32 +17,39 @@ namespace fsdp::tokenizers::detail {
 
 // --- normalizers --------------------------------------------------------------
 
-std::string NfcNormalizer::normalize(std::string text) const { return nfc(text); }
+size_t normalized_limit(size_t text_bytes) {
+  if (text_bytes > (SIZE_MAX - kNormalizedSlackBytes) / kMaxNormalizedGrowth) return SIZE_MAX;
+  return text_bytes * kMaxNormalizedGrowth + kNormalizedSlackBytes;
+}
 
-std::string PrependNormalizer::normalize(std::string text) const { return text.empty() ? text : prepend_ + text; }
+void Normalizer::too_long(size_t input) const {
+  throw ConfigError("tokenizer: " + where_ + ": the normalized text would be over " +
+                    std::to_string(normalized_limit(input)) + " bytes, the limit for a text of " +
+                    std::to_string(input) + " bytes (" + std::to_string(kMaxNormalizedGrowth) + " x its bytes + " +
+                    std::to_string(kNormalizedSlackBytes >> 10) +
+                    " KiB; expected normalizers that grow a text by a few times at most)");
+}
 
-namespace {
-
-// Each match of `pattern` in `text` replaced by `content` (NormalizedString::replace).
-std::string replace_all(const Regex& pattern, const std::string& text, const std::string& content) {
-  std::string out;
-  out.reserve(text.size());
-  for (const Span& s : pattern.find_matches(text)) {
-    if (s.match) {
-      out += content;
-    } else {
-      out.append(text, s.begin, s.end - s.begin);
-    }
-  }
+std::string NfcNormalizer::apply(std::string text, size_t input) const {
+  std::string out = nfc(text);
+  if (out.size() > normalized_limit(input)) too_long(input);
   return out;
 }
 
-}  // namespace
+std::string PrependNormalizer::apply(std::string text, size_t input) const {
+  if (text.empty()) return text;
+  if (text.size() + prepend_.size() > normalized_limit(input)) too_long(input);
+  return prepend_ + text;
+}
 
-std::string ReplaceNormalizer::normalize(std::string text) const { return replace_all(pattern_, text, content_); }
+std::string ReplaceNormalizer::apply(std::string text, size_t input) const {
+  std::optional<std::string> out = replace_all(pattern_, text, content_, normalized_limit(input));
+  if (!out) too_long(input);
+  return std::move(*out);
+}
 
-std::string SequenceNormalizer::normalize(std::string text) const {
-  for (const auto& step : steps_) text = step->normalize(std::move(text));
+std::string SequenceNormalizer::apply(std::string text, size_t input) const {
+  for (const auto& step : steps_) text = step->apply(std::move(text), input);
   return text;
 }
 
@@ -277,8 +285,9 @@ void AddedVocabulary::add(const AddedToken& token, const Bpe& model, const std::
   } else if (map_.empty()) {
     id = model.size();
   } else {
-    uint64_t max = 0;
-    for (const auto& entry : map_) max = std::max<uint64_t>(max, entry.second);
+    // tokenizers takes the largest id of the map here; kept as it grows
+    // (each id of map_ stays once given), so N tokens cost O(N), not O(N^2).
+    const uint64_t max = max_id_;
     id = max >= model.size() || model.size() == 0 ? max + 1 : model.size();
   }
   if (id > UINT32_MAX) {
@@ -287,6 +296,7 @@ void AddedVocabulary::add(const AddedToken& token, const Bpe& model, const std::
   }
   const auto id32 = static_cast<uint32_t>(id);
   map_[token.content] = id32;
+  max_id_ = std::max(max_id_, id32);
   auto old = map_r_.find(id32);
   if (old != map_r_.end()) map_r_keys_.erase(key_of(old->second));
   map_r_[id32] = token;
@@ -408,132 +418,6 @@ void apply_templates(const std::vector<Template>& templates, std::vector<int64_t
     }
     ids = std::move(out);
   }
-}
-
-// --- decoders --------------------------------------------------------------------
-
-std::vector<std::string> ByteLevelDecoder::decode_chain(std::vector<std::string> tokens) const {
-  std::string bytes;
-  std::string token_bytes;
-  for (const std::string& t : tokens) {
-    token_bytes.clear();
-    bool all = true;
-    for (size_t i = 0; i < t.size() && all;) {
-      const auto b = byte_level_byte(next_code_point(t, i));
-      if (b) {
-        token_bytes += static_cast<char>(*b);
-      } else {
-        all = false;
-      }
-    }
-    bytes += all ? token_bytes : t;
-  }
-  return {utf8_lossy(bytes)};
-}
-
-namespace {
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// "<0xHH>": HH as Rust's u8::from_str_radix(HH, 16) reads it (a leading '+' allowed).
-std::optional<unsigned char> byte_token(const std::string& t) {
-  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return std::nullopt;
-  const int hi = hex_digit(t[3]), lo = hex_digit(t[4]);
-  if (t[3] == '+' && lo >= 0) return static_cast<unsigned char>(lo);
-  if (hi < 0 || lo < 0) return std::nullopt;
-  return static_cast<unsigned char>(hi * 16 + lo);
-}
-
-}  // namespace
-
-std::vector<std::string> ByteFallbackDecoder::decode_chain(std::vector<std::string> tokens) const {
-  std::vector<std::string> out;
-  std::string bytes;
-  size_t count = 0;
-  auto flush = [&] {
-    if (count == 0) return;
-    if (invalid_utf8_at(bytes) == std::string_view::npos) {
-      out.push_back(bytes);
-    } else {
-      for (size_t i = 0; i < count; ++i) out.emplace_back("\xEF\xBF\xBD");
-    }
-    bytes.clear();
-    count = 0;
-  };
-  for (std::string& t : tokens) {
-    if (auto b = byte_token(t)) {
-      bytes += static_cast<char>(*b);
-      ++count;
-    } else {
-      flush();
-      out.push_back(std::move(t));
-    }
-  }
-  flush();
-  return out;
-}
-
-std::vector<std::string> FuseDecoder::decode_chain(std::vector<std::string> tokens) const {
-  std::string all;
-  for (const std::string& t : tokens) all += t;
-  return {all};
-}
-
-std::vector<std::string> StripDecoder::decode_chain(std::vector<std::string> tokens) const {
-  for (std::string& t : tokens) {
-    std::vector<size_t> starts;  // byte offset of each character
-    std::vector<char32_t> chars;
-    for (size_t i = 0; i < t.size();) {
-      starts.push_back(i);
-      chars.push_back(next_code_point(t, i));
-    }
-    size_t start_cut = 0;
-    for (size_t i = 0; i < std::min(start_, chars.size()) && chars[i] == content_; ++i) start_cut = i + 1;
-    size_t stop_cut = chars.size();
-    for (size_t i = 0; i < std::min(stop_, chars.size()) && chars[chars.size() - i - 1] == content_; ++i) {
-      stop_cut = chars.size() - i - 1;
-    }
-    if (start_cut >= stop_cut) {
-      t.clear();  // (tokenizers would panic here: a token stripped from both ends past its middle)
-      continue;
-    }
-    const size_t b = start_cut < starts.size() ? starts[start_cut] : t.size();
-    const size_t e = stop_cut < starts.size() ? starts[stop_cut] : t.size();
-    t = t.substr(b, e - b);
-  }
-  return tokens;
-}
-
-std::vector<std::string> ReplaceDecoder::decode_chain(std::vector<std::string> tokens) const {
-  for (std::string& t : tokens) t = replace_all(pattern_, t, content_);
-  return tokens;
-}
-
-std::vector<std::string> MetaspaceDecoder::decode_chain(std::vector<std::string> tokens) const {
-  for (size_t k = 0; k < tokens.size(); ++k) {
-    std::string out;
-    const std::string& t = tokens[k];
-    for (size_t i = 0; i < t.size();) {
-      const char32_t c = next_code_point(t, i);
-      if (c != replacement_) {
-        append_utf8(out, c);
-      } else if (k != 0 || scheme_ == PrependScheme::kNever) {
-        out += ' ';
-      }
-    }
-    tokens[k] = std::move(out);
-  }
-  return tokens;
-}
-
-std::vector<std::string> SequenceDecoder::decode_chain(std::vector<std::string> tokens) const {
-  for (const auto& step : steps_) tokens = step->decode_chain(std::move(tokens));
-  return tokens;
 }
 
 }  // namespace fsdp::tokenizers::detail

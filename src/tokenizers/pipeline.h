@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bpe.h"
+#include "fsdp/tokenizers/tokenizer.h"
 #include "regex.h"
 
 namespace fsdp::tokenizers::detail {
@@ -29,22 +30,42 @@ struct Piece {
 
 // --- normalizers --------------------------------------------------------------
 
+// The longest normalized text (fsdp/tokenizers/tokenizer.h):
+// kMaxNormalizedGrowth times the text's bytes plus kNormalizedSlackBytes.
+size_t normalized_limit(size_t text_bytes);
+
 class Normalizer {
  public:
+  // `where`: the file and the normalizer's key, e.g.
+  // "tokenizer.json: normalizer.normalizers[3] (Replace)", for errors.
+  explicit Normalizer(std::string where) : where_(std::move(where)) {}
   virtual ~Normalizer() = default;
-  virtual std::string normalize(std::string text) const = 0;
+  // The text normalized. ConfigError naming the normalizer that would make
+  // it longer than normalized_limit(text.size()), and the lengths.
+  std::string normalize(std::string text) const {
+    const size_t input = text.size();
+    return apply(std::move(text), input);
+  }
+  // One step; `input` is the length of the text given to normalize().
+  virtual std::string apply(std::string text, size_t input) const = 0;
+
+ protected:
+  // Throws the ConfigError of a text that would grow past the limit.
+  [[noreturn]] void too_long(size_t input) const;
+  std::string where_;
 };
 
 class NfcNormalizer : public Normalizer {
  public:
-  std::string normalize(std::string text) const override;
+  using Normalizer::Normalizer;
+  std::string apply(std::string text, size_t input) const override;
 };
 
 // Prepends `prepend` to a non-empty text.
 class PrependNormalizer : public Normalizer {
  public:
-  explicit PrependNormalizer(std::string prepend) : prepend_(std::move(prepend)) {}
-  std::string normalize(std::string text) const override;
+  PrependNormalizer(std::string prepend, std::string where) : Normalizer(std::move(where)), prepend_(std::move(prepend)) {}
+  std::string apply(std::string text, size_t input) const override;
 
  private:
   std::string prepend_;
@@ -53,8 +74,9 @@ class PrependNormalizer : public Normalizer {
 // Every match of `pattern` becomes `content`.
 class ReplaceNormalizer : public Normalizer {
  public:
-  ReplaceNormalizer(Regex pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  std::string normalize(std::string text) const override;
+  ReplaceNormalizer(Regex pattern, std::string content, std::string where)
+      : Normalizer(std::move(where)), pattern_(std::move(pattern)), content_(std::move(content)) {}
+  std::string apply(std::string text, size_t input) const override;
 
  private:
   Regex pattern_;
@@ -63,8 +85,9 @@ class ReplaceNormalizer : public Normalizer {
 
 class SequenceNormalizer : public Normalizer {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps) : steps_(std::move(steps)) {}
-  std::string normalize(std::string text) const override;
+  SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps, std::string where)
+      : Normalizer(std::move(where)), steps_(std::move(steps)) {}
+  std::string apply(std::string text, size_t input) const override;
 
  private:
   std::vector<std::unique_ptr<Normalizer>> steps_;
@@ -174,8 +197,9 @@ struct AddedToken {
 // matched in the normalized text).
 class AddedVocabulary {
  public:
-  // Adds one token of tokenizer.json's added_tokens, in file order.
-  // ConfigError naming `where` if an id would not fit in 32 bits.
+  // Adds one token of tokenizer.json's added_tokens, in file order; O(1)
+  // (amortized), so N tokens load in O(N). ConfigError naming `where` if an
+  // id would not fit in 32 bits.
   void add(const AddedToken& token, const Bpe& model, const std::string& where);
   // Builds the matchers once every token is added. ConfigError naming
   // `where` for a token that normalizes to nothing.
@@ -210,6 +234,7 @@ class AddedVocabulary {
   static std::string key_of(const AddedToken& t);
 
   std::unordered_map<std::string, uint32_t> map_;
+  uint32_t max_id_ = 0;  // the largest id of map_ (valid when map_ is not empty)
   std::unordered_map<uint32_t, AddedToken> map_r_;
   std::unordered_set<std::string> map_r_keys_;         // key_of each token of map_r_
   std::unordered_map<uint32_t, std::string> decoded_;  // id -> the token as id_to_token gives it
@@ -235,7 +260,10 @@ void apply_templates(const std::vector<Template>& templates, std::vector<int64_t
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  virtual std::vector<std::string> decode_chain(std::vector<std::string> tokens) const = 0;
+  // The tokens decoded; `input` is the bytes of the tokens given to the
+  // first decoder of the chain: a Replace decoder refuses to make more than
+  // normalized_limit(input) bytes, naming itself.
+  virtual std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const = 0;
 };
 
 // Tokens of the byte-level alphabet back to bytes, all of them as one
@@ -243,26 +271,26 @@ class Decoder {
 // as it is.
 class ByteLevelDecoder : public Decoder {
  public:
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override;
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const override;
 };
 
 // Runs of <0xXX> tokens back to their bytes (one U+FFFD per token when they
 // are not UTF-8).
 class ByteFallbackDecoder : public Decoder {
  public:
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override;
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const override;
 };
 
 class FuseDecoder : public Decoder {
  public:
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override;
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const override;
 };
 
 // Removes up to `start` leading and `stop` trailing `content` characters of each token.
 class StripDecoder : public Decoder {
  public:
   StripDecoder(char32_t content, size_t start, size_t stop) : content_(content), start_(start), stop_(stop) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override;
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const override;
 
  private:
   char32_t content_;
@@ -271,19 +299,21 @@ class StripDecoder : public Decoder {
 
 class ReplaceDecoder : public Decoder {
  public:
-  ReplaceDecoder(Regex pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override;
+  // `where`: the file and the decoder's key, for errors.
+  ReplaceDecoder(Regex pattern, std::string content, std::string where)
+      : pattern_(std::move(pattern)), content_(std::move(content)), where_(std::move(where)) {}
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const override;
 
  private:
   Regex pattern_;
-  std::string content_;
+  std::string content_, where_;
 };
 
 // ▁ back to ' ', except in the first token unless the prepend scheme is never.
 class MetaspaceDecoder : public Decoder {
  public:
   MetaspaceDecoder(char32_t replacement, PrependScheme scheme) : replacement_(replacement), scheme_(scheme) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override;
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const override;
 
  private:
   char32_t replacement_;
@@ -293,7 +323,7 @@ class MetaspaceDecoder : public Decoder {
 class SequenceDecoder : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps) : steps_(std::move(steps)) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override;
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, size_t input) const override;
 
  private:
   std::vector<std::unique_ptr<Decoder>> steps_;

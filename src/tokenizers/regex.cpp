@@ -7,6 +7,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <cctype>
 #include <memory>
 
@@ -147,6 +148,22 @@ std::vector<Span> Regex::find_matches(std::string_view text) const {
   }
   if (prev != text.size()) spans.push_back({prev, text.size(), false});
   return spans;
+}
+
+std::optional<std::string> replace_all(const Regex& pattern, std::string_view text, const std::string& content,
+                                       size_t limit) {
+  std::string out;
+  out.reserve(std::min(text.size(), limit));
+  for (const Span& s : pattern.find_matches(text)) {
+    const size_t add = s.match ? content.size() : s.end - s.begin;
+    if (add > limit - out.size()) return std::nullopt;
+    if (s.match) {
+      out += content;
+    } else {
+      out.append(text.substr(s.begin, s.end - s.begin));
+    }
+  }
+  return out;
 }
 
 }  // namespace fsdp::tokenizers::detail

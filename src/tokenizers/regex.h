@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,5 +49,11 @@ class Regex {
   void* code_ = nullptr;     // pcre2_code*
   void* context_ = nullptr;  // pcre2_match_context*
 };
+
+// Each match of `pattern` in `text` replaced by `content`
+// (NormalizedString::replace); nullopt, having allocated at most `limit`
+// bytes, as soon as the result would be longer than `limit`.
+std::optional<std::string> replace_all(const Regex& pattern, std::string_view text, const std::string& content,
+                                       size_t limit = SIZE_MAX);
 
 }  // namespace fsdp::tokenizers::detail

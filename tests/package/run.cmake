@@ -1,8 +1,11 @@
 # Installs the built fsdp into BUILD_DIR/package-test/install, checks that the
 # installed package names no library by an absolute path of this machine,
 # then configures the consumer project in SOURCE_DIR against it where zlib and
-# nlohmann-json cannot be found (a consumer needs only LibTorch), builds it,
-# and runs its test: the exported fsdp::fsdp-run starts it as 2 ranks.
+# nlohmann-json cannot be found (a consumer needs LibTorch, and PCRE2, ICU and
+# libsentencepiece for fsdp::tokenizers), builds it, and runs its tests: the
+# exported fsdp::fsdp-run starts it as 2 ranks (all_reduce, and prepare:
+# tokenizing, or refused by name where EXPECT_PREPARE is OFF, Debian's
+# LibTorch), and a program that links only fsdp::tokenizers encodes a text.
 set(root ${BUILD_DIR}/package-test)
 file(REMOVE_RECURSE ${root})
 include(${CMAKE_CURRENT_LIST_DIR}/../support/run_or_fail.cmake)
@@ -26,7 +29,11 @@ foreach(f ${targets_files})
   endif()
 endforeach()
 file(STRINGS ${root}/install/lib/cmake/fsdp/fsdpTargets.cmake exported REGEX "^add_library|^add_executable")
-foreach(target "fsdp::fsdp" "fsdp::gpt" "fsdp::launch" "fsdp::fsdp-run")
+set(expected_targets "fsdp::fsdp" "fsdp::gpt" "fsdp::launch" "fsdp::fsdp-run")
+if(EXPECT_TOKENIZERS)
+  list(APPEND expected_targets "fsdp::tokenizers")
+endif()
+foreach(target ${expected_targets})
   if(NOT exported MATCHES "${target} ")
     message(FATAL_ERROR "the package does not export ${target}: ${exported}")
   endif()
@@ -46,9 +53,11 @@ endif()
 run(${root}/install/bin/fsdp-ckpt --help)
 
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${root}/build -DCMAKE_PREFIX_PATH=${root}/install -DCMAKE_BUILD_TYPE=Release
-  -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON)
+  -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON
+  -DFSDP_EXPECT_TOKENIZERS=${EXPECT_TOKENIZERS} -DFSDP_EXPECT_PREPARE=${EXPECT_PREPARE})
 run(${CMAKE_COMMAND} --build ${root}/build)
 execute_process(COMMAND ${CMAKE_CTEST_COMMAND} --output-on-failure WORKING_DIRECTORY ${root}/build RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the consumer's test failed (${rc}): fsdp::fsdp-run --nproc-per-node 2 -- consumer")
+  message(FATAL_ERROR "the consumer's tests failed (${rc}): fsdp::fsdp-run --nproc-per-node 2 -- consumer "
+    "(all_reduce, prepare), tokenizer_consumer")
 endif()

@@ -47,6 +47,7 @@
 // LibTorch.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -63,6 +64,15 @@ namespace fsdp::tokenizers {
 // size in memory, so a bigger file is refused before it is read.
 constexpr int64_t kMaxTokenizerFileBytes = int64_t{256} << 20;
 
+// The longest text a tokenizer.json's normalizer may make of a text of n
+// bytes: kMaxNormalizedGrowth * n + kNormalizedSlackBytes (1 MiB may grow to
+// 32 MiB + 64 KiB). Real normalizers grow a text by 3 times at most (Llama
+// 2's ' ' -> '▁' and its Prepend, NFC); the bound keeps a hostile file's
+// chain of Replace normalizers ('a' -> 1000 x 'a', 20 times) from
+// allocating without end. Its Replace decoders are bounded the same way.
+constexpr size_t kMaxNormalizedGrowth = 32;
+constexpr size_t kNormalizedSlackBytes = size_t{64} << 10;
+
 class Tokenizer {
  public:
   virtual ~Tokenizer();
@@ -74,8 +84,12 @@ class Tokenizer {
   // EOS). Special tokens written in the text (e.g. "<|eot_id|>") are always
   // their ids, with or without add_special_tokens. Cost: linear in the text
   // (times log of a pre-token's length for the BPE merges). ConfigError if
-  // the text is not valid UTF-8, or if a regular expression of the file
-  // exceeds PCRE2's match limits on it (a pathological pattern).
+  // the text is not valid UTF-8, if a regular expression of the file
+  // exceeds PCRE2's match limits on it (a pathological pattern), or if the
+  // normalizer would make the text longer than kMaxNormalizedGrowth times
+  // its bytes plus kNormalizedSlackBytes (a chain of Replace normalizers
+  // that multiplies it), naming the normalizer (e.g.
+  // `normalizer.normalizers[1] (Replace)`) and the lengths.
   virtual std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) const = 0;
 
   // Token ids to text. skip_special_tokens drops the special tokens (BOS,
@@ -86,6 +100,8 @@ class Tokenizer {
   // does); a negative id is a ConfigError. SentencePiece: sentencepiece's
   // own decode, which turns BOS and EOS into nothing either way; an id
   // outside [0, vocab_size()) is a ConfigError (sentencepiece refuses it).
+  // A Replace decoder that would make more than the same bound (over the
+  // tokens' bytes) is a ConfigError naming it.
   virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const = 0;
 
   // The number of distinct tokens, the added ones included (Python's
