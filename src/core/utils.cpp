@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "fsdp/error.h"
@@ -104,12 +105,63 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
   return at::scalar_tensor(t, at::TensorOptions().dtype(at::kFloat));
 }
 
+std::vector<at::Tensor> unique_parameters(const std::shared_ptr<torch::nn::Module>& model) {
+  std::vector<at::Tensor> out;
+  if (!model) return out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : model->parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
+void check_parameters_listed_once(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                                  const torch::optim::Optimizer& optimizer, const std::string& caller) {
+  // Where each tensor is listed first: (group, position).
+  std::unordered_map<const c10::TensorImpl*, std::pair<size_t, size_t>> first;
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto [it, fresh] = first.emplace(params[i].unsafeGetTensorImpl(), std::make_pair(g, i));
+      if (fresh) continue;
+      std::vector<std::string> names;  // the tensor's names in the models, in parameters() order
+      for (const auto& model : models) {
+        if (!model) continue;
+        for (const auto& item : model->named_parameters()) {
+          if (item.value().unsafeGetTensorImpl() == it->first) names.push_back(item.key());
+        }
+      }
+      std::ostringstream what;
+      if (names.empty()) {
+        what << "a tensor of shape " << params[i].sizes() << " (no parameter of the model)";
+      } else {
+        what << "parameter '" << names[0] << "'";
+        for (size_t n = 1; n < names.size(); ++n) what << (n == 1 ? " (also named '" : ", '") << names[n] << "'";
+        if (names.size() > 1) what << ")";
+      }
+      const auto [g0, i0] = it->second;
+      std::ostringstream where;
+      if (g0 == g) {
+        where << "in param group " << g << " at positions " << i0 << " and " << i;
+      } else {
+        where << "in param groups " << g0 << " (position " << i0 << ") and " << g << " (position " << i << ")";
+      }
+      throw ConfigError(caller + ": the optimizer lists " + what.str() + " twice, " + where.str() +
+                        ", and would step it twice per step. LibTorch's Module::parameters() lists a tied parameter "
+                        "once per name (PyTorch's lists it once): build the optimizer on "
+                        "fsdp::unique_parameters(model), and list each tensor in one param group only");
+    }
+  }
+}
+
 void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer) {
   check_optimizer(std::vector<std::shared_ptr<torch::nn::Module>>{model}, optimizer);
 }
 
 void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
                      const torch::optim::Optimizer& optimizer) {
+  check_parameters_listed_once(models, optimizer, "check_optimizer");
   std::unordered_set<const c10::TensorImpl*> fsdp_params;
   bool sharded = false;
   for (const auto& model : models) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include <memory>
@@ -28,6 +29,9 @@
 #include "fsdp/fsdp2/options.h"
 
 namespace fsdp::detail {
+
+// A leaf's AccumulateGrad node (std::shared_ptr in LibTorch 1.13, c10::intrusive_ptr in 2.x).
+using GradAccumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 // One parameter of a group.
 struct FSDPParam {
@@ -43,7 +47,11 @@ struct FSDPParam {
   at::Tensor full;             // [W * padded_numel] in the compute dtype; its storage holds memory only while unsharded
   at::Tensor sharded_grad;     // the sharded gradient, kept aside while the parameter is unsharded
   at::Tensor unsynced_grad;    // full gradient accumulated without sync, while sharded
-  at::Tensor accumulated_grad;  // full gradient accumulated without sync in reduce_dtype (not the gradient's)
+  at::Tensor accumulated_grad;  // without grad_dtype (old LibTorch): full gradient accumulated without sync in reduce_dtype
+  // The unsharded parameter's AccumulateGrad nodes that a graph may still
+  // send gradients to (each unshard after a change of dtype makes a new one):
+  // grad_dtype, torch's property of its one unsharded parameter, goes to all.
+  std::vector<GradAccumulator> grad_accumulators;
 
   int64_t numel() const { return rows * row_numel; }
   int64_t padded_numel() const { return padded_rows * row_numel; }
@@ -158,6 +166,20 @@ class ParamGroup final : public std::enable_shared_from_this<ParamGroup> {
   // tree whose modules did not all run (torch's _force_complete_incomplete_states).
   void end_unfinished_forwards(std::vector<at::Tensor>& outputs);
   at::ScalarType compute_dtype(const FSDPParam& p) const;
+  // The dtype torch's unsharded parameter accumulates its gradient in
+  // (torch's unsharded_grad_dtype: reduce_dtype, or the parameter's own).
+  at::ScalarType unsharded_grad_dtype(const FSDPParam& p) const;
+  // Where LibTorch has grad_dtype (param_group_backward.cpp), each trainable
+  // parameter's: unsharded_grad_dtype while unsharded (as torch's unsharded
+  // parameter), its own dtype again while sharded. No-ops otherwise.
+  void adopt_grad_dtypes(bool unsharded);
+  // torch's _set_unsharded_grad_dtypes for the parameters whose gradients
+  // accumulate in a wider dtype than they are computed in. defer_upcast
+  // (pre-backward): grad_dtype none when a gradient exists or this backward
+  // reduces, so that the gradient, a tied parameter's uses summed, comes in
+  // the compute dtype; otherwise (post-backward) a gradient in another dtype
+  // is cast to the wider one and grad_dtype set to it.
+  void set_unsharded_grad_dtypes(bool defer_upcast);
   // A parameter's elements in one rank's block of the all-gather (bytes when
   // the gather is in bytes).
   int64_t gather_numel(const FSDPParam& p) const;

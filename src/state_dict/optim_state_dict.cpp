@@ -15,6 +15,7 @@
 #include "fsdp/state_dict/detail/optimizer_kinds.h"
 #include "shard_geometry.h"
 #include "fsdp/core/detail/unit_view.h"
+#include "fsdp/core/utils.h"
 
 namespace fsdp {
 
@@ -95,7 +96,11 @@ struct Naming {
   }
 };
 
-std::vector<std::vector<OptParam>> classify_all(const Naming& naming, const torch::optim::Optimizer& opt) {
+// Refuses a tensor listed twice (it would step twice, and its state would
+// fill one key twice), then classifies each.
+std::vector<std::vector<OptParam>> classify_all(const std::shared_ptr<torch::nn::Module>& model, const Naming& naming,
+                                                const torch::optim::Optimizer& opt, const char* caller) {
+  check_parameters_listed_once({model}, opt, caller);
   std::vector<std::vector<OptParam>> groups;
   for (const auto& g : opt.param_groups()) {
     groups.emplace_back();
@@ -295,7 +300,7 @@ std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch:
       (!naming.idx.units.empty() || !naming.idx.groups.empty())) {
     emit = world_rank(naming.idx) == 0;
   }
-  const auto groups = classify_all(naming, optimizer);
+  const auto groups = classify_all(model, naming, optimizer, "optim_state_dict");
   std::vector<OptimParamGroup> out;
   std::unordered_set<const UnitView*> done;
   if (full) {  // FSDP2 parameters, all together (one exchange of what exists)
@@ -340,7 +345,7 @@ std::vector<std::vector<std::string>> optimizer_param_names(const std::shared_pt
                                                            const torch::optim::Optimizer& optimizer) {
   const Naming naming(model);
   std::vector<std::vector<std::string>> out;
-  for (const auto& group : classify_all(naming, optimizer)) {
+  for (const auto& group : classify_all(model, naming, optimizer, "optimizer_param_names")) {
     auto& names = out.emplace_back();
     for (const auto& p : group) {
       for (auto& n : naming.names(p)) names.push_back(std::move(n));
@@ -519,7 +524,7 @@ void load_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model, torc
   check_idle(naming.idx, "load_optim_state_dict");
   for (auto& u : naming.idx.units) u->follow_module_to();
   for (auto& g : naming.idx.groups) g.reshard();  // FSDP2: the parameters show their rows (the state's shape)
-  const auto groups = classify_all(naming, optimizer);
+  const auto groups = classify_all(model, naming, optimizer, "load_optim_state_dict");
   std::vector<std::string> errors;
   validate_groups(state, naming, groups, errors);
   at::NoGradGuard no_grad;

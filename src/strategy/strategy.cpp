@@ -198,11 +198,13 @@ void FSDPStrategy::after_wrap(const std::shared_ptr<torch::nn::Module>& module) 
 }
 
 void FSDPStrategy::setup_optimizer(const torch::optim::Optimizer& optimizer) const {
-  if (options_.use_orig_params()) return;  // the optimizer holds the original parameters either way
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   for (const auto& m : models_) {
     if (auto model = m.lock()) models.push_back(std::move(model));
   }
+  // A tensor listed twice (a tied weight from LibTorch's parameters()) would step twice.
+  check_parameters_listed_once(models, optimizer, "setup_optimizer");
+  if (options_.use_orig_params()) return;  // the optimizer holds the original parameters either way
   check_optimizer(models, optimizer);
 }
 

@@ -28,6 +28,8 @@ float32. A case is a name and its settings, joined by '+':
   group       the two blocks sharded as one group: fully_shard([b0, b1])
   ends        the embedding and the head sharded as one group:
               fully_shard([emb, head]) (the first and the last module to run)
+  tied        the head's weight is the embedding's (head.weight = emb.weight,
+              after the initial values); listed once, as emb.weight
 e.g. "base", "bf16+raf0".
 """
 import os
@@ -110,7 +112,7 @@ def batch(step, micro, rank, world):
 
 def run_case(case, rank, world, out_dir):
     flags = set(case.split("+"))
-    known = {"base", "raf0", "raf2", "bf16", "lora", "accum", "prefetch", "hsdp", "sum", "clip", "noar", "group", "ends"}
+    known = {"base", "raf0", "raf2", "bf16", "lora", "accum", "prefetch", "hsdp", "sum", "clip", "noar", "group", "ends", "tied"}
     if flags - known:
         raise SystemExit(f"fully_shard_oracle.py: unknown case flags {sorted(flags - known)}; known: {sorted(known)}")
     if "hsdp" in flags:
@@ -125,6 +127,8 @@ def run_case(case, rank, world, out_dir):
     if "bf16" in flags:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model = make_model("lora" in flags)
+    if "tied" in flags:
+        model.head.weight = model.emb.weight
     if "ends" in flags:
         fully_shard([model.emb, model.head], **kwargs)
     if "group" in flags:

@@ -83,6 +83,23 @@ class SummonFullParams {
 at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type = 2.0,
                            bool error_if_nonfinite = false);
 
+// [local] The model's parameters, each tensor once, in model->parameters()'s
+// order: what PyTorch's model.parameters() gives. LibTorch's parameters()
+// lists a tied parameter (one tensor registered in two modules, such as an
+// embedding shared with the output head) once per name, and an optimizer
+// built on that list steps it twice per step; build it on this list instead.
+std::vector<at::Tensor> unique_parameters(const std::shared_ptr<torch::nn::Module>& model);
+
+// [local] ConfigError when `optimizer` lists one tensor more than once, in
+// one param group or in two (torch.optim refuses the latter, and PyTorch's
+// parameters() never gives the former): such a tensor is stepped twice per
+// step. The error names the tensor by its first name in `models` (and its
+// other names), the groups and positions, and points to unique_parameters;
+// `caller` begins the message. check_optimizer, the strategies'
+// setup_optimizer and every optimizer state dict function call it.
+void check_parameters_listed_once(const std::vector<std::shared_ptr<torch::nn::Module>>& models,
+                                  const torch::optim::Optimizer& optimizer, const std::string& caller);
+
 // [local] Checks that `optimizer` steps the wrapped model's parameters. An
 // optimizer built before wrapping (with use_orig_params=false) references the
 // original parameters, which FSDP no longer trains: throws ConfigError
@@ -91,7 +108,8 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
 // A model sharded by fully_shard (FSDP2) keeps its parameter objects: an
 // optimizer on any of them passes. torch::optim::LBFGS on a sharded model
 // (either engine) is a ConfigError naming it: its line search takes dot
-// products over all parameters, which shards cannot give.
+// products over all parameters, which shards cannot give. A tensor listed
+// twice is a ConfigError naming it (check_parameters_listed_once).
 void check_optimizer(const std::shared_ptr<torch::nn::Module>& model, const torch::optim::Optimizer& optimizer);
 // [local] The same for several models: `optimizer` must step parameters of
 // at least one of them (ConfigError as above otherwise, also for no models).

@@ -82,7 +82,7 @@ class ModelParallelStrategy {
   // when parallelize_fn returns null.
   std::shared_ptr<torch::nn::Module> setup_module(std::shared_ptr<torch::nn::Module> module);
   // [local] fsdp::check_optimizer on the models set up: the optimizer must
-  // step their parameters; LBFGS is refused by name.
+  // step their parameters, each listed once; LBFGS is refused by name.
   void setup_optimizer(const torch::optim::Optimizer& optimizer) const;
 
   // [collective] The training loop's collectives, as FSDPStrategy's.

@@ -142,7 +142,9 @@ class FSDPStrategy {
   // [local] With use_orig_params=false, checks that `optimizer` steps the
   // parameters of a model this strategy set up (fsdp::check_optimizer:
   // Lightning's "does not seem to reference any FSDP parameters" error);
-  // with use_orig_params=true it checks nothing, as Lightning.
+  // with use_orig_params=true it checks nothing else, as Lightning. Either
+  // way a tensor the optimizer lists twice (a tied weight from LibTorch's
+  // parameters()) is a ConfigError naming it (check_parameters_listed_once).
   void setup_optimizer(const torch::optim::Optimizer& optimizer) const;
   // Lightning's joint setup: the optimizers must have been built on the
   // model's parameters and use_orig_params must be true (its error otherwise).
