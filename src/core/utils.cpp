@@ -90,15 +90,19 @@ void scale_by_clamped_coefficient(const std::vector<at::Tensor>& grads, const at
 at::Tensor clip_local(const std::vector<at::Tensor>& grads, double max_norm, double norm_type,
                       bool error_if_nonfinite) {
   if (grads.empty()) return at::zeros({}, at::kFloat);
-  std::vector<std::pair<std::pair<c10::Device, at::ScalarType>, std::vector<at::Tensor>>> groups;
+  std::vector<std::pair<c10::Device, at::ScalarType>> keys;
+  std::vector<std::vector<at::Tensor>> groups;
   for (const auto& g : grads) {
     const auto key = std::make_pair(g.device(), g.scalar_type());
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == key; });
-    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
-    it->second.push_back(g);
+    const size_t i = std::find(keys.begin(), keys.end(), key) - keys.begin();
+    if (i == keys.size()) {
+      keys.push_back(key);
+      groups.emplace_back();
+    }
+    groups[i].push_back(g);
   }
   std::vector<at::Tensor> norms;
-  for (const auto& [key, members] : groups) {
+  for (const auto& members : groups) {
     for (const auto& g : members) norms.push_back(at::linalg_vector_norm(g.detach(), norm_type).to(grads[0].device()));
   }
   const at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
