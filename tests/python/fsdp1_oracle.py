@@ -26,7 +26,6 @@ and its settings, joined by '+':
             fsdp-cpp does not, so odd sizes shard differently there)
 e.g. "flat", "orig+aligned+inf".
 """
-import functools
 import math
 import os
 import struct
