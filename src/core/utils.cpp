@@ -16,6 +16,8 @@
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "fsdp/error.h"
 #include "fsdp/core/utils.h"
@@ -50,6 +52,68 @@ SummonFullParams::~SummonFullParams() {
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->unsummon(options_);
 }
 
+namespace {
+
+// torch's _get_grad_norm (fully_sharded_data_parallel.py): a float32 norm of
+// each gradient, stacked, and the float32 norm of the stack; 0 for none.
+at::Tensor grad_norm_fp32(const std::vector<at::Tensor>& grads, double norm_type, const at::TensorOptions& zero) {
+  if (grads.empty()) return at::zeros({}, zero);
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g.detach(), norm_type, c10::nullopt, false, at::kFloat));
+  return at::linalg_vector_norm(at::stack(norms), norm_type, c10::nullopt, false, at::kFloat);
+}
+
+void check_finite(const at::Tensor& total, double norm_type) {
+  if (at::isfinite(total).all().item<bool>()) return;
+  std::ostringstream order;
+  order << norm_type;
+  throw Error("clip_grad_norm_: The total norm of order " + order.str() +
+              " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and "
+              "scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
+}
+
+// torch's clamp(max_norm / (total + 1e-6), max=1.0), which Python computes as
+// reciprocal() * max_norm, multiplied into every gradient in its own dtype,
+// even when it is 1 (so a NaN norm makes every gradient NaN).
+void scale_by_clamped_coefficient(const std::vector<at::Tensor>& grads, const at::Tensor& total, double max_norm) {
+  const at::Tensor coef = at::clamp((total + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
+  for (const auto& g : grads) {
+    at::Tensor grad = g;
+    grad.mul_(coef.to(grad.device(), grad.scalar_type()));
+  }
+}
+
+// torch.nn.utils.clip_grad_norm_ over local gradients (what torch's FSDP1
+// calls when no unit shards): a norm of each gradient in its own dtype (the
+// gradients grouped by device and dtype, in order of first appearance, as
+// _foreach_norm takes them), stacked, and the norm of the stack.
+at::Tensor clip_local(const std::vector<at::Tensor>& grads, double max_norm, double norm_type,
+                      bool error_if_nonfinite) {
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  std::vector<std::pair<c10::Device, at::ScalarType>> keys;
+  std::vector<std::vector<at::Tensor>> groups;
+  for (const auto& g : grads) {
+    const auto key = std::make_pair(g.device(), g.scalar_type());
+    const size_t i = std::find(keys.begin(), keys.end(), key) - keys.begin();
+    if (i == keys.size()) {
+      keys.push_back(key);
+      groups.emplace_back();
+    }
+    groups[i].push_back(g);
+  }
+  std::vector<at::Tensor> norms;
+  for (const auto& members : groups) {
+    for (const auto& g : members) norms.push_back(at::linalg_vector_norm(g.detach(), norm_type).to(grads[0].device()));
+  }
+  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
+  if (error_if_nonfinite) check_finite(total, norm_type);
+  scale_by_clamped_coefficient(grads, total, max_norm);
+  return total;
+}
+
+}  // namespace
+
 at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
                            bool error_if_nonfinite) {
   if (!(norm_type > 0)) {
@@ -57,52 +121,77 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
   }
   const bool inf = std::isinf(norm_type);
   auto units = detail::units_of(model);
+  // torch's handle.uses_sharded_strategy: a unit sharded over more than one
+  // rank (torch turns any strategy at a shard group of one into NO_SHARD).
+  auto sharded = [](const detail::UnitState& u) {
+    return u.config().shard_group && u.config().shard_group->size() > 1;
+  };
   dist::ProcessGroupPtr group;
   for (auto& u : units) {
+    if (!sharded(*u)) continue;
     const auto& g = u->config().shard_group;
-    if (group && g && g != group) {
+    if (group && g != group) {
       throw ConfigError("clip_grad_norm_: the model's units shard over different process groups; "
                         "expected one shard group for the whole model");
     }
-    if (g) group = g;
+    group = g;
   }
   at::NoGradGuard no_grad;
-  // Each shard counted once: sum over the shard group only (replicas hold copies).
-  auto accumulate = [&](const std::vector<at::Tensor>& grads) {
-    double acc = 0;
-    for (const auto& g : grads) {
-      if (g.numel() == 0) continue;
-      at::Tensor a = g.detach().to(at::kDouble).abs();
-      acc = inf ? std::max(acc, a.max().item<double>()) : acc + a.pow(norm_type).sum().item<double>();
+  if (!group) {
+    // Every unit is NO_SHARD: torch calls nn.utils.clip_grad_norm_ on the
+    // model's parameters (flat parameters, or the original ones with
+    // use_orig_params), in parameters() order.
+    std::vector<at::Tensor> grads;
+    std::unordered_set<const c10::TensorImpl*> seen;
+    for (const auto& p : model->parameters(/*recurse=*/true)) {
+      if (!seen.insert(p.unsafeGetTensorImpl()).second || !p.grad().defined()) continue;
+      grads.push_back(p.grad());
     }
-    return acc;
-  };
-  std::vector<at::Tensor> sharded;
+    return clip_local(grads, max_norm, norm_type, error_if_nonfinite);
+  }
+  // torch's FullyShardedDataParallel.clip_grad_norm_: the gradients of the
+  // sharded units (each FlatParameter's, or with use_orig_params each
+  // original parameter's part on this rank) apart from those of NO_SHARD
+  // units and of parameters no unit manages, in the units' pre-order.
+  std::vector<at::Tensor> sharded_grads, nonsharded_grads, all_grads;
+  bool any_nonsharded = false;
   for (auto& u : units) {
-    for (auto& g : u->sharded_grads()) sharded.push_back(g);
+    const bool s = sharded(*u);
+    any_nonsharded |= !s && !u->params().empty();
+    for (auto& g : u->sharded_grads()) {
+      all_grads.push_back(g);
+      // torch's sharded views leave .grad None where a parameter has no element on this rank.
+      if (g.numel() == 0 && s && u->config().use_orig_params) continue;
+      (s ? sharded_grads : nonsharded_grads).push_back(g);
+    }
   }
-  at::Tensor total = at::full({1}, accumulate(sharded), at::TensorOptions().dtype(at::kDouble));
-  if (group && group->size() > 1) group->all_reduce(total, inf ? dist::ReduceOp::kMax : dist::ReduceOp::kSum).wait();
-  std::vector<at::Tensor> local;
   for (auto& p : detail::unowned_params(model)) {
-    if (p.grad().defined()) local.push_back(p.grad());
+    any_nonsharded = true;
+    if (!p.grad().defined()) continue;
+    nonsharded_grads.push_back(p.grad());
+    all_grads.push_back(p.grad());
   }
-  double t = total.item<double>();
-  const double l = accumulate(local);
-  t = inf ? std::max(t, l) : std::pow(t + l, 1.0 / norm_type);
-  if (error_if_nonfinite && !std::isfinite(t)) {
-    std::ostringstream order;
-    order << norm_type;
-    throw Error("clip_grad_norm_: The total norm of order " + order.str() +
-                " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and "
-                "scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
+  const auto zero = at::TensorOptions().dtype(at::kFloat).device(all_grads.empty() ? group->device() : all_grads[0].device());
+  const at::Tensor local_sharded = grad_norm_fp32(sharded_grads, norm_type, zero);
+  const at::Tensor local_nonsharded = any_nonsharded ? grad_norm_fp32(nonsharded_grads, norm_type, zero) : at::Tensor();
+  at::Tensor total;
+  if (inf) {
+    total = local_nonsharded.defined() ? at::maximum(local_sharded, local_nonsharded) : local_sharded.clone();
+    group->all_reduce(total, dist::ReduceOp::kMax).wait();
+  } else {
+    total = at::pow(local_sharded, norm_type);
+    group->all_reduce(total, dist::ReduceOp::kSum).wait();
+    // The unsharded gradients are whole on every rank: added after the sum.
+    if (local_nonsharded.defined()) total.add_(at::pow(local_nonsharded, norm_type));
+    total = at::pow(total, 1.0 / norm_type);
   }
-  const double coef = max_norm / (t + 1e-6);
-  if (coef < 1.0) {
-    for (auto& g : sharded) g.mul_(coef);
-    for (auto& g : local) g.mul_(coef);
-  }
-  return at::scalar_tensor(t, at::TensorOptions().dtype(at::kFloat));
+  if (error_if_nonfinite) check_finite(total, norm_type);
+  scale_by_clamped_coefficient(all_grads, total, max_norm);
+  // In the dtype torch's type promotion gives the gradients (float32 for none).
+  if (all_grads.empty()) return total;
+  at::ScalarType dtype = all_grads[0].scalar_type();
+  for (const auto& g : all_grads) dtype = c10::promoteTypes(dtype, g.scalar_type());
+  return total.to(dtype);
 }
 
 std::vector<at::Tensor> unique_parameters(const std::shared_ptr<torch::nn::Module>& model) {

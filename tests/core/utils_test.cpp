@@ -111,6 +111,35 @@ TEST(ClipGradNorm, NonFiniteGradientsAreNamedOnEveryRank) {
   });
 }
 
+// torch multiplies the gradients by the clamped coefficient even when it is
+// 1: a NaN gradient on one rank makes the norm NaN and every gradient on
+// every rank NaN. Before (issue 50, item 20): fsdp-cpp skipped the multiply
+// unless max_norm / norm was below 1, so the other gradients stayed finite.
+TEST(ClipGradNorm, NanNormMakesEveryGradientNan) {
+  const auto batches = make_batches(1, 6, 3);
+  for (bool use_orig : {false, true}) {
+    run_ranks(2, [&](dist::ProcessGroup& pg) {
+      FullyShardedDataParallel<NetImpl> model(make_net(8), options_for(pg, use_orig));
+      const auto& b = batches[0];
+      loss_of(model(b.tokens.narrow(0, pg.rank() * 3, 3)), b.target.narrow(0, pg.rank() * 3, 3)).backward();
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : model->parameters()) {
+        if (p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
+      }
+      ASSERT_FALSE(grads.empty());
+      if (pg.rank() == 1) {
+        torch::NoGradGuard no_grad;
+        grads[0].view({-1})[0].fill_(NAN);
+      }
+      EXPECT_TRUE(std::isnan(clip_grad_norm_(model.ptr(), 0.05).item<double>()));
+      for (size_t i = 0; i < grads.size(); ++i) {
+        EXPECT_TRUE(grads[i].isnan().all().item<bool>()) << (use_orig ? "orig" : "flat") << " rank " << pg.rank()
+                                                         << " gradient " << i;
+      }
+    });
+  }
+}
+
 TEST(SummonFullParams, WritebackChangesStickAfterResharding) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     FullyShardedDataParallel<NetImpl> model(make_net(1), options_for(pg, /*use_orig=*/true));

@@ -73,13 +73,28 @@ class SummonFullParams {
 
 // [collective] Clips the gradients of the whole model so that their global
 // norm (over all shards, of order `norm_type`: any p > 0, or INFINITY) is at
-// most max_norm, and returns that norm as computed before clipping, like
-// torch.nn.utils.clip_grad_norm_ on the unsharded model. Call after
-// backward, before the optimizer step. A non-finite norm (an inf or NaN
-// gradient on any rank): with error_if_nonfinite, every rank throws
-// fsdp::Error with PyTorch's message and the gradients are left as they are;
-// without it (the default, as in PyTorch) the gradients are scaled by it
-// anyway (inf becomes NaN) and the non-finite norm is returned.
+// most max_norm, and returns that norm as computed before clipping: what
+// torch's FullyShardedDataParallel.clip_grad_norm_ computes, to the bit.
+// Call after backward, before the optimizer step. The arithmetic is torch's:
+// - sharded units: a float32 norm of each gradient on this rank (each unit's
+//   flat parameter's shard, padding included; with use_orig_params each
+//   original parameter's part of it), stacked in the units' pre-order, the
+//   stack's float32 norm raised to p and summed over the shard group (the
+//   maximum for INFINITY); NO_SHARD units' and unwrapped parameters'
+//   gradients, normed the same way locally, add their p-th power after the
+//   sum; then the 1/p-th root;
+// - every unit NO_SHARD (or a shard group of one): torch.nn.utils.
+//   clip_grad_norm_ over the model's parameters() (norms in the gradients'
+//   own dtype);
+// - every gradient is multiplied by min(max_norm / (norm + 1e-6), 1) in its
+//   own dtype, even when that is 1: a NaN norm makes every gradient NaN, an
+//   inf norm zeroes the finite ones (and turns the infinite ones NaN);
+// - the norm comes back in the promoted dtype of this rank's gradients
+//   (float32 when it has none).
+// error_if_nonfinite (not in torch's FSDP1; nn.utils' meaning): a
+// non-finite norm makes every rank throw fsdp::Error with PyTorch's message,
+// leaving the gradients as they are. Without it (the default) they are
+// scaled anyway and the non-finite norm is returned.
 at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type = 2.0,
                            bool error_if_nonfinite = false);
 
