@@ -18,7 +18,9 @@ namespace {
 fs::path resolved(const std::string& p) {
   std::error_code ec;
   fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
-  return ec ? fs::absolute(p).lexically_normal() : r;
+  if (ec) r = fs::absolute(p, ec).lexically_normal();
+  if (r.has_parent_path() && r.filename().empty()) r = r.parent_path();  // "a/b/" is "a/b"
+  return r;
 }
 
 // Whether `a` is `b` or lies inside it (both resolved).

@@ -73,17 +73,18 @@ std::string id_text(const std::optional<int64_t>& id) { return id ? std::to_stri
 std::optional<TokenizerFingerprint> tokenizer_files(const std::string& path) {
   TokenizerFingerprint f;
   std::string file = path;
-  if (formats::entry_kind(path) == "a directory" || fs::is_directory(path)) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
     const fs::path d(path);
-    if (fs::exists(d / "tokenizer.json")) {
+    if (fs::exists(d / "tokenizer.json", ec)) {
       file = (d / "tokenizer.json").string();
-    } else if (fs::exists(d / "tokenizer.model")) {
+    } else if (fs::exists(d / "tokenizer.model", ec)) {
       file = (d / "tokenizer.model").string();
     } else {
       return std::nullopt;
     }
     const std::string config = (d / "tokenizer_config.json").string();
-    if (fs::is_regular_file(config)) {
+    if (fs::is_regular_file(config, ec)) {
       f.has_config = true;
       std::tie(f.config_crc, f.config_size) = crc_of(config);
     }

@@ -96,7 +96,7 @@ TEST(CheckpointOwnership, ConvertIntoADirectoryOfTheUsersFilesRefusesOnlyCollidi
   auto r = run_program({FSDP_CKPT_PATH, "convert", full, proj, "--format", "sharded"}, kTool);
   EXPECT_EQ(r.exit_code(), 2) << r.output;
   EXPECT_NE(r.output.find("holds files that fsdp-cpp did not write under the names a sharded checkpoint takes (" +
-                          proj + "/__notes.distcp, " + proj + "/index.json)"),
+                          proj + "/__notes.distcp, " + proj + "/index.json"),
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find(proj + "/README"), std::string::npos) << "README collides with nothing\n" << r.output;
@@ -127,7 +127,7 @@ TEST(CheckpointOwnership, ShardedSaveWritesBesideTheUsersFilesAndKeepsThemAsLigh
     Trainer a(pg, Opt::kSgd, 1);
     // The colliding names refuse it, each named; the others are not named.
     expect_config_error([&] { save_checkpoint(proj, state_of(a, 1), pg, {CheckpointFormat::kSharded}); },
-                        "(" + proj + "/__notes.distcp, " + proj + "/index.json)");
+                        "(" + proj + "/__notes.distcp, " + proj + "/index.json");
   });
   expect_user_files_intact(proj, "refused sharded save");
   EXPECT_FALSE(fs::exists(proj + "/.metadata"));
