@@ -21,6 +21,7 @@
 #include "../support/train_config.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/core/fully_sharded_data_parallel.h"  // fsdp::Unit
+#include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/hf/export.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/train/gpt_trainer.h"
@@ -95,6 +96,8 @@ models::LlamaConfig save_tiny_llama(const std::string& path) {
   c.num_attention_heads = 2, c.num_key_value_heads = 1, c.head_dim = 4;
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     fsdp::Unit<models::LlamaImpl> model(c);
+    Mesh mesh = Mesh::of(borrow(pg));
+    fully_shard(model, mesh);
     CheckpointState state;
     state.model("model", model.ptr());
     save_checkpoint(path, state, pg, {CheckpointFormat::kFull});
