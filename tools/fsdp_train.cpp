@@ -3,6 +3,7 @@
 // token-id file for --data.
 //   fsdp-run --nproc-per-node 2 -- fsdp-train --preset tiny --steps 100 --out runs/tiny
 //   fsdp-run --nproc-per-node 1 -- fsdp-train generate --checkpoint runs/tiny/checkpoints/step-00000100 --prompt "the"
+//   fsdp-run --nproc-per-node 1 -- fsdp-train generate --model hf:Meta-Llama-3-8B --prompt "The" --temperature 0
 //   fsdp-train prepare --tokenizer Meta-Llama-3-8B --out train.bin --append-eos a.txt b.txt
 //   fsdp-train tokenize --tokenizer Meta-Llama-3-8B --text "Hello world"
 #include <CLI/CLI.hpp>
@@ -91,7 +92,11 @@ int main(int argc, char** argv) {
   auto* gen = app.add_subcommand("generate", "continue a prompt with a trained checkpoint");
   std::string checkpoint, prompt = "the ";
   fsdp::train::GenerateOptions go;
-  gen->add_option("--checkpoint", checkpoint, "checkpoint file or directory")->required();
+  std::string gen_model;
+  auto* gen_checkpoint = gen->add_option("--checkpoint", checkpoint, "checkpoint file or directory");
+  gen->add_option("--model", gen_model, "hf:DIR: a Hugging Face model directory (config.json, safetensors, tokenizer) "
+                                        "instead of a checkpoint")
+      ->excludes(gen_checkpoint);
   gen->add_option("--prompt", prompt, "text to continue")->capture_default_str();
   // As text, parsed below: CLI11 saturates an integer beyond 64 bits instead of refusing it.
   std::string tokens = std::to_string(go.tokens);
@@ -135,6 +140,12 @@ int main(int argc, char** argv) {
                                   std::to_string(std::numeric_limits<int64_t>::max()));
         }
       }
+      if (checkpoint.empty() == gen_model.empty() || (!gen_model.empty() && gen_model.rfind("hf:", 0) != 0)) {
+        throw fsdp::ConfigError("generate: expected --checkpoint PATH (a checkpoint of fsdp-train's) or --model hf:DIR "
+                                "(a Hugging Face model directory)" +
+                                (gen_model.empty() ? std::string() : ", got --model " + gen_model));
+      }
+      if (!gen_model.empty()) checkpoint = gen_model;  // generate_stream takes "hf:DIR" in its place
       // Rank 0 prints the text as it grows: the prompt once the checkpoint
       // loaded, then each byte as it is drawn.
       const bool printer = world->rank() == 0;

@@ -55,7 +55,9 @@ std::string saving(const std::string& path) { return "save_checkpoint: saving " 
 // [local] Refuses a destination that a sharded writer may not write into:
 // anything but a directory (the directory itself may be a symbolic link to
 // one, as an output directory may), or a directory holding files fsdp-cpp
-// did not write (issue 37 item 2: they would be replaced or removed).
+// did not write under a name the checkpoint takes (issue 37 item 2: they
+// would be replaced or read as the checkpoint's). Other files stay beside
+// the checkpoint, as Lightning's sharded save keeps them (issue 50 item 21).
 void check_sharded_destination(const std::string& path, const std::string& caller) {
   const std::string kind = formats::entry_kind(path);
   std::error_code ec;
@@ -68,7 +70,7 @@ void check_sharded_destination(const std::string& path, const std::string& calle
     throw ConfigError(caller + ": " + path + " is " + kind + ", not a directory: a sharded checkpoint is a directory; " +
                       "remove it or write elsewhere");
   }
-  formats::refuse_foreign_entries(path, caller);
+  formats::refuse_colliding_entries(path, caller);
 }
 
 Piece make_piece(const std::string& key, at::ScalarType dtype, std::vector<int64_t> shape, std::vector<int64_t> offsets,

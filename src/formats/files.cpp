@@ -193,8 +193,32 @@ void refuse_foreign_entries(const std::string& dir, const std::string& caller) {
   for (size_t i = 0; i < shown; ++i) list += (i ? ", " : "") + foreign[i];
   if (foreign.size() > shown) list += " and " + std::to_string(foreign.size() - shown) + " more";
   throw ConfigError(caller + ": " + dir + " holds files that fsdp-cpp did not write (" + list +
-                    "): a sharded checkpoint is written only into an empty directory or over a checkpoint fsdp-cpp "
-                    "wrote, and never removes what is not its own; move them or write elsewhere");
+                    "): a full checkpoint replaces a sharded checkpoint's directory only when nothing else is in it, "
+                    "and never removes what is not its own; move them or write elsewhere");
+}
+
+std::vector<std::string> colliding_entries(const std::string& dir) {
+  std::vector<std::string> colliding;
+  for (const auto& f : foreign_entries(dir)) {
+    // foreign_entries names "<dir>/<name>" or "<dir>/<name> (<kind>...)".
+    std::string name = f.substr(dir.size() + 1);
+    if (const auto paren = name.find(" ("); paren != std::string::npos) name.resize(paren);
+    if (is_fixed_name(name) || ends_with(name, ".distcp")) colliding.push_back(f);
+  }
+  return colliding;
+}
+
+void refuse_colliding_entries(const std::string& dir, const std::string& caller) {
+  const auto colliding = colliding_entries(dir);
+  if (colliding.empty()) return;
+  std::string list;
+  const size_t shown = std::min<size_t>(colliding.size(), 10);
+  for (size_t i = 0; i < shown; ++i) list += (i ? ", " : "") + colliding[i];
+  if (colliding.size() > shown) list += " and " + std::to_string(colliding.size() - shown) + " more";
+  throw ConfigError(caller + ": " + dir + " holds files that fsdp-cpp did not write under the names a sharded " +
+                    "checkpoint takes (" + list + "): the checkpoint would overwrite them or be read with them (" +
+                    kDcpMetadataFile + ", " + kDcpIndexFile + ", " + kLightningMetaFile + ", " + kIndexFile +
+                    ", *.distcp); other files are kept beside a checkpoint, never these: move them or write elsewhere");
 }
 
 void remove_unreferenced_own_files(const std::string& dir, const std::vector<std::string>& keep) {

@@ -51,14 +51,17 @@ DataLayout layout_of(const std::string& name, const std::string& format, int64_t
   if (format == "text") return DataLayout{"text", 1, 0, size};
   if (format == "uint16" || format == "uint32") {
     const int w = format == "uint16" ? 2 : 4;
-    // A raw file that happens to start with the magic is not refused: only
-    // a header that is whole and true of the file (its version and count).
-    if (magic && n == kLlmcHeaderBytes && version_width > 0 && count >= 0 &&
-        size - kLlmcHeaderBytes == int64_t{count} * version_width) {
+    // llm.c's magic and a version it writes (1 or 2) begin the file: its
+    // header, whatever header[2] counts (a count that lies is a header all
+    // the same, issue 50 item 10). Raw ids that begin so (ids 54600, 308,
+    // then 1 or 2, 0 as uint16) would be a coincidence of 8 bytes.
+    if (magic && n >= 8 && version_width > 0) {
+      const bool true_count = n == kLlmcHeaderBytes && count >= 0 && size - kLlmcHeaderBytes == int64_t{count} * version_width;
       throw ConfigError(name + ": it starts with llm.c's header (magic " + std::to_string(kLlmcMagic) + ", version " +
-                        std::to_string(version) + ", " + std::to_string(count) + " tokens), which --data-format " +
-                        format + " would read as token ids: expected --data-format auto, which reads the header " +
-                        "(--data-format " + format + " takes raw little-endian ids without one)");
+                        std::to_string(version) + ", header[2] = " + std::to_string(count) + " tokens" +
+                        (true_count ? std::string() : std::string(", which the file's size does not hold")) +
+                        "), which --data-format " + format + " would read as token ids: expected --data-format auto, " +
+                        "which reads the header (--data-format " + format + " takes raw little-endian ids without one)");
     }
     if (size % w != 0) {
       throw ConfigError(name + ": its " + std::to_string(size) + " bytes are not a whole number of " + format +

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
+#include "fsdp/hf/hf_model.h"  // read_config, load_weights (--model hf:DIR)
 #include "fsdp/train/batches.h"  // bytes_to_tokens, kByteVocab
 #include "fsdp/train/gpt_trainer.h"
 #ifndef FSDP_NO_TOKENIZERS
@@ -42,22 +44,31 @@ void check_top_k(const GenerateOptions& o, int64_t vocab) {
   }
 }
 
-// A Llama checkpoint's generation, through its tokenizer (gpt_trainer.h).
-void generate_llama(const std::string& checkpoint, const CheckpointModel& m, const std::string& prompt,
-                    const GenerateOptions& o, const dist::ProcessGroupPtr& world, const std::function<void(char)>& emit) {
+// Where a Llama's model comes from: a checkpoint's or a Hugging Face
+// directory's (--model hf:DIR) config, the tokenizer to use when none is
+// given, and how its weights are loaded into a model of that config.
+struct LlamaSource {
+  std::string name;              // in messages: the checkpoint or hf:DIR
+  models::LlamaConfig config;
+  std::string default_tokenizer;  // "" when it records none
+  std::string no_tokenizer;       // why none is known, when default_tokenizer is ""
+  std::function<void(const std::shared_ptr<models::LlamaImpl>&, dist::ProcessGroup&)> load;
+};
+
+// A Llama's generation, through its tokenizer (gpt_trainer.h).
+void generate_llama(const LlamaSource& src, const std::string& prompt, const GenerateOptions& o,
+                    const dist::ProcessGroupPtr& world, const std::function<void(char)>& emit) {
 #ifdef FSDP_NO_TOKENIZERS
-  (void)m, (void)prompt, (void)o, (void)world, (void)emit;
-  throw ConfigError("generate: " + checkpoint + " holds a Llama-family model, whose text goes through its "
+  (void)prompt, (void)o, (void)world, (void)emit;
+  throw ConfigError("generate: " + src.name + " holds a Llama-family model, whose text goes through its "
                     "tokenizer, and this build has no fsdp::tokenizers (Debian's LibTorch 1.13 build leaves them out; "
                     "it has no Llama either): expected the wheel build");
 #else
-  const models::LlamaConfig& cfg = *m.llama;
-  std::string path = o.tokenizer;
-  if (path.empty() && m.source.rfind("hf:", 0) == 0) path = m.source.substr(3);
+  const models::LlamaConfig& cfg = src.config;
+  const std::string path = o.tokenizer.empty() ? src.default_tokenizer : o.tokenizer;
   if (path.empty()) {
-    throw ConfigError("generate: " + checkpoint + " holds a Llama trained from --model " + m.source +
-                      ", which records no tokenizer: expected --tokenizer DIR (the model's tokenizer.json or "
-                      "tokenizer.model)");
+    throw ConfigError("generate: " + src.name + " " + src.no_tokenizer + ": expected --tokenizer DIR (the model's "
+                      "tokenizer.json or tokenizer.model)");
   }
   const auto tok = tokenizers::load_tokenizer(path);
   if (tok->vocab_size() > cfg.vocab_size) {
@@ -81,7 +92,7 @@ void generate_llama(const std::string& checkpoint, const CheckpointModel& m, con
   std::vector<int64_t> stops = cfg.eos_token_ids;
   if (tok->eos_id()) stops.push_back(*tok->eos_id());
   auto model = std::make_shared<models::LlamaImpl>(cfg);
-  load_checkpoint(checkpoint, model, *world);
+  src.load(model, *world);
   model->eval();
   torch::NoGradGuard no_grad;
   for (char ch : prompt) emit(ch);
@@ -118,6 +129,35 @@ void generate_llama(const std::string& checkpoint, const CheckpointModel& m, con
 #endif
 }
 
+// Whether `dir` is a Hugging Face model directory (config.json and its
+// weights) that is no checkpoint (no .metadata, fsdp_index.json or index.json).
+bool hf_model_directory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path d(dir);
+  if (!fs::is_directory(d, ec) || !fs::is_regular_file(d / "config.json", ec)) return false;
+  for (const char* marker : {".metadata", "fsdp_index.json", "index.json"}) {
+    if (fs::exists(fs::symlink_status(d / marker, ec))) return false;
+  }
+  return fs::exists(d / "model.safetensors", ec) || fs::exists(d / "model.safetensors.index.json", ec);
+}
+
+// --model hf:DIR: the directory's config.json, its weights (hf::load_weights),
+// its tokenizer unless --tokenizer names another.
+void generate_hf(const std::string& dir, const std::string& prompt, const GenerateOptions& o,
+                 const dist::ProcessGroupPtr& world, const std::function<void(char)>& emit) {
+  if (dir.empty()) throw ConfigError("generate: --model hf: names no directory: expected hf:DIR");
+  LlamaSource src;
+  src.name = "hf:" + dir;
+  src.config = hf::read_config(dir);
+  src.config.initialize = false;  // its weights are loaded next
+  src.default_tokenizer = dir;
+  src.load = [&](const std::shared_ptr<models::LlamaImpl>& model, dist::ProcessGroup& pg) {
+    hf::load_weights(dir, src.config, model, pg);
+  };
+  generate_llama(src, prompt, o, world, emit);
+}
+
 }  // namespace
 
 void generate_stream(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& o,
@@ -126,9 +166,25 @@ void generate_stream(const std::string& checkpoint, const std::string& prompt, c
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
     throw ConfigError("generate: --temperature must be 0 (greedy) or positive, got " + std::to_string(o.temperature));
   }
+  if (checkpoint.rfind("hf:", 0) == 0) return generate_hf(checkpoint.substr(3), prompt, o, world, emit);
+  if (hf_model_directory(checkpoint)) {
+    throw ConfigError("generate: " + checkpoint + " is a Hugging Face model directory (config.json and " +
+                      "model.safetensors), not a checkpoint of fsdp-train's: expected --model hf:" + checkpoint +
+                      " to generate from it");
+  }
   const auto info = inspect_checkpoint(checkpoint);
   const CheckpointModel held = checkpoint_model(info, checkpoint);
-  if (held.llama) return generate_llama(checkpoint, held, prompt, o, world, emit);
+  if (held.llama) {
+    LlamaSource src;
+    src.name = checkpoint;
+    src.config = *held.llama;
+    if (held.source.rfind("hf:", 0) == 0) src.default_tokenizer = held.source.substr(3);
+    src.no_tokenizer = "holds a Llama trained from --model " + held.source + ", which records no tokenizer";
+    src.load = [&](const std::shared_ptr<models::LlamaImpl>& model, dist::ProcessGroup& pg) {
+      load_checkpoint(checkpoint, model, pg);
+    };
+    return generate_llama(src, prompt, o, world, emit);
+  }
   const models::GPTConfig& cfg = held.gpt;
   if (cfg.vocab_size != kByteVocab) {
     throw ConfigError("generate: " + checkpoint + " holds a model of " + std::to_string(cfg.vocab_size) +

@@ -20,6 +20,7 @@
 #include "fsdp/error.h"
 #include "fsdp/formats/format.h"  // AtomicFile
 #include "fsdp/train/batches.h"   // kLlmcMagic, kLlmcHeaderBytes
+#include "token_fingerprint.h"
 #ifndef FSDP_NO_TOKENIZERS
 #include "fsdp/tokenizers/tokenizer.h"
 #endif
@@ -185,6 +186,14 @@ PrepareResult prepare(const PrepareOptions& o) {
   } catch (const ConfigError& e) {
     throw ConfigError("prepare: --tokenizer " + o.tokenizer + ": " + e.what());
   }
+  // What the tokenizer was, for a --model hf: run to compare (its files
+  // read now, before the text: a tokenizer changed meanwhile is not it).
+  std::optional<TokenizerFingerprint> fingerprint = tokenizer_files(o.tokenizer);
+  if (fingerprint) {
+    fingerprint->vocab_size = tok->vocab_size();
+    fingerprint->bos = tok->bos_id();
+    fingerprint->eos = tok->eos_id();
+  }
   PrepareResult r;
   r.vocab_size = tok->vocab_size();
   r.version = r.vocab_size <= 65536 ? 1 : 2;
@@ -210,13 +219,20 @@ PrepareResult prepare(const PrepareOptions& o) {
     if (o.append_eos) writer.write({*tok->eos_id()}, input + " (its EOS, --append-eos)");
   }
   r.tokens = writer.count();
-  // header[0..2]: magic, version, count, little-endian; into the temporary,
-  // which commit() syncs (the file's, whichever descriptor wrote it) and renames.
-  uint8_t header[12];
+  // header[0..2]: magic, version, count, little-endian, then the
+  // tokenizer's fingerprint in the free words (token_fingerprint.h); into
+  // the temporary, which commit() syncs (the file's, whichever descriptor
+  // wrote it) and renames.
+  uint8_t header[64] = {};
   const uint32_t fields[3] = {static_cast<uint32_t>(kLlmcMagic), static_cast<uint32_t>(r.version),
                               static_cast<uint32_t>(r.tokens)};
   for (int f = 0; f < 3; ++f) {
     for (int k = 0; k < 4; ++k) header[f * 4 + k] = static_cast<uint8_t>(fields[f] >> (8 * k));
+  }
+  if (fingerprint) {
+    std::vector<uint8_t> whole(static_cast<size_t>(kLlmcHeaderBytes), 0);
+    put_fingerprint(*fingerprint, whole.data());
+    std::memcpy(header + 12, whole.data() + 12, sizeof header - 12);
   }
   const int fd = ::open(out.temp_path().c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0 || ::pwrite(fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header)) {

@@ -185,6 +185,11 @@ std::vector<RunSetting> make_table() {
        "pages); without it such a resume is refused",
        false, true, nullptr, 0, nullptr, false, false, [](const C& c) -> V { return c.allow_data_change; },
        [](C& c, const std::string& t) { c.allow_data_change = t == "true"; }, nullptr},
+      {"allow_tokenizer_change", "--allow-tokenizer-change", nullptr, true,
+       "train a --model hf:DIR on a --data file that fsdp-train prepare made with another tokenizer (its recorded "
+       "fingerprint differs from DIR's); without it such a run is refused",
+       false, true, nullptr, 0, nullptr, false, false, [](const C& c) -> V { return c.allow_tokenizer_change; },
+       [](C& c, const std::string& t) { c.allow_tokenizer_change = t == "true"; }, nullptr},
       {"log_every", "--log-every", nullptr, false, "steps between log lines (when not on a terminal)", true, true,
        nullptr, 0, nullptr, false, false, [](const C& c) -> V { return c.log_every; },
        [](C& c, const std::string& t) { c.log_every = whole<int64_t>("--log-every", t); }, nullptr},

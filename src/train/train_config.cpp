@@ -21,6 +21,8 @@
 #include "fsdp/train/batches.h"  // kGeneratedCorpusBytes, read_data_layout
 #include "fsdp/observability/profiler.h"  // parse_step_range
 #include "fsdp/text/enum_names.h"
+#include "hf_destination.h"
+#include "token_fingerprint.h"
 
 namespace fsdp::train {
 
@@ -176,11 +178,7 @@ void check_model_source(const TrainConfig& c) {
                       "DIR --out FILE TEXT... makes one)");
   }
   if (!c.save_hf.empty()) {
-    std::error_code ec;
-    if (fs::exists(fs::symlink_status(c.save_hf, ec))) {
-      throw ConfigError("--save-hf " + c.save_hf + " already exists: the export writes a new directory and never "
-                        "writes over one: expected a path that does not exist yet");
-    }
+    check_save_hf_destination(c);  // what the export at the end would refuse (issue 50 item 7)
     if (!trains_llama(c)) {
       throw ConfigError("--save-hf with --model " + c.model_source + ": a Hugging Face export is of a Llama-family "
                         "model: expected --model llama or hf:DIR");
@@ -299,6 +297,7 @@ void validate_settings(const TrainConfig& c) {
                         " " + unit + " (a sample of " + std::to_string(c.model.context + 1) +
                         " and room to place it)");
     }
+    check_data_tokenizer(c, c.model.vocab_size);  // an hf: run's file against its tokenizer (issue 50 item 15)
   }
   if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
   refuse_system_directory(c.out);

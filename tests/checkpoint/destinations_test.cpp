@@ -1,6 +1,7 @@
 // Where the checkpoint writers and fsdp-ckpt write (issue 37): a writer
-// removes only files it can prove it wrote and refuses a directory holding
-// others, naming them (item 2); it replaces only a regular file, never a
+// removes only files it can prove it wrote, writes a sharded checkpoint
+// beside a user's other files (as Lightning does, issue 50 item 21) and
+// refuses only those under the checkpoint's names, naming them (item 2); it replaces only a regular file, never a
 // device, a FIFO or a symbolic link, and follows nothing beneath its output
 // directory (item 4); and `fsdp-ckpt verify` checks the run's position that
 // an fsdp-train checkpoint keeps (item 10).
@@ -81,56 +82,93 @@ std::string kind_of(const std::string& path) {
 
 }  // namespace
 
-// Issue 37 item 2. Before the fix: `fsdp-ckpt convert full.pt proj --format
-// sharded` exited 0 and deleted data-train.bin, index.json and
-// __notes.distcp from proj (the commit's stale-file pattern matched them),
-// keeping only README.
-TEST(CheckpointOwnership, ConvertIntoADirectoryOfTheUsersFilesRefusesAndNamesThem) {
+// Issue 37 item 2, as issue 50 item 21 narrowed it. Before issue 37: `fsdp-ckpt
+// convert full.pt proj --format sharded` exited 0 and deleted data-train.bin,
+// index.json and __notes.distcp from proj (the commit's stale-file pattern
+// matched them), keeping only README. Now only the user's files under names
+// a sharded checkpoint takes (index.json, *.distcp) refuse it, named; the
+// others would stay beside it (the next test).
+TEST(CheckpointOwnership, ConvertIntoADirectoryOfTheUsersFilesRefusesOnlyCollidingNames) {
   TempDir dir;
   const std::string full = dir.path() + "/full.ckpt", proj = dir.path() + "/proj";
   save_one(full, CheckpointFormat::kFull);
   write_user_files(proj);
-  const auto r = run_program({FSDP_CKPT_PATH, "convert", full, proj, "--format", "sharded"}, kTool);
+  auto r = run_program({FSDP_CKPT_PATH, "convert", full, proj, "--format", "sharded"}, kTool);
   EXPECT_EQ(r.exit_code(), 2) << r.output;
-  EXPECT_NE(r.output.find("holds files that fsdp-cpp did not write"), std::string::npos) << r.output;
-  for (const auto& [name, text] : kUserFiles) EXPECT_NE(r.output.find(proj + "/" + name), std::string::npos) << name << "\n" << r.output;
+  EXPECT_NE(r.output.find("holds files that fsdp-cpp did not write under the names a sharded checkpoint takes (" +
+                          proj + "/__notes.distcp, " + proj + "/index.json"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find(proj + "/README"), std::string::npos) << "README collides with nothing\n" << r.output;
   expect_user_files_intact(proj, "convert");
   EXPECT_EQ(std::distance(fs::directory_iterator(proj), fs::directory_iterator{}), 4) << "nothing written into proj";
+  // Without the colliding two, convert writes beside README and data-train.bin and keeps them.
+  fs::remove(proj + "/index.json");
+  fs::remove(proj + "/__notes.distcp");
+  r = run_program({FSDP_CKPT_PATH, "convert", full, proj, "--format", "sharded"}, kTool);
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_EQ(read_file(proj + "/README"), kUserFiles.at("README"));
+  EXPECT_EQ(read_file(proj + "/data-train.bin"), kUserFiles.at("data-train.bin"));
+  EXPECT_EQ(saved_step(proj), 5);
 }
 
-// Issue 37 item 2, the library's save_checkpoint into a directory, both
-// formats. Before the fix: a sharded save into the user's directory deleted
-// the same three files; a full save over a sharded checkpoint of ours that
-// also held the user's notes.txt removed the whole directory, notes and all.
-TEST(CheckpointOwnership, SaveCheckpointIntoADirectoryOfTheUsersFilesRefusesInBothFormats) {
+// Issue 50 item 21: Lightning's FSDPStrategy.save_checkpoint(state_dict_type=
+// "sharded") into an existing directory holding a user's file writes the
+// checkpoint there and keeps the file (its test_save_checkpoint_path_exists).
+// Before the fix: "proj holds files that fsdp-cpp did not write (proj/README,
+// …)", nothing saved. A full save that would replace a sharded checkpoint's
+// directory still refuses while a user's file is in it (Lightning removes the
+// directory, the file with it: fsdp-cpp never removes what is not its own).
+TEST(CheckpointOwnership, ShardedSaveWritesBesideTheUsersFilesAndKeepsThemAsLightningDoes) {
   TempDir dir;
   const std::string proj = dir.path() + "/proj";
   write_user_files(proj);
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     Trainer a(pg, Opt::kSgd, 1);
+    // The colliding names refuse it, each named; the others are not named.
     expect_config_error([&] { save_checkpoint(proj, state_of(a, 1), pg, {CheckpointFormat::kSharded}); },
-                        proj + " holds files that fsdp-cpp did not write (" + proj + "/README, " + proj + "/__notes.distcp");
+                        "(" + proj + "/__notes.distcp, " + proj + "/index.json");
   });
-  expect_user_files_intact(proj, "sharded save");
+  expect_user_files_intact(proj, "refused sharded save");
   EXPECT_FALSE(fs::exists(proj + "/.metadata"));
+  fs::remove(proj + "/index.json");
+  fs::remove(proj + "/__notes.distcp");
+  save_one(proj, CheckpointFormat::kSharded, 1, 3);  // beside README and data-train.bin
+  EXPECT_EQ(read_file(proj + "/README"), kUserFiles.at("README"));
+  EXPECT_EQ(read_file(proj + "/data-train.bin"), kUserFiles.at("data-train.bin"));
+  EXPECT_EQ(saved_step(proj), 3);
+  EXPECT_TRUE(verify_checkpoint(proj).empty());
+  // Saved again over itself: the user's files still stay, the new save loads.
+  write_file(proj + "/notes.txt", "mine");
+  save_one(proj, CheckpointFormat::kSharded, 2, 4);
+  EXPECT_EQ(read_file(proj + "/notes.txt"), "mine");
+  EXPECT_EQ(read_file(proj + "/README"), kUserFiles.at("README"));
+  EXPECT_EQ(saved_step(proj), 4);
+  // A foreign file under a checkpoint's own name is never overwritten.
+  const std::string other = dir.path() + "/other";
+  fs::create_directories(other);
+  write_file(other + "/.metadata", "not DCP's");
+  run_ranks(1, [&](dist::ProcessGroup& pg) {
+    Trainer a(pg, Opt::kSgd, 1);
+    expect_config_error([&] { save_checkpoint(other, state_of(a, 1), pg, {CheckpointFormat::kSharded}); },
+                        other + "/.metadata");
+  });
+  EXPECT_EQ(read_file(other + "/.metadata"), "not DCP's");
 
-  const std::string ckpt = dir.path() + "/ckpt";
-  save_one(ckpt, CheckpointFormat::kSharded, 1, 3);
-  write_file(ckpt + "/notes.txt", "mine");
+  // A full save over our sharded checkpoint that also holds the user's notes.txt: refused, naming it.
   run_ranks(1, [&](dist::ProcessGroup& pg) {
     Trainer a(pg, Opt::kSgd, 2);
-    expect_config_error([&] { save_checkpoint(ckpt, state_of(a, 4), pg, {CheckpointFormat::kFull}); },
-                        "(" + ckpt + "/notes.txt)");
-    // The sharded format refuses it too: notes.txt is not the checkpoint's.
-    expect_config_error([&] { save_checkpoint(ckpt, state_of(a, 4), pg, {CheckpointFormat::kSharded}); },
-                        "(" + ckpt + "/notes.txt)");
+    expect_config_error([&] { save_checkpoint(proj, state_of(a, 5), pg, {CheckpointFormat::kFull}); },
+                        proj + "/notes.txt");
   });
-  EXPECT_EQ(read_file(ckpt + "/notes.txt"), "mine");
-  EXPECT_EQ(saved_step(ckpt), 3);
-  // A leftover of a killed replacement is removed only under a name a
-  // replacement gives: a user's ckpt.fsdp-new-notes stays.
+  EXPECT_EQ(read_file(proj + "/notes.txt"), "mine");
+  EXPECT_EQ(saved_step(proj), 4);
+  // Our own checkpoint alone is replaced by a full save. A leftover of a
+  // killed replacement is removed only under a name a replacement gives: a
+  // user's ckpt.fsdp-new-notes stays.
+  const std::string ckpt = dir.path() + "/ckpt";
+  save_one(ckpt, CheckpointFormat::kSharded, 1, 3);
   write_file(dir.path() + "/ckpt.fsdp-new-notes", "kept");
-  fs::remove(ckpt + "/notes.txt");
   save_one(ckpt, CheckpointFormat::kFull, 2, 4);
   EXPECT_EQ(read_file(dir.path() + "/ckpt.fsdp-new-notes"), "kept");
   EXPECT_EQ(saved_step(ckpt), 4);

@@ -552,9 +552,23 @@ TEST(TrainData, BadTokenFilesAreRefusedNamingWhatIsWrong) {
           "uint16 ids without a header, its size a multiple of 2");
   refused("odd.u32", id_bytes(ids, 4) + "xx", "uint32", "its 4002 bytes are not a whole number of uint32 ids");
   refused("header.u16", llmc_file(ids, 1), "uint16",
-          "it starts with llm.c's header (magic 20240520, version 1, 1000 tokens), which --data-format uint16 would "
-          "read as token ids: expected --data-format auto");
+          "it starts with llm.c's header (magic 20240520, version 1, header[2] = 1000 tokens), which --data-format "
+          "uint16 would read as token ids: expected --data-format auto");
   refused("header.u32", llmc_file(ids, 2), "uint32", "it starts with llm.c's header (magic 20240520, version 2");
+  // Issue 50 item 10: a header whose count lies (n + 1000) is llm.c's header
+  // all the same. Before the fix: it trained under --data-format uint16, the
+  // 1 KiB header read as 512 token ids.
+  refused("lying.u16", llmc_file(ids, 1, 2000), "uint16",
+          "it starts with llm.c's header (magic 20240520, version 1, header[2] = 2000 tokens, which the file's size "
+          "does not hold), which --data-format uint16 would read as token ids: expected --data-format auto");
+  refused("lying.u32", llmc_file(ids, 2, -5), "uint32",
+          "it starts with llm.c's header (magic 20240520, version 2, header[2] = -5 tokens, which the file's size");
+  {  // Raw ids that begin with the magic but no version of llm.c's stay raw ids.
+    std::string raw = llmc_file(ids, 1);
+    raw[4] = 7;
+    write_file(dir.path() + "/magic-only.u16", raw);
+    EXPECT_EQ(train::read_data_layout(dir.path() + "/magic-only.u16", "uint16").tokens, (1024 + 2000) / 2);
+  }
   // As text, llm.c's file is its bytes (on purpose).
   write_file(dir.path() + "/as-text.bin", llmc_file(ids, 1));
   EXPECT_EQ(train::read_data_layout(dir.path() + "/as-text.bin", "text").tokens, 1024 + 2000);

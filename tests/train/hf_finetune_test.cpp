@@ -191,8 +191,24 @@ TEST_F(HfFineTune, FullFineTuningExportsWhatTransformersLoadsAndGeneratesTheSame
   r = run_program({FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/hf_models.py", "generate-text", tuned, prompt, "12"},
                   std::chrono::seconds(240));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_EQ(ours, between_markers(r.output));
+  const std::string theirs = between_markers(r.output);
+  EXPECT_EQ(ours, theirs);
   EXPECT_GT(ours.size(), prompt.size());
+  // Issue 50 item 13: generate --model hf:DIR from the export itself gives
+  // the same text. Before: no --model flag; the directory as --checkpoint
+  // said "a directory without .metadata or index.json". Now that says to use
+  // --model hf:.
+  r = run_program({FSDP_TRAIN_PATH, "generate", "--model", "hf:" + tuned, "--prompt", prompt, "--temperature", "0",
+                   "--tokens", "12"},
+                  std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_EQ(r.output.substr(0, r.output.size() - (r.output.back() == '\n' ? 1 : 0)), theirs);
+  r = run_program({FSDP_TRAIN_PATH, "generate", "--checkpoint", tuned, "--prompt", prompt}, std::chrono::seconds(60));
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_NE(r.output.find(tuned + " is a Hugging Face model directory (config.json and model.safetensors), not a "
+                          "checkpoint of fsdp-train's: expected --model hf:" + tuned),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(HfFineTune, LoraTrainsOnlyTheAdaptersWhichPeftLoadsWithTheSameMergedLogits) {
@@ -252,6 +268,61 @@ TEST_F(HfFineTune, LoraTrainsOnlyTheAdaptersWhichPeftLoadsWithTheSameMergedLogit
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_NE(r.output.find("lora_rank 4 (checkpoint) vs 2"), std::string::npos) << r.output;
 }
+// Issue 50 item 15: `prepare` records the tokenizer's fingerprint in llm.c's
+// header (its vocabulary, BOS, EOS, and its files' CRC-32s); --model hf:DIR
+// compares it with DIR's tokenizer before anything is built. Before the fix:
+// a file prepared with another tokenizer trained silently (unless an id
+// reached the vocabulary size).
+TEST_F(HfFineTune, ATokenFilePreparedWithAnotherTokenizerIsRefusedByName) {
+  std::ifstream in(tokens(), std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GE(bytes.size(), 1024u);
+  auto word = [&](int i) {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) v |= uint32_t{static_cast<uint8_t>(bytes[static_cast<size_t>(4 * i + k)])} << (8 * k);
+    return static_cast<int64_t>(v);
+  };
+  const auto config = hf::read_config(base());
+  EXPECT_EQ(word(3), 0x6B6F7446) << "the mark \"Ftok\"";
+  EXPECT_EQ(word(5), config.vocab_size);
+  ASSERT_TRUE(config.bos_token_id.has_value());
+  EXPECT_EQ(word(6), *config.bos_token_id + 1);
+  EXPECT_EQ(word(7), config.eos_token_ids.at(0) + 1);
+  auto print_config = [&](const std::string& model, const std::string& data, std::vector<std::string> more = {}) {
+    std::vector<std::string> argv{FSDP_TRAIN_PATH, "--print-config", "--model", "hf:" + model, "--data", data,
+                                  "--context", "16", "--out", path("fp-run")};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return run_program(argv, std::chrono::seconds(60));
+  };
+  auto r = print_config(base(), tokens());
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  // Another tokenizer: the same model, a tokenizer.json that differs.
+  const std::string other = path("other-tokenizer");
+  fs::copy(base(), other, fs::copy_options::recursive);
+  std::string tj = read_file(base() + "/tokenizer.json");
+  tj.insert(tj.size() - 1, " ");  // another file, as another tokenizer's is
+  fs::remove(other + "/tokenizer.json");
+  write_file(other + "/tokenizer.json", tj);
+  r = print_config(other, tokens());
+  EXPECT_NE(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("--data " + tokens() + " was prepared with another tokenizer than --model hf:" + other +
+                          "'s (it recorded vocab " + std::to_string(config.vocab_size)),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("differing: the tokenizer file: tokenizer.json of CRC-32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("or --allow-tokenizer-change"), std::string::npos) << r.output;
+  // Consent: it trains, warned.
+  r = print_config(other, tokens(), {"--allow-tokenizer-change"});
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_NE(r.output.find("WARNING: --data " + tokens() + " was prepared with another tokenizer"), std::string::npos)
+      << r.output;
+  // A file prepared before fingerprints (its free words zero) still trains.
+  for (size_t i = 12; i < 1024; ++i) bytes[i] = 0;
+  write_file(path("old.bin"), bytes);
+  r = print_config(other, path("old.bin"));
+  EXPECT_EQ(r.exit_code(), 0) << r.output;
+}
+
 // --model llama --config: the same architecture from scratch, drawn from the
 // seed (so not the base's weights: its first loss is another); generate
 // needs the tokenizer named, since such a run records none.

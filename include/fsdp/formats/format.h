@@ -212,8 +212,19 @@ bool is_save_id(const std::string& s);
 // `dir` holds none, or is absent.
 std::vector<std::string> foreign_entries(const std::string& dir);
 
-// ConfigError starting with `caller` that names foreign_entries(dir), if any.
+// ConfigError starting with `caller` that names foreign_entries(dir), if any
+// (a full save that would replace a sharded checkpoint's directory).
 void refuse_foreign_entries(const std::string& dir, const std::string& caller);
+
+// The foreign_entries of `dir` whose names a sharded checkpoint writes or
+// reads: .metadata, fsdp_index.json, meta.pt, index.json, and any *.distcp
+// (as Lightning's sharded save, a sharded writer writes beside every other
+// file of a directory and keeps it; these it would overwrite, or read as
+// its own).
+std::vector<std::string> colliding_entries(const std::string& dir);
+
+// ConfigError starting with `caller` that names colliding_entries(dir), if any.
+void refuse_colliding_entries(const std::string& dir, const std::string& caller);
 
 // Removes the sharded writer's data files and temporaries in `dir` (the
 // names above with a save id, regular files only) that `keep` does not list.

@@ -55,7 +55,10 @@ struct GenerateOptions {
 };
 
 // [collective over `world`] Loads the model of a checkpoint written by
-// train() (either format) and continues `prompt` (top-k sampling at a
+// train() (either format), or of a Hugging Face model directory given as
+// "hf:DIR" (its config.json, its safetensors weights, and its tokenizer
+// unless options.tokenizer names another; a checkpoint whose path begins
+// with "hf:" is written "./hf:…"), and continues `prompt` (top-k sampling at a
 // temperature, or greedy); every rank returns the same text. ConfigError for
 // a negative temperature or top_k, or top_k above the vocabulary. Holds the
 // whole text: for long outputs use generate_stream.

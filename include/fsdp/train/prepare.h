@@ -33,6 +33,13 @@ struct PrepareResult {
   int64_t vocab_size = 0;  // the tokenizer's
 };
 
+// The header's free words record the tokenizer's fingerprint: its
+// vocab_size, BOS and EOS, and the CRC-32 and size of its tokenizer.json
+// (or tokenizer.model) and of the tokenizer_config.json beside it
+// (src/train/token_fingerprint.h); fsdp-train --model hf:DIR compares them
+// with DIR's tokenizer and refuses another (--allow-tokenizer-change
+// overrides). llm.c reads only header[0..2].
+//
 // Tokenizes each input without special tokens (encode(text, false): no BOS;
 // EOS only by append_eos) and writes the ids to `out`, crash-safely: the ids
 // go to a temporary beside it, which is synced and renamed over `out` once

@@ -99,6 +99,12 @@ struct TrainConfig {
   // "data_fingerprint"); allow_data_change (--allow-data-change) accepts it
   // on purpose and says so.
   bool allow_data_change = false;
+  // A --model hf:DIR run whose --data records the tokenizer `prepare` used
+  // (its fingerprint in llm.c's header) refuses (ConfigError) a file
+  // prepared with another tokenizer than DIR's, naming what differs;
+  // allow_tokenizer_change (--allow-tokenizer-change) accepts it on purpose
+  // and says so.
+  bool allow_tokenizer_change = false;
   // The strategy the run trains under, with the strategy's own defaults
   // (fsdp/strategy/strategy.h, whose FSDP settings default to FSDPOptions'):
   // --state-dict-type, --sharding-strategy, --precision, --cpu-offload,
