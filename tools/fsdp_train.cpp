@@ -116,6 +116,9 @@ int main(int argc, char** argv) {
   prep->add_option("--out", po.out, "the token file to write (llm.c's format: uint16 ids, uint32 above 65536 tokens)")
       ->required();
   prep->add_flag("--append-eos", po.append_eos, "the tokenizer's EOS after each input file");
+  prep->add_flag("--add-bos", po.add_bos,
+                 "the tokenizer's BOS before each input file (without it no BOS is written, where transformers' "
+                 "tok(text) adds a Llama's)");
   prep->add_option("--chunk-bytes", po.chunk_bytes, "text read and encoded at a time (cut at line breaks)")
       ->capture_default_str();
   prep->add_option("inputs", po.inputs, "text files (UTF-8), in order")->required();

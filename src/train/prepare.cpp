@@ -203,6 +203,11 @@ PrepareResult prepare(const PrepareOptions& o) {
                       " has no EOS token it knows of (tokenizer_config.json's eos_token, or the last special token "
                       "of its template): expected a tokenizer with one, or no --append-eos");
   }
+  if (o.add_bos && !tok->bos_id()) {
+    throw ConfigError("prepare: --add-bos: the tokenizer " + tok->source() +
+                      " has no BOS token it knows of (tokenizer_config.json's bos_token, or the first special token "
+                      "of its template): expected a tokenizer with one, or no --add-bos");
+  }
   std::optional<formats::AtomicFile> file;
   try {
     file.emplace(o.out);  // its temporary beside it
@@ -215,6 +220,7 @@ PrepareResult prepare(const PrepareOptions& o) {
   out.write(zeros.data(), zeros.size());
   TokenWriter writer(out, width);
   for (const std::string& input : o.inputs) {
+    if (o.add_bos) writer.write({*tok->bos_id()}, input + " (its BOS, --add-bos)");
     tokenize_file(*tok, input, o.chunk_bytes, writer);
     if (o.append_eos) writer.write({*tok->eos_id()}, input + " (its EOS, --append-eos)");
   }

@@ -22,6 +22,10 @@ struct PrepareOptions {
   std::vector<std::string> inputs;
   // The tokenizer's EOS id after each input (a document boundary).
   bool append_eos = false;
+  // The tokenizer's BOS id before each input, as transformers' tok(text)
+  // puts it for Llama-family tokenizers (prepare encodes without special
+  // tokens otherwise).
+  bool add_bos = false;
   // The text encoded at a time (see prepare()); at least 1.
   int64_t chunk_bytes = int64_t{1} << 20;
 };
@@ -40,7 +44,8 @@ struct PrepareResult {
 // with DIR's tokenizer and refuses another (--allow-tokenizer-change
 // overrides). llm.c reads only header[0..2].
 //
-// Tokenizes each input without special tokens (encode(text, false): no BOS;
+// Tokenizes each input without special tokens (encode(text, false): no BOS
+// unless add_bos, unlike transformers' tok(text), which adds a Llama's BOS;
 // EOS only by append_eos) and writes the ids to `out`, crash-safely: the ids
 // go to a temporary beside it, which is synced and renamed over `out` once
 // whole (fsdp::formats::AtomicFile): nothing is at `out` before, and a run
@@ -63,7 +68,7 @@ struct PrepareResult {
 // ConfigError naming the file and what was expected: a tokenizer that does
 // not load (its own errors), no inputs, an input that cannot be read, text
 // that is not UTF-8 (naming the input and the piece's bytes), append_eos
-// with a tokenizer whose EOS is unknown, an id that does not fit the
+// (add_bos) with a tokenizer whose EOS (BOS) is unknown, an id that does not fit the
 // version's width, more than 2^31 - 1 ids (header[2] is an int32), an `out`
 // that is not a regular file or whose directory does not exist. Errors of
 // writing (a full disk) are Errors naming `out`.
