@@ -72,9 +72,11 @@ Count count(const LlamaConfig& c) {
 
 // What a decoder layer costs a process beyond its parameters: its seven
 // projections, two norms and their LibTorch module objects (names, parameter
-// dictionaries, tensor headers). Measured about 6 KiB with the wheel's
-// LibTorch; 16 KiB keeps a margin.
-constexpr Real kLayerOverheadBytes = 16 * 1024;
+// dictionaries, tensor headers), and the per-layer lists made of a config
+// (layer windows, state-dict names). Counted high: 64 KiB is well above what
+// these take, and it refuses only layer counts no real model comes near
+// (24 GiB allows 393216 layers), while a real model's 80 layers add 5 MiB.
+constexpr Real kLayerOverheadBytes = 64 * 1024;
 
 Real bytes_of(const Count& n, Real element_bytes) {
   return (n.base + n.adapters) * element_bytes + n.layers * kLayerOverheadBytes;

@@ -24,8 +24,8 @@ MemoryBudget memory_budget();
 // "549755813632 bytes (512.0 GiB)"; "about 1.209e+24 bytes" past int64.
 std::string byte_text(long double bytes);
 // The bytes a model of `config` takes: its parameters (and LoRA adapters)
-// of `element_bytes` each, and each decoder layer's module objects (about
-// 16 KiB counted per layer).
+// of `element_bytes` each, and each decoder layer's module objects (64 KiB
+// counted per layer).
 long double llama_memory_bytes(const LlamaConfig& config, int64_t element_bytes);
 // Sizes no process could hold, checked as a config is parsed
 // (parse_llama_config calls it before anything of num_hidden_layers' length
