@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
     const double base = fsdp::resident_memory_mib();
     auto config = fsdp::hf::read_config(dir);
     config.initialize = false;  // the weights come next, as from_pretrained
+    // The weights' headers against the config before anything is built: a
+    // num_hidden_layers or a size they do not have is refused by key.
+    fsdp::hf::check_weights(fsdp::HfStorageReader(dir), config);
     world->barrier();
     const auto t = std::chrono::steady_clock::now();
     // The modules' parameters are made in --dtype (LibTorch's default dtype

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <set>
 #include <unistd.h>
 
@@ -35,6 +36,51 @@ bool exists_file(const fs::path& p) {
   return fs::is_regular_file(p, ec);
 }
 
+// Whether anything is at `p` (a dangling link too).
+bool exists_entry(const fs::path& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+// "" for a regular file (or a link to one); else what the entry is, for
+// messages: "a FIFO (named pipe)", "a directory", "a symbolic link to a
+// character device (/dev/zero)", "a dangling symbolic link", ...
+std::string not_regular(const fs::path& p) {
+  struct stat st {};
+  auto kind = [](mode_t m) -> std::string {
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISDIR(m)) return "a directory";
+    return "not a regular file";
+  };
+  if (::stat(p.c_str(), &st) == 0) {
+    if (S_ISREG(st.st_mode)) return "";
+    struct stat l {};
+    if (::lstat(p.c_str(), &l) == 0 && S_ISLNK(l.st_mode)) {
+      std::error_code ec;
+      const fs::path target = fs::read_symlink(p, ec);
+      return "a symbolic link to " + kind(st.st_mode) + (ec ? std::string() : " (" + target.string() + ")");
+    }
+    return kind(st.st_mode);
+  }
+  return exists_entry(p) ? "a dangling symbolic link" : "";
+}
+
+// ConfigError naming `p` and what it is unless it is a regular file.
+void require_regular(const fs::path& p, const std::string& what) {
+  const std::string kind = not_regular(p);
+  if (!kind.empty()) {
+    throw ConfigError(p.string() + " is " + kind + ", not a regular file: " + what +
+                      " is a regular file; refusing to read it");
+  }
+}
+
+// A name from a file as JSON writes it: quoted, NUL and control bytes
+// escaped (a message must not be cut at a NUL).
+std::string quoted(const std::string& s) { return json(s).dump(); }
+
 }  // namespace
 
 bool is_hf_model_dir(const std::string& dir) {
@@ -42,7 +88,9 @@ bool is_hf_model_dir(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return false;
   const fs::path d(dir);
   if (exists_file(d / "index.json") || exists_file(d / ".metadata")) return false;  // fsdp-cpp's or DCP's
-  return exists_file(d / kIndexName) || exists_file(d / kSingleName);
+  // Anything under the names (a FIFO, a directory, a link to a device):
+  // HfStorageReader then says what it is, instead of "not a model directory".
+  return exists_entry(d / kIndexName) || exists_entry(d / kSingleName);
 }
 
 struct HfStorageReader::Mapping {
@@ -58,9 +106,10 @@ HfStorageReader::HfStorageReader(const std::string& dir, int64_t chunk_bytes) : 
   if (chunk_bytes_ <= 0) throw ConfigError("HfStorageReader: chunk_bytes must be positive");
   const fs::path d(dir);
   std::vector<std::pair<std::string, std::string>> order;  // (tensor, file)
-  if (exists_file(d / kIndexName)) {
+  if (exists_entry(d / kIndexName)) {
     const std::string path = (d / kIndexName).string();
     where_ = path;
+    require_regular(path, "a model's index");
     const int64_t size = formats::file_size(path);
     if (size > int64_t{100} << 20) {
       throw ConfigError(path + ": " + std::to_string(size) + " bytes; an index is expected under 100 MiB");
@@ -78,17 +127,18 @@ HfStorageReader::HfStorageReader(const std::string& dir, int64_t chunk_bytes) : 
     }
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it->is_string()) {
-        throw ConfigError(path + ": key \"weight_map." + it.key() + "\": expected a file name, got " + it->dump());
+        throw ConfigError(path + ": key " + quoted("weight_map." + it.key()) + ": expected a file name, got " + it->dump());
       }
       const std::string file = it->get<std::string>();
       if (!formats::safe_file_name(file)) {
-        throw ConfigError(path + ": key \"weight_map." + it.key() + "\": \"" + file +
-                          "\" is not a file name inside the directory");
+        throw ConfigError(path + ": key " + quoted("weight_map." + it.key()) + ": " + quoted(file) +
+                          " is not a file name inside the directory");
       }
       order.emplace_back(it.key(), file);
     }
-  } else if (exists_file(d / kSingleName)) {
+  } else if (exists_entry(d / kSingleName)) {
     where_ = (d / kSingleName).string();
+    require_regular(where_, "a model's weights file");
   } else {
     throw ConfigError(dir + ": not a Hugging Face model directory (expected " + kIndexName + " or " + kSingleName + ")");
   }
@@ -96,8 +146,12 @@ HfStorageReader::HfStorageReader(const std::string& dir, int64_t chunk_bytes) : 
     auto& h = headers_[file];
     if (!h) {
       const fs::path p = d / file;
-      if (!exists_file(p)) {
-        throw ConfigError(where_ + ": " + why + " names \"" + file + "\", which is missing from " + dir);
+      if (!exists_entry(p)) {
+        throw ConfigError(where_ + ": " + why + " names " + quoted(file) + ", which is missing from " + dir);
+      }
+      if (const std::string kind = not_regular(p); !kind.empty()) {
+        throw ConfigError(where_ + ": " + why + " names " + quoted(file) + ": " + p.string() + " is " + kind +
+                          ", not a regular file: a model's weights are regular files; refusing to read it");
       }
       h = std::make_unique<formats::SafetensorsHeader>(formats::read_safetensors_header(p.string()));
     }
@@ -113,14 +167,14 @@ HfStorageReader::HfStorageReader(const std::string& dir, int64_t chunk_bytes) : 
   for (const auto& entry_of_order : order) {
     const std::string& name = entry_of_order.first;
     const std::string& file = entry_of_order.second;
-    const auto& h = header_of(file, "key \"weight_map." + name + "\"");
+    const auto& h = header_of(file, "key " + quoted("weight_map." + name));
     auto t = std::find_if(h.tensors.begin(), h.tensors.end(), [&](const auto& x) { return x.name == name; });
     if (t == h.tensors.end()) {
-      throw ConfigError(where_ + ": key \"weight_map." + name + "\" names \"" + file + "\", which holds no tensor \"" +
-                        name + "\"");
+      throw ConfigError(where_ + ": key " + quoted("weight_map." + name) + " names " + quoted(file) +
+                        ", which holds no tensor " + quoted(name));
     }
     if (t->dtype != at::kFloat && t->dtype != at::kBFloat16 && t->dtype != at::kHalf) {
-      throw ConfigError((d / file).string() + ": tensor \"" + name + "\" is " + formats::safetensors_dtype_name(t->dtype) +
+      throw ConfigError((d / file).string() + ": tensor " + quoted(name) + " is " + formats::safetensors_dtype_name(t->dtype) +
                         "; expected F32, BF16 or F16");
     }
     file_of_[name] = file;

@@ -19,6 +19,7 @@
 #include "fsdp/error.h"
 #include "fsdp/formats/dcp.h"
 #include "fsdp/formats/format.h"
+#include "fsdp/formats/regular_file.h"
 #include "file_kind.h"
 
 namespace fsdp::formats {
@@ -33,11 +34,15 @@ namespace {
 
 // Opens `path` for reading, refusing by name what is not a regular file.
 // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused
-// here); it changes nothing for a regular file. `st`: its fstat.
-int open_regular(const std::string& path, struct stat& st) {
+// here); it changes nothing for a regular file. `st`: its fstat. `what`
+// (null: a checkpoint's data file) names the file in errors.
+int open_regular(const std::string& path, struct stat& st, const char* what = nullptr) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
+    if (what) {
+      throw ConfigError(path + ": cannot be opened: " + std::strerror(err) + " (" + what + " was expected there)");
+    }
     throw ConfigError("checkpoint: cannot open " + path + ": " + std::strerror(err) +
                       (err == ENOENT ? " (a data file of the checkpoint is missing)" : ""));
   }
@@ -45,6 +50,10 @@ int open_regular(const std::string& path, struct stat& st) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const mode_t mode = st.st_mode;
     ::close(fd);
+    if (what) {
+      throw ConfigError(path + " is " + file_kind(mode) + ", not a regular file: " + what +
+                        " is a regular file; refusing to read it");
+    }
     throw ConfigError("checkpoint: " + path + " is " + file_kind(mode) +
                       ", not a regular file: a checkpoint's files are regular files; refusing to read it");
   }
@@ -52,6 +61,30 @@ int open_regular(const std::string& path, struct stat& st) {
 }
 
 }  // namespace
+
+std::string read_regular_file(const std::string& path, int64_t max_bytes, const std::string& what) {
+  struct stat st {};
+  const int fd = open_regular(path, st, what.c_str());
+  if (static_cast<int64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw ConfigError(path + ": " + std::to_string(st.st_size) + " bytes; " + what + " is expected under " +
+                      std::to_string(max_bytes >> 20) + " MiB");
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw ConfigError(path + ": reading it failed: " + (r == 0 ? "unexpected end (changed while read?)" : std::strerror(err)));
+    }
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  return out;
+}
 
 void read_into(const std::string& path, int64_t offset, int64_t nbytes, void* dst) {
   struct stat st {};

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/version.h>
 #include <torch/utils.h>
+#include <c10/core/DefaultDtype.h>
 
 #include <ATen/ATen.h>
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "fsdp/error.h"
+#include "fsdp/models/llama_sizes.h"
 
 namespace fsdp::models {
 
@@ -315,6 +317,9 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens, LlamaKVCache* cache
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
   check_lora(c.lora);
+  // Before any tensor: a config too big for this machine is named with its
+  // key and bytes, not left to the allocator (a SIGABRT, a bad_alloc).
+  check_llama_memory(c, static_cast<int64_t>(c10::get_default_dtype().itemsize()));
   model = register_module("model", LlamaModel(c));
   if (!c.tie_word_embeddings) {
     lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));

@@ -3,6 +3,7 @@
 // standardize_rope_params): the same defaults, the legacy keys of hub
 // checkpoints (torch_dtype, rope_theta, rope_scaling with "type"), and a
 // ConfigError naming the file and the key for everything else.
+#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -10,6 +11,8 @@
 #include <sstream>
 
 #include "fsdp/error.h"
+#include "fsdp/formats/regular_file.h"
+#include "fsdp/models/llama_sizes.h"
 #include "fsdp/models/llama.h"
 
 namespace fsdp::models {
@@ -110,26 +113,57 @@ void read_architecture(const json& j, LlamaConfig& c, const std::string& where) 
       "\"" + (arch.empty() ? type : arch) + "\" is not supported; supported: " + supported_list());
 }
 
-// rope_parameters (transformers 5) or rope_theta + rope_scaling (legacy),
-// standardised as standardize_rope_params does.
+// A warning through c10's handler, where the library's warnings go.
+void warn(const std::string& where, const std::string& what) { TORCH_WARN("fsdp: ", where, ": ", what); }
+
+// A RoPE value that must be a finite number above 0.
+double positive(const json& j, const std::string& name, double fallback, const std::string& where,
+                const std::string& key) {
+  const json* v = field(j, name);
+  if (!v) return fallback;
+  if (!v->is_number()) bad(where, key, "expected a number, got " + v->dump());
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || !(d > 0)) bad(where, key, "expected a finite number above 0, got " + v->dump());
+  return d;
+}
+
+// The RoPE parameters, combined as transformers 5 combines them
+// (convert_rope_params_to_dict, standardize_rope_params): a legacy
+// `rope_scaling` (when not null or empty) replaces `rope_parameters` whole;
+// within the dict they name, its own `rope_theta` (and
+// partial_rotary_factor) wins over the top-level key, which is the default
+// (10000.0 without one); `rope_type` wins over the legacy `type`. Where the
+// keys disagree, a warning says how they were read. Every value that
+// divides or is a base (rope_theta, factor, low_freq_factor,
+// high_freq_factor) is refused by key unless finite and above 0.
 void read_rope(const json& j, LlamaConfig& c, const std::string& where) {
-  std::string key = "rope_parameters";
-  const json* p = field(j, key);
-  if (!p) {
-    key = "rope_scaling";
-    p = field(j, key);
-  }
+  const json* scaling = field(j, "rope_scaling");
+  const json* params = field(j, "rope_parameters");
+  const bool scaling_used = scaling && !(scaling->is_object() && scaling->empty());
+  const std::string key = scaling_used ? "rope_scaling" : "rope_parameters";
+  const json* p = scaling_used ? scaling : params;
   json rope = p ? *p : json::object();
   if (!rope.is_object()) bad(where, key, "expected an object, got " + rope.dump());
   // Per-layer-type rope parameters (nested objects) are not this family's.
   for (auto it = rope.begin(); it != rope.end(); ++it) {
     if (it->is_object()) bad(where, key + "." + it.key(), "per-layer RoPE parameters are not supported");
   }
-  const double legacy_theta = get_double(j, "rope_theta", 10000.0, where);
-  c.rope_theta = get_double(rope, "rope_theta", legacy_theta, where + " (" + key + ")");
+  const std::string k = key + ".";
+  if (scaling_used && params && *params != *scaling) {
+    warn(where,
+         "both \"rope_scaling\" and \"rope_parameters\" are set and differ; read as transformers 5 reads them: "
+         "\"rope_scaling\" " + scaling->dump() + " replaces \"rope_parameters\" " + params->dump() + " whole");
+  }
+  const double top_theta = positive(j, "rope_theta", 10000.0, where, "rope_theta");
+  c.rope_theta = positive(rope, "rope_theta", top_theta, where, k + "rope_theta");
+  if (field(rope, "rope_theta") && field(j, "rope_theta") && c.rope_theta != top_theta) {
+    warn(where,
+         "\"" + k + "rope_theta\" (" + field(rope, "rope_theta")->dump() + ") and the top-level \"rope_theta\" (" +
+             field(j, "rope_theta")->dump() + ") differ; read as transformers 5 reads them: the " + key +
+             " one, " + field(rope, "rope_theta")->dump());
+  }
   std::string type = get_string(rope, "rope_type", "", where + " (" + key + ")");
   if (type.empty()) type = get_string(rope, "type", "default", where + " (" + key + ")");
-  const std::string k = key + ".";
   if (type != "default" && type != "linear" && type != "llama3") {
     bad(where, k + "rope_type",
         "\"" + type + "\" is not supported; supported: default, linear, llama3 (dynamic, yarn, longrope are not)");
@@ -140,14 +174,10 @@ void read_rope(const json& j, LlamaConfig& c, const std::string& where) {
                              : get_double(j, "partial_rotary_factor", 1.0, where);
   if (partial != 1.0) bad(where, "partial_rotary_factor", "only 1.0 is supported, got " + std::to_string(partial));
   auto need = [&](const std::string& name) -> double {
-    const json* v = field(rope, name);
-    if (!v) bad(where, k + name, "missing; rope_type \"" + type + "\" needs it");
-    return get_double(rope, name, 0.0, where);
+    if (!field(rope, name)) bad(where, k + name, "missing; rope_type \"" + type + "\" needs it");
+    return positive(rope, name, 0.0, where, k + name);
   };
-  if (type == "linear" || type == "llama3") {
-    c.rope_factor = need("factor");
-    if (c.rope_factor <= 0) bad(where, k + "factor", "expected a positive number");
-  }
+  if (type == "linear" || type == "llama3") c.rope_factor = need("factor");
   if (type == "llama3") {
     c.rope_low_freq_factor = need("low_freq_factor");
     c.rope_high_freq_factor = need("high_freq_factor");
@@ -262,6 +292,7 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   const std::string act = get_string(j, "hidden_act", "silu", where);
   if (act != "silu") bad(where, "hidden_act", "\"" + act + "\" is not supported; supported: silu");
   read_rope(j, c, where);
+  check_llama_sizes(c, where);  // before anything of num_hidden_layers' length is made
   read_windows(j, c, where);
   if (const json* p = field(j, "pad_token_id")) c.pad_token_id = int_of(*p, where, "pad_token_id");
   if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size)) {
@@ -288,18 +319,9 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
 }
 
 LlamaConfig read_llama_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot be read (a model's config.json was expected there)");
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<size_t>(std::max<std::streamoff>(0, in.tellg()));
-  if (size > kMaxConfigBytes) {
-    throw ConfigError(path + ": " + std::to_string(size) + " bytes; a config.json is expected under 16 MiB");
-  }
-  in.seekg(0);
-  std::string text(size, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  if (!in) throw ConfigError(path + ": cannot be read");
-  return parse_llama_config(text, path);
+  // formats' regular-file check: a FIFO is refused, never waited on; a
+  // directory or a device is named.
+  return parse_llama_config(formats::read_regular_file(path, kMaxConfigBytes, "a model's config.json"), path);
 }
 
 std::string llama_config_json(const LlamaConfig& c, const std::string& dtype) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -98,6 +99,22 @@ models::LlamaConfig llama_model_config(const CheckpointInfo& info, const std::st
     throw ConfigError(path + ": its LoRA settings (config.model.lora_*): " + e.what());
   }
   auto listed = model_tensors(info);
+  // The layer count first, from the tensors' names: a tampered
+  // num_hidden_layers (10^7) is never listed nor built.
+  std::set<int64_t> layers;
+  for (const auto& kv : listed) {
+    static const std::string prefix = "model.layers.";
+    if (kv.first.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = kv.first.substr(prefix.size(), kv.first.find('.', prefix.size()) - prefix.size());
+    if (!digits.empty() && digits.size() <= 12 && digits.find_first_not_of("0123456789") == std::string::npos) {
+      layers.insert(std::stoll(digits));
+    }
+  }
+  if (c.num_hidden_layers > static_cast<int64_t>(layers.size())) {
+    throw ConfigError(path + ": its model configuration (config.model.llama) does not match its tensors: key "
+                      "\"num_hidden_layers\" is " + std::to_string(c.num_hidden_layers) + ", but the checkpoint holds " +
+                      std::to_string(layers.size()) + " layers' tensors");
+  }
   for (const auto& [key, shape] : models::llama_model_shapes(c)) {
     const auto it = listed.find(key);
     if (it == listed.end()) {

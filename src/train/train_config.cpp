@@ -13,11 +13,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <system_error>
 
 #include "fsdp/error.h"
-#include "fsdp/hf/hf_model.h"  // read_config
+#include "fsdp/hf/hf_model.h"  // read_config, check_weights
+#include "fsdp/models/llama_sizes.h"
 #include "fsdp/train/batches.h"  // kGeneratedCorpusBytes, read_data_layout
 #include "fsdp/observability/profiler.h"  // parse_step_range
 #include "fsdp/text/enum_names.h"
@@ -200,6 +202,24 @@ std::optional<models::LlamaConfig> resolve_model(TrainConfig& c) {
   check_model_source(c);
   if (!trains_llama(c)) return std::nullopt;
   models::LlamaConfig config = llama_config(c);
+  // Before anything is built: an hf: directory's weights against its
+  // config.json (headers only: a num_hidden_layers or vocab_size the weights
+  // do not have is refused by key), then the model and its adapters against
+  // this machine's memory (--model llama has no weights to check against).
+  if (const std::string dir = hf_directory(c); !dir.empty()) hf::check_weights(HfStorageReader(dir), config);
+  std::string precision;
+  try {
+    precision = parse_precision(c.strategy.precision()).name;
+  } catch (const ConfigError&) {  // validate_settings names it
+  }
+  const bool half_params = precision == "16-true" || precision == "bf16-true";
+  models::check_llama_memory(config, half_params ? 2 : 4, "", "--lora-rank");
+  const char* rank = std::getenv("RANK");
+  if (!rank || std::string(rank) == "0") {
+    for (const auto& w : models::lora_rank_warnings(config, "--lora-rank")) {
+      std::cerr << "fsdp-train: WARNING: " << w << std::endl;
+    }
+  }
   c.model.vocab_size = config.vocab_size;
   c.model.dim = config.hidden_size;
   c.model.layers = config.num_hidden_layers;
