@@ -149,7 +149,17 @@ void read_rope(const json& j, LlamaConfig& c, const std::string& where) {
     if (it->is_object()) bad(where, key + "." + it.key(), "per-layer RoPE parameters are not supported");
   }
   const std::string k = key + ".";
-  if (scaling_used && params && *params != *scaling) {
+  // What each dict says once transformers has filled it in (its rope_theta
+  // from the top level, "type" as "rope_type"): fsdp-cpp's own export writes
+  // rope_scaling as rope_parameters without its theta, which agrees.
+  auto resolved = [&](json d) {
+    if (!d.is_object()) return d;
+    if (!d.contains("rope_theta") && field(j, "rope_theta")) d["rope_theta"] = *field(j, "rope_theta");
+    if (!d.contains("rope_type") && d.contains("type")) d["rope_type"] = d["type"];
+    d.erase("type");
+    return d;
+  };
+  if (scaling_used && params && resolved(*params) != resolved(*scaling)) {
     warn(where,
          "both \"rope_scaling\" and \"rope_parameters\" are set and differ; read as transformers 5 reads them: "
          "\"rope_scaling\" " + scaling->dump() + " replaces \"rope_parameters\" " + params->dump() + " whole");

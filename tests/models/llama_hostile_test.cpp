@@ -32,6 +32,7 @@
 #include "../support/errors.h"
 #include "../support/index_files.h"
 #include "../support/subprocess.h"
+#include "hostile_model_dir.h"
 #include "../support/warnings.h"
 
 namespace fsdp::testing {
@@ -87,25 +88,9 @@ std::string in_capped_child(const std::function<void()>& f) {
   return out;
 }
 
-// The tiny base of the table: a Mistral (no hidden_size % heads rule, so
-// that each key can grow alone) with an explicit head_dim.
-json base_config() {
-  return json::parse(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 16,
-      "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-      "num_key_value_heads": 1, "head_dim": 4, "max_position_embeddings": 64})");
-}
+json base_config() { return hostile_base_config(); }
 
-// Writes the base's weights (zeros) and `config` into `dir` (model.safetensors).
-void write_model(const std::string& dir, const json& config) {
-  fs::create_directories(dir);
-  const auto c = models::parse_llama_config(base_config().dump(), "base");
-  std::vector<formats::SafetensorsTensor> plan;
-  for (const auto& [name, shape] : models::llama_state_shapes(c)) plan.push_back({name, at::kFloat, shape, 0, 0});
-  formats::SafetensorsWriter w(dir + "/model.safetensors", plan, {{"format", "pt"}});
-  for (const auto& t : w.layout()) w.write(torch::zeros(t.shape));
-  w.commit();
-  write_file(dir + "/config.json", config.dump());
-}
+void write_model(const std::string& dir, const json& config) { write_hostile_model(dir, config); }
 
 // A hostile size: the key, its value, and the keys a message may name for
 // it (several where two keys cost the same: heads and KV heads).
@@ -347,6 +332,14 @@ TEST(LlamaRopeKeys, ConflictingRopeKeysAreReadAsTransformersReadsThemAndWarned) 
       {{{"rope_scaling", json::object()}, {"rope_parameters", {{"rope_type", "linear"}, {"factor", 3.0}, {"rope_theta", 7.0}}}},
        false},
       {{{"rope_parameters", {{"rope_type", "linear"}, {"type", "default"}, {"factor", 3.0}}}}, false},
+      // As fsdp-cpp's export writes them (llama_config_json): the legacy keys
+      // agree with rope_parameters, so nothing is warned.
+      {{{"rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0},
+                             {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                             {"original_max_position_embeddings", 64}}},
+        {"rope_theta", 500000.0},
+        {"rope_scaling", llama3}},
+       false},
   };
   TempDir tmp;
   json all = json::array();

@@ -20,6 +20,7 @@
 #include "fsdp/models/llama.h"
 #include "../support/index_files.h"
 #include "../support/subprocess.h"
+#include "hostile_model_dir.h"
 
 namespace fsdp::testing {
 namespace {
@@ -27,27 +28,14 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-json base_config() {
-  return json::parse(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 16,
-      "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-      "num_key_value_heads": 1, "head_dim": 4, "max_position_embeddings": 64})");
-}
+json base_config() { return hostile_base_config(); }
 
 json with(json j, const std::string& key, const json& value) {
   j[key] = value;
   return j;
 }
 
-void write_model(const std::string& dir, const json& config) {
-  fs::create_directories(dir);
-  const auto c = models::parse_llama_config(base_config().dump(), "base");
-  std::vector<formats::SafetensorsTensor> plan;
-  for (const auto& [name, shape] : models::llama_state_shapes(c)) plan.push_back({name, at::kFloat, shape, 0, 0});
-  formats::SafetensorsWriter w(dir + "/model.safetensors", plan, {{"format", "pt"}});
-  for (const auto& t : w.layout()) w.write(torch::zeros(t.shape));
-  w.commit();
-  write_file(dir + "/config.json", config.dump());
-}
+void write_model(const std::string& dir, const json& config) { write_hostile_model(dir, config); }
 
 // `argv` under `ulimit -v` (the address space LibTorch's programs map at
 // start, about 2-5 GiB with the wheel, plus 2 GiB) and a 30 s deadline.
