@@ -62,7 +62,8 @@ LAYERS = [
     ("state_dict", ["error", "text", "optim", "launch", "distributed", "core", "fsdp2"]),
     ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "fsdp2", "state_dict"]),
     ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint"]),
-    ("models", ["error", "launch", "distributed", "core"]),
+    # config.json is read through formats' regular-file check (no FIFO waits).
+    ("models", ["error", "formats", "launch", "distributed", "core"]),
     # Hugging Face model directories in and out (config, weights, export) for
     # the models: on the checkpoint storage seam.
     ("hf", ["error", "text", "formats", "launch", "distributed", "core", "fsdp2", "state_dict", "checkpoint", "models"]),

@@ -8,7 +8,7 @@
 
 #include "fsdp/checkpoint/storage.h"
 #include "fsdp/error.h"
-#include "fsdp/models/llama_sizes.h"  // byte_text
+#include "fsdp/models/llama.h"  // the sizes (check_llama_memory, byte_text, ...)
 
 namespace fsdp::hf {
 

@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "fsdp/error.h"
-#include "fsdp/models/llama_sizes.h"
 
 namespace fsdp::models {
 

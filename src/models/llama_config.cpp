@@ -12,7 +12,6 @@
 
 #include "fsdp/error.h"
 #include "fsdp/formats/regular_file.h"
-#include "fsdp/models/llama_sizes.h"
 #include "fsdp/models/llama.h"
 
 namespace fsdp::models {

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "fsdp/error.h"
-#include "fsdp/models/llama_sizes.h"
+#include "fsdp/models/llama.h"
 
 namespace fsdp::models {
 

@@ -34,15 +34,15 @@ bool within(fs::path a, const fs::path& b) {
 
 }  // namespace
 
-void check_save_hf_destination(const TrainConfig& c) {
-  if (c.save_hf.empty()) return;
-  const std::string flag = "--save-hf " + c.save_hf;
+void check_save_hf_destination(const std::string& save_hf, const std::string& out_flag, const std::string& hf) {
+  if (save_hf.empty()) return;
+  const std::string flag = "--save-hf " + save_hf;
   std::error_code ec;
-  if (fs::exists(fs::symlink_status(c.save_hf, ec))) {
+  if (fs::exists(fs::symlink_status(save_hf, ec))) {
     throw ConfigError(flag + " already exists: the export writes a new directory and never writes over one: "
                       "expected a path that does not exist yet");
   }
-  const fs::path dest = resolved(c.save_hf), out = resolved(c.out), checkpoints = out / "checkpoints";
+  const fs::path dest = resolved(save_hf), out = resolved(out_flag), checkpoints = out / "checkpoints";
   const std::string later = ": the run's export at its end would refuse it, after the whole run trained";
   if (within(dest, checkpoints)) {
     throw ConfigError(flag + " is --out's checkpoints directory or inside it (" + checkpoints.string() +
@@ -50,11 +50,10 @@ void check_save_hf_destination(const TrainConfig& c) {
                       ": expected a path outside it, e.g. " + (out / "hf").string());
   }
   if (within(out, dest)) {
-    throw ConfigError(flag + (dest == out ? std::string(" is --out ") : std::string(" holds --out ")) + c.out +
+    throw ConfigError(flag + (dest == out ? std::string(" is --out ") : std::string(" holds --out ")) + out_flag +
                       ", which the run creates before its export, and the export writes only a directory that does "
                       "not exist yet" + later + ": expected another path, e.g. " + (out / "hf").string());
   }
-  const std::string hf = hf_directory(c);
   if (!hf.empty() && within(dest, resolved(hf))) {
     throw ConfigError(flag + " is the --model hf: directory " + hf + " or inside it, and the export never writes "
                       "into the model it was read from" + later + ": expected a path outside " + hf);

@@ -2,7 +2,8 @@
 // destination (issue 50 item 7). Local: reads the file system only.
 #pragma once
 
-#include "fsdp/train/train_config.h"
+#include <string>
+
 
 namespace fsdp::train {
 
@@ -19,6 +20,8 @@ namespace fsdp::train {
 //    write into.
 // Symbolic links are resolved before comparing. Nothing when --save-hf is
 // empty.
-void check_save_hf_destination(const TrainConfig& config);
+// `save_hf`, `out` and `hf_dir` are TrainConfig's save_hf and out and
+// hf_directory(config) (empty: no hf: source).
+void check_save_hf_destination(const std::string& save_hf, const std::string& out, const std::string& hf_dir);
 
 }  // namespace fsdp::train

@@ -123,12 +123,11 @@ std::optional<TokenizerFingerprint> fingerprint_in_header(const uint8_t* h) {
   return f;
 }
 
-void check_data_tokenizer(const TrainConfig& c, int64_t model_vocab) {
-  const std::string dir = hf_directory(c);
-  if (dir.empty() || c.data.empty()) return;
+void check_data_tokenizer(const std::string& data, const std::string& dir, bool allow_change, int64_t model_vocab) {
+  if (dir.empty() || data.empty()) return;
   uint8_t head[kLlmcHeaderBytes] = {};
   {
-    const int fd = ::open(c.data.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    const int fd = ::open(data.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return;  // the data checks name it
     const ssize_t n = ::pread(fd, head, sizeof head, 0);
     ::close(fd);
@@ -158,11 +157,11 @@ void check_data_tokenizer(const TrainConfig& c, int64_t model_vocab) {
                      "model's vocab_size " + std::to_string(model_vocab));
   }
   if (differ.empty()) return;
-  std::string what = "--data " + c.data + " was prepared with another tokenizer than --model hf:" + dir + "'s (it " +
+  std::string what = "--data " + data + " was prepared with another tokenizer than --model hf:" + dir + "'s (it " +
                      "recorded vocab " + std::to_string(was->vocab_size) + ", BOS " + id_text(was->bos) + ", EOS " +
                      id_text(was->eos) + "); differing: ";
   for (size_t i = 0; i < differ.size(); ++i) what += (i ? "; " : "") + differ[i];
-  if (!c.allow_tokenizer_change) {
+  if (!allow_change) {
     throw ConfigError(what + ". Its ids would be other tokens to this model: expected the file prepared with this "
                       "model's tokenizer (fsdp-train prepare --tokenizer " + dir + "), or --allow-tokenizer-change "
                       "to train on it on purpose");

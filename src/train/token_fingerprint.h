@@ -19,7 +19,6 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/train/train_config.h"
 
 namespace fsdp::train {
 
@@ -53,8 +52,10 @@ std::optional<TokenizerFingerprint> fingerprint_in_header(const uint8_t* header)
 // fingerprint: ConfigError naming the data file, DIR and each field that
 // differs (the tokenizer file's CRC-32 and size, tokenizer_config.json's,
 // a vocabulary larger than the model's vocab_size `model_vocab`), unless
-// config.allow_tokenizer_change, which warns instead. Nothing for a file
+// allow_change, which warns instead. Nothing for a file
 // without one, another model, or a DIR without tokenizer files.
-void check_data_tokenizer(const TrainConfig& config, int64_t model_vocab);
+// `data`, `hf_dir` and `allow_change` are TrainConfig's data,
+// hf_directory(config) and allow_tokenizer_change.
+void check_data_tokenizer(const std::string& data, const std::string& hf_dir, bool allow_change, int64_t model_vocab);
 
 }  // namespace fsdp::train

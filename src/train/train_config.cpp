@@ -19,7 +19,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/hf/hf_model.h"  // read_config, check_weights
-#include "fsdp/models/llama_sizes.h"
+#include "fsdp/models/llama.h"  // the sizes (check_llama_memory, byte_text, ...)
 #include "fsdp/train/batches.h"  // kGeneratedCorpusBytes, read_data_layout
 #include "fsdp/observability/profiler.h"  // parse_step_range
 #include "fsdp/text/enum_names.h"
@@ -180,7 +180,7 @@ void check_model_source(const TrainConfig& c) {
                       "DIR --out FILE TEXT... makes one)");
   }
   if (!c.save_hf.empty()) {
-    check_save_hf_destination(c);  // what the export at the end would refuse (issue 50 item 7)
+    check_save_hf_destination(c.save_hf, c.out, hf_directory(c));  // what the export at the end would refuse (issue 50 item 7)
     if (!trains_llama(c)) {
       throw ConfigError("--save-hf with --model " + c.model_source + ": a Hugging Face export is of a Llama-family "
                         "model: expected --model llama or hf:DIR");
@@ -317,7 +317,7 @@ void validate_settings(const TrainConfig& c) {
                         " " + unit + " (a sample of " + std::to_string(c.model.context + 1) +
                         " and room to place it)");
     }
-    check_data_tokenizer(c, c.model.vocab_size);  // an hf: run's file against its tokenizer (issue 50 item 15)
+    check_data_tokenizer(c.data, hf_directory(c), c.allow_tokenizer_change, c.model.vocab_size);  // an hf: run's file against its tokenizer (issue 50 item 15)
   }
   if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
   refuse_system_directory(c.out);

@@ -1,4 +1,4 @@
-// The tiny model directory the hostile-config tests start from: a Mistral
+// The tiny model directories the hostile-config tests start from: a Mistral
 // (no hidden_size % heads rule, so that each size key can grow alone) with an
 // explicit head_dim, its weights (zeros) written as model.safetensors beside
 // whatever config.json a test gives.
@@ -24,15 +24,21 @@ inline nlohmann::json hostile_base_config() {
       "num_key_value_heads": 1, "head_dim": 4, "max_position_embeddings": 64})");
 }
 
-// Writes the base's weights (zeros) and `config` into `dir`.
-inline void write_hostile_model(const std::string& dir, const nlohmann::json& config) {
+// Writes model.safetensors into `dir`: zeros of the shapes `weights_config`
+// (a config.json's text) implies.
+inline void write_zero_weights(const std::string& dir, const std::string& weights_config) {
   std::filesystem::create_directories(dir);
-  const auto c = models::parse_llama_config(hostile_base_config().dump(), "base");
+  const auto c = models::parse_llama_config(weights_config, "weights");
   std::vector<formats::SafetensorsTensor> plan;
   for (const auto& [name, shape] : models::llama_state_shapes(c)) plan.push_back({name, at::kFloat, shape, 0, 0});
   formats::SafetensorsWriter w(dir + "/model.safetensors", plan, {{"format", "pt"}});
   for (const auto& t : w.layout()) w.write(torch::zeros(t.shape));
   w.commit();
+}
+
+// Writes the base's weights (zeros) and `config` into `dir`.
+inline void write_hostile_model(const std::string& dir, const nlohmann::json& config) {
+  write_zero_weights(dir, hostile_base_config().dump());
   write_file(dir + "/config.json", config.dump());
 }
 

@@ -28,7 +28,6 @@
 #include "fsdp/formats/safetensors.h"
 #include "fsdp/hf/hf_model.h"
 #include "fsdp/models/llama.h"
-#include "fsdp/models/llama_sizes.h"
 #include "../support/errors.h"
 #include "../support/index_files.h"
 #include "../support/subprocess.h"

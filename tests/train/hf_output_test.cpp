@@ -19,6 +19,7 @@
 #include "../support/subprocess.h"
 #include "../support/thread_ranks.h"
 #include "../support/train_config.h"
+#include "../models/hostile_model_dir.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/core/fully_sharded_data_parallel.h"  // fsdp::Unit
 #include "fsdp/fsdp2/fully_shard.h"
@@ -39,9 +40,11 @@ TEST(SaveHf, ADestinationTheExportWouldRefuseIsNamedBeforeTraining) {
   TempDir dir;
   const std::string model = dir.path() + "/model", data = dir.path() + "/tokens.bin", out = dir.path() + "/run";
   fs::create_directories(model);
-  std::ofstream(model + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  const std::string config = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
     "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6})";
+  std::ofstream(model + "/config.json") << config;
+  write_zero_weights(model, config);  // resolve_model checks the config against the weights' headers
   std::ofstream(data) << std::string(4096, 'x');
   auto check = [&](const std::string& save_hf, const std::string& run_out) {
     train::TrainConfig c = tiny_train_config(run_out, 2, 2);
