@@ -29,6 +29,13 @@ FlatParamHandle::FlatParamHandle(const std::string& owner, std::vector<ParamInfo
                         std::string(c10::toString(options.dtype().toScalarType())) + " on " +
                         options.device().str() + ": a unit's parameters must share dtype and device");
     }
+    // torch's FlatParamHandle with use_orig_params (align_addresses): each
+    // original parameter starts at a multiple of 16 bytes, zero padding
+    // before it, so that every rank holds the parts torch's ranks hold.
+    if (use_orig_params_) {
+      const int64_t aligned = std::max<int64_t>(1, 16 / static_cast<int64_t>(p.param.element_size()));
+      numel_ = (numel_ + aligned - 1) / aligned * aligned;
+    }
     p.offset = numel_;
     p.numel = p.param.numel();
     p.shape = p.param.sizes().vec();

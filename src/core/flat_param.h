@@ -28,7 +28,9 @@ torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& m)
 class FlatParamHandle {
  public:
   // Flattens `params` (already the unit's, in order) into a buffer padded to
-  // a multiple of the shard group's size and keeps this rank's chunk.
+  // a multiple of the shard group's size and keeps this rank's chunk. With
+  // use_orig_params each parameter starts at a multiple of 16 bytes (zeros
+  // before it), as in torch's FlatParameter, so ranks hold torch's parts.
   // `compute_dtype` unset: the parameters' own. Collective-free.
   FlatParamHandle(const std::string& owner, std::vector<ParamInfo> params, dist::ProcessGroupPtr shard_group,
                   std::optional<at::ScalarType> compute_dtype, bool use_orig_params);

@@ -16,12 +16,11 @@
 // fsdp1 showed the same last-bit difference: grad_norm 2.0886433124542236
 // against torch's 2.088643789291382.
 //
-// With use_orig_params torch pads each original parameter to 16 bytes in its
-// FlatParameter; fsdp-cpp does not, so with sizes that are not multiples of
-// 16 bytes the ranks hold different parts of the parameters and the norms
-// can differ at the last bits (checked in Python on this model's odd sizes:
-// 90 of 200 random gradients gave another float32 norm). The use_orig_params cases use sizes where both
-// layouts agree ("aligned").
+// With use_orig_params torch starts each original parameter at a multiple
+// of 16 bytes in its FlatParameter (zeros before it). fsdp-cpp packed them,
+// so with sizes that are not multiples of 16 bytes its ranks held other parts
+// of the parameters and the norms differed at the last bits: "orig" and
+// "orig+mixed" (odd sizes) failed before fsdp-cpp padded as torch does.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -179,13 +178,15 @@ std::string first_difference(const std::string& mine, const std::string& want, c
 }  // namespace
 
 #ifdef FSDP_TEST_TORCH_ORACLE
-// Cases (fsdp1_oracle.py): use_orig_params false ("flat") and true ("orig"),
+// Cases (fsdp1_oracle.py): use_orig_params false ("flat") and true ("orig",
+// with odd sizes and with sizes of 16-byte multiples),
 // norms of order 2, 1 and inf, every unit NO_SHARD (torch's nn.utils path),
 // and NO_SHARD blocks under a FULL_SHARD root (their norms added after the
 // all-reduce).
 TEST(Fsdp1Torch, ClipGradNormEqualsTorchBitwise) {
-  const std::vector<std::string> cases = {"flat",         "flat+inf",     "flat+p1",     "noshard",
-                                          "mixed",        "orig+aligned", "orig+noshard", "orig+aligned+mixed"};
+  const std::vector<std::string> cases = {"flat",         "flat+inf",     "flat+p1",      "noshard",
+                                          "mixed",        "orig",         "orig+mixed",   "orig+inf",
+                                          "orig+aligned", "orig+noshard", "orig+aligned+mixed"};
   at::set_num_threads(1);
   TempDir dir;
   std::vector<std::string> argv = {FSDP_TEST_PYTHON, FSDP_TEST_SOURCE_DIR "/python/fsdp1_oracle.py", dir.path(), "2"};

@@ -21,9 +21,9 @@ and its settings, joined by '+':
             after the all-reduce)
   inf       norm_type=inf (default 2)
   p1        norm_type=1
-  aligned   sizes whose every parameter is a multiple of 16 bytes (torch pads
-            each original parameter to 16 bytes with use_orig_params;
-            fsdp-cpp does not, so odd sizes shard differently there)
+  aligned   sizes whose every parameter is a multiple of 16 bytes (without
+            it the sizes are odd, and with use_orig_params torch pads each
+            original parameter to a 16-byte start in its FlatParameter)
 e.g. "flat", "orig+aligned+inf".
 """
 import math
