@@ -55,19 +55,23 @@ LAYERS = [
     # LibTorch only.
     ("optim", ["error"]),
     ("distributed", ["error", "text", "launch"]),
-    ("core", ["error", "text", "launch", "distributed"]),
+    # DTensor's contract: the N-D mesh, placements, a tensor laid out over a
+    # mesh (or its boxes), and box arithmetic; below both engines, the state
+    # dicts and checkpoints.
+    ("dtensor", ["error", "text", "launch", "distributed"]),
+    ("core", ["error", "text", "launch", "distributed", "dtensor"]),
     # FSDP2: fully_shard's per-parameter sharding, beside core's FSDP1, on
     # core's forward interposition (fsdp::Unit) and the comm layer.
-    ("fsdp2", ["error", "text", "launch", "distributed", "core"]),
-    ("state_dict", ["error", "text", "optim", "launch", "distributed", "core", "fsdp2"]),
-    ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "core", "fsdp2", "state_dict"]),
-    ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint"]),
+    ("fsdp2", ["error", "text", "launch", "distributed", "dtensor", "core"]),
+    ("state_dict", ["error", "text", "optim", "launch", "distributed", "dtensor", "core", "fsdp2"]),
+    ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict"]),
+    ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint"]),
     # config.json is read through formats' regular-file check (no FIFO waits).
-    ("models", ["error", "formats", "launch", "distributed", "core"]),
+    ("models", ["error", "formats", "launch", "distributed", "dtensor", "core"]),
     # Hugging Face model directories in and out (config, weights, export) for
     # the models: on the checkpoint storage seam.
-    ("hf", ["error", "text", "formats", "launch", "distributed", "core", "fsdp2", "state_dict", "checkpoint", "models"]),
-    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models", "hf", "tokenizers"]),
+    ("hf", ["error", "text", "formats", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "models"]),
+    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models", "hf", "tokenizers"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 # Folders of deprecated forwarding headers (old paths of a renamed module):

@@ -9,6 +9,7 @@
 //   unit_list.h                  UnitList, a ModuleList whose elements are units
 //   activation_checkpointing.h   CheckpointWrapper, apply_activation_checkpointing
 // FSDP2 (fully_shard, per-parameter sharding) is fsdp/fsdp2/fully_shard.h,
+// and the mesh and DTensor both engines lay tensors on are in fsdp/dtensor/,
 // included here too. The strategy layer is fsdp/strategy/strategy.h, state dicts are in
 // fsdp/state_dict/, checkpoints on disk in fsdp/checkpoint/.
 #pragma once
@@ -18,4 +19,5 @@
 #include "fsdp/core/options.h"
 #include "fsdp/core/unit_list.h"
 #include "fsdp/core/utils.h"
+#include "fsdp/dtensor/dtensor.h"
 #include "fsdp/fsdp2/fully_shard.h"

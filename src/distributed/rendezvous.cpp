@@ -403,19 +403,50 @@ DeviceMesh init_device_mesh(const ProcessGroupPtr& group, int replicate_size, in
   mesh.shard_size = shard_size;
   mesh.replicate_index = group->rank() / shard_size;
   mesh.shard_index = group->rank() % shard_size;
-  for (int i = 0; i < replicate_size; ++i) {
-    std::vector<int> ranks;
-    for (int j = 0; j < shard_size; ++j) ranks.push_back(i * shard_size + j);
-    auto g = group->new_group(ranks, group->name() + "/shard" + std::to_string(i));
-    if (g) mesh.shard_group = g;
-  }
-  for (int j = 0; j < shard_size; ++j) {
-    std::vector<int> ranks;
-    for (int i = 0; i < replicate_size; ++i) ranks.push_back(i * shard_size + j);
-    auto g = group->new_group(ranks, group->name() + "/replicate" + std::to_string(j));
-    if (g) mesh.replicate_group = g;
-  }
+  auto groups = mesh_groups(group, {replicate_size, shard_size}, {"replicate", "shard"});
+  mesh.replicate_group = groups[0];
+  mesh.shard_group = groups[1];
   return mesh;
+}
+
+std::vector<ProcessGroupPtr> mesh_groups(const ProcessGroupPtr& group, const std::vector<int>& shape,
+                                         const std::vector<std::string>& names) {
+  check(group != nullptr, "init_device_mesh: group is null");
+  std::string dims;
+  int64_t ranks = 1;
+  bool positive = true;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    dims += (d ? ", " : "") + (d < names.size() ? names[d] + "=" : std::string()) + std::to_string(shape[d]);
+    ranks *= shape[d];
+    positive = positive && shape[d] >= 1;
+  }
+  check(names.size() == shape.size(), "init_device_mesh: " + std::to_string(shape.size()) + " dimensions (" + dims +
+                                          ") but " + std::to_string(names.size()) + " names");
+  check(!shape.empty() && positive && ranks == group->size(),
+        "init_device_mesh: a (" + dims + ") mesh needs " + std::to_string(ranks) + " ranks, but group '" +
+            group->name() + "' has " + std::to_string(group->size()));
+  const int nd = static_cast<int>(shape.size());
+  std::vector<int> stride(nd, 1);
+  for (int d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * shape[d + 1];
+  std::vector<ProcessGroupPtr> out(nd);
+  for (int d = nd - 1; d >= 0; --d) {
+    // The sub-groups of dimension d: one per coordinate of the other
+    // dimensions, enumerated row-major; its ranks vary coordinate d.
+    const int count = group->size() / shape[d];
+    for (int i = 0; i < count; ++i) {
+      int base = 0, rest = i;
+      for (int e = nd - 1; e >= 0; --e) {
+        if (e == d) continue;
+        base += (rest % shape[e]) * stride[e];
+        rest /= shape[e];
+      }
+      std::vector<int> members;
+      for (int c = 0; c < shape[d]; ++c) members.push_back(base + c * stride[d]);
+      auto g = group->new_group(members, group->name() + "/" + names[d] + std::to_string(i));
+      if (g) out[d] = g;
+    }
+  }
+  return out;
 }
 
 }  // namespace fsdp::dist

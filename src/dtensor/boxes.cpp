@@ -1,5 +1,5 @@
-// Box arithmetic on shapes (boxes.h).
-#include "boxes.h"
+// Box arithmetic on shapes (fsdp/dtensor/detail/boxes.h).
+#include "fsdp/dtensor/detail/boxes.h"
 
 #include <algorithm>
 #include <sstream>

@@ -1,12 +1,12 @@
-// Pieces of tensors: ShardedTensor and the box arithmetic (fsdp/state_dict/sharded_tensor.h).
-#include "fsdp/state_dict/sharded_tensor.h"
+// Pieces of tensors: ShardedTensor and the box arithmetic (fsdp/dtensor/shards.h).
+#include "fsdp/dtensor/shards.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 
-#include "boxes.h"
+#include "fsdp/dtensor/detail/boxes.h"
 
 namespace fsdp {
 

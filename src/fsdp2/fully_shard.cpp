@@ -24,27 +24,6 @@ namespace fsdp {
 using detail::FSDPParam;
 using detail::ParamGroup;
 
-Mesh Mesh::of(dist::ProcessGroupPtr group, std::string dim_name) {
-  Mesh m;
-  m.groups = {std::move(group)};
-  if (!dim_name.empty()) m.dim_names = {std::move(dim_name)};
-  return m;
-}
-
-Mesh Mesh::hybrid(const dist::DeviceMesh& mesh, std::vector<std::string> dim_names) {
-  Mesh m;
-  m.groups = {mesh.replicate_group, mesh.shard_group};
-  m.dim_names = std::move(dim_names);
-  return m;
-}
-
-const dist::ProcessGroupPtr& Mesh::shard_group() const {
-  if (groups.empty()) throw ConfigError("fully_shard: the mesh has no dimension: give FullyShardOptions a mesh");
-  return groups.back();
-}
-
-dist::ProcessGroupPtr Mesh::replicate_group() const { return groups.size() == 2 ? groups.front() : nullptr; }
-
 void UnshardHandle::wait() {
   if (wait_) {
     auto w = std::move(wait_);
@@ -53,23 +32,17 @@ void UnshardHandle::wait() {
   }
 }
 
+DTensor ShardedParam::dtensor(const at::Tensor& rows) const {
+  std::vector<placement::Placement> placements(mesh.ndim(), placement::Replicate{});
+  placements.back() = placement::Shard{kShardDim};
+  return DTensor::from_local(rows.defined() ? rows : local, mesh, std::move(placements), global_shape);
+}
+
 at::Tensor ShardedParam::gather(const at::Tensor& rows) const {
   if (rows.sizes() != local.sizes()) {
     throw ConfigError("ShardedParam::gather: " + name + ": the rows given have another shape than this rank's shard");
   }
-  const auto& g = mesh.shard_group();
-  const int w = g->size();
-  int64_t row_numel = 1;
-  for (size_t d = 1; d < global_shape.size(); ++d) row_numel *= global_shape[d];
-  const int64_t padded = (global_shape[0] + w - 1) / w * row_numel;
-  at::Tensor in = at::zeros({padded}, rows.options());
-  {
-    at::NoGradGuard no_grad;
-    if (rows.numel() > 0) in.narrow(0, 0, rows.numel()).copy_(rows.reshape({-1}));
-  }
-  at::Tensor out = at::empty({padded * w}, rows.options());
-  g->all_gather(out, in).wait();
-  return out.narrow(0, 0, global_shape[0] * row_numel).view(global_shape).clone();
+  return dtensor(rows).full_tensor();
 }
 
 namespace {

@@ -130,20 +130,13 @@ std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx) {
   return {mesh.shard_group(), mesh.replicate_group()};
 }
 
-ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t) {
-  ShardedTensor out{p.global_shape, t.scalar_type(), {}};
-  if (t.numel() > 0) {
-    std::vector<int64_t> offsets(p.global_shape.size(), 0);
-    offsets[0] = p.row_offset;
-    out.local_shards.push_back(Shard{std::move(offsets), t});
-  }
-  return out;
-}
+ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t) { return p.dtensor(t).sharded(); }
 
 std::pair<int64_t, int64_t> rows_range(const ShardedParam& p) {
-  int64_t row_numel = 1;
-  for (size_t d = 1; d < p.global_shape.size(); ++d) row_numel *= p.global_shape[d];
-  return {p.row_offset * row_numel, (p.row_offset + p.local.size(0)) * row_numel};
+  const DTensor d = p.dtensor();
+  if (d.local_shards().empty()) return {0, 0};
+  const int64_t first = d.local_shards()[0].offsets[0] * d.stride()[0];
+  return {first, first + p.local.numel()};
 }
 
 at::Tensor offload(const at::Tensor& t, bool to_cpu) { return to_cpu ? t.cpu() : t; }

@@ -46,6 +46,20 @@ std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p, const at:
   return range_pieces(p.shape, lo, hi, flat.narrow(0, first, hi - lo));
 }
 
+Mesh unit_mesh(const UnitView& u) {
+  if (u.replicate_group() && u.replicate_group()->size() > 1) {
+    Mesh m;
+    m.groups = {u.replicate_group(), u.shard_group()};
+    return m;
+  }
+  return Mesh::of(u.shard_group());
+}
+
+DTensor param_dtensor(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like) {
+  const at::Tensor& like = shard_like.defined() ? shard_like : u.flat_shard();
+  return DTensor::from_boxes(unit_mesh(u), p.shape, like.scalar_type(), local_shards(u, p, shard_like));
+}
+
 // The unpadded part of the unit's flat shard, as a sharded flat parameter.
 ShardedTensor local_flat(const UnitView& u) {
   ShardedTensor st;

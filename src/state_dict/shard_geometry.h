@@ -11,7 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "boxes.h"
+#include "fsdp/dtensor/detail/boxes.h"
+#include "fsdp/dtensor/dtensor.h"
 #include "fsdp/state_dict/sharded_tensor.h"
 
 namespace fsdp::detail {
@@ -31,6 +32,13 @@ std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, i
 std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like = {});
 // The unpadded part of the unit's flat shard, as a sharded flat parameter.
 ShardedTensor local_flat(const UnitView& u);
+
+// The unit's mesh: its shard group, under its replicate group (HYBRID_SHARD).
+Mesh unit_mesh(const UnitView& u);
+// p as a DTensor of boxes (FSDP1's original parameters: a rank's range of
+// the flat shard cuts up to 2·ndim−1 boxes, which placements cannot say):
+// views of the shard, or of `shard_like` (laid out like it).
+DTensor param_dtensor(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like = {});
 
 // The global shape of a state dict value.
 std::vector<int64_t> value_shape(const StateValue& v);

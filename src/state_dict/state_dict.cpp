@@ -136,7 +136,7 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
         const UnitView& u = *item.unit;
         const ParamInfo& p = *item.param;
         if (type == StateDictType::kSharded) {
-          ShardedTensor st{p.shape, u.flat_shard().scalar_type(), local_shards(u, p)};
+          ShardedTensor st = param_dtensor(u, p).sharded();
           for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
           sink(item.key, std::move(st));
           break;

@@ -240,7 +240,20 @@ struct DeviceMesh {
 
 // [collective over `group`] Builds the mesh; needs replicate_size * shard_size
 // == group->size() (ConfigError otherwise). Creates every sub-group on every
-// rank in the same order.
+// rank in the same order. The 2-D case of mesh_groups (and of
+// fsdp::init_device_mesh, fsdp/dtensor/device_mesh.h, its N-D form).
 DeviceMesh init_device_mesh(const ProcessGroupPtr& group, int replicate_size, int shard_size);
+
+// [collective over `group`] The ranks of `group` arranged row-major in
+// `shape` (rank = sum of coordinate[d] * stride[d], the last dimension
+// fastest, as torch's init_device_mesh): for each dimension d, the sub-group
+// of the ranks that differ from this rank only in coordinate d, in the order
+// of that coordinate, named "<group>/<names[d]><i>" (i: the index of the
+// sub-group among dimension d's). Every rank creates every sub-group, the
+// last dimension's first, so all ranks call new_group in the same order.
+// ConfigError when the product of `shape` is not group->size(), a size is
+// below 1, or `names` has another length than `shape`.
+std::vector<ProcessGroupPtr> mesh_groups(const ProcessGroupPtr& group, const std::vector<int>& shape,
+                                         const std::vector<std::string>& names);
 
 }  // namespace fsdp::dist

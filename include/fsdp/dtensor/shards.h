@@ -1,4 +1,4 @@
-// fsdp/state_dict/sharded_tensor.h — pieces of tensors: what a rank holds of a tensor
+// fsdp/dtensor/shards.h — pieces of tensors: what a rank holds of a tensor
 // that is sharded over ranks (PyTorch's ShardedTensor with its local shards),
 // and the box arithmetic that state dicts and checkpoints reshard with.
 //
@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <utility>
-#include <variant>
 #include <vector>
 
 namespace fsdp {
@@ -34,9 +33,6 @@ struct ShardedTensor {
   int64_t global_numel() const;
   int64_t local_numel() const;
 };
-
-// A state dict's value: a whole tensor or this rank's pieces of one.
-using StateValue = std::variant<at::Tensor, ShardedTensor>;
 
 // [local] Splits elements [begin, end) of a row-major tensor of `shape` into
 // the fewest boxes (at most 2 * ndim - 1) in flat order, as (offsets, sizes)

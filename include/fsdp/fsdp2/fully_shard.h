@@ -46,6 +46,7 @@
 
 #include "fsdp/core/fully_sharded_data_parallel.h"
 #include "fsdp/distributed/process_group.h"
+#include "fsdp/dtensor/dtensor.h"
 #include "fsdp/fsdp2/options.h"
 
 namespace fsdp {
@@ -62,6 +63,10 @@ struct ShardedParam {
   Mesh mesh;
   static constexpr int kShardDim = 0;  // the placement: Shard(0)
 
+  // [local] The parameter as a DTensor: Shard(0) on the shard dimension
+  // (Replicate on HSDP's replicate dimension), sharing `local` — or `rows`,
+  // a tensor shaped like `local` (an optimizer's state of it, say).
+  DTensor dtensor(const at::Tensor& rows = {}) const;
   // [collective over the mesh's shard group] The whole parameter, as a new
   // tensor: one all-gather of global_shape's elements.
   at::Tensor full_tensor() const { return gather(local); }

@@ -11,28 +11,9 @@
 #include <vector>
 
 #include "fsdp/distributed/process_group.h"
+#include "fsdp/dtensor/device_mesh.h"  // fsdp::Mesh (1-D: FSDP; 2-D (replicate, shard): HSDP)
 
 namespace fsdp {
-
-// torch's DeviceMesh, as fully_shard sees it from one rank: one process group
-// per dimension, outermost first. 1-D: shard over the group (FSDP). 2-D:
-// (replicate, shard) — HSDP: shard inside the second dimension's group,
-// all-reduce across the first's. A 2-D mesh needs dimension names, as torch's.
-struct Mesh {
-  std::vector<dist::ProcessGroupPtr> groups;
-  std::vector<std::string> dim_names;
-
-  // A 1-D mesh over `group`.
-  static Mesh of(dist::ProcessGroupPtr group, std::string dim_name = "");
-  // The 2-D (replicate, shard) mesh of a DeviceMesh (fsdp/distributed/process_group.h).
-  static Mesh hybrid(const dist::DeviceMesh& mesh, std::vector<std::string> dim_names = {"replicate", "shard"});
-
-  int ndim() const { return static_cast<int>(groups.size()); }
-  // The group parameters are sharded over (the last dimension's).
-  const dist::ProcessGroupPtr& shard_group() const;
-  // The group gradients are all-reduced over (2-D), else null.
-  dist::ProcessGroupPtr replicate_group() const;
-};
 
 // torch's MixedPrecisionPolicy. Unset dtypes: the parameter's own.
 //  - param_dtype: the dtype of the full parameters (all-gathered in it) and

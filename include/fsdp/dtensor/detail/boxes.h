@@ -1,7 +1,7 @@
-// src/state_dict/boxes.h — arithmetic on shapes and boxes (an offset and a
-// size per dimension), below both the public pieces of tensors
-// (fsdp/state_dict/sharded_tensor.h) and a rank's geometry (shard_geometry.h).
-// Private to the library; local, no tensor data touched.
+// fsdp/dtensor/detail/boxes.h — arithmetic on shapes and boxes (an offset and
+// a size per dimension), below the pieces of tensors (fsdp/dtensor/shards.h),
+// DTensor and state_dict's geometry of a rank. The library's door for them,
+// not an API for users; local, no tensor data touched.
 #pragma once
 
 #include <c10/util/ArrayRef.h>
