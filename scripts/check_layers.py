@@ -7,7 +7,11 @@ A module is a folder: `include/fsdp/<module>/` holds its public headers and
 the header-only module `error` (`include/fsdp/error.h`). Any other header
 directly in `include/fsdp/` is an umbrella or a forwarding header: it may hold
 only comments, `#pragma` and `#include` lines, and no file of a module may
-include it.
+include it. A module's sub-folders (src/tokenizers/normalizers/,
+src/formats/dcp/, include/fsdp/core/detail/) are part of the module, and a
+unit (rule 2) is named by its file's name wherever in the module it lies:
+include/fsdp/formats/safetensors.h and src/formats/safetensors/safetensors.cpp
+are one unit, so file names stay distinct across a module's sub-folders.
 
     scripts/check_layers.py [REPO]     exit status 0: clean; 1: a violation (listed)
 

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "fsdp/error.h"
-#include "fsdp/models/llama.h"
+#include "fsdp/models/llama_sizes.h"
 
 namespace fsdp::models {
 

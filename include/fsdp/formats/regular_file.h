@@ -1,6 +1,6 @@
 // fsdp/formats/regular_file.h — reading a small file whole (a model's
 // config.json, ...) through the same regular-file check as a checkpoint's
-// data files (src/formats/readers.cpp): a FIFO is refused, never opened for
+// data files (src/formats/files/readers.cpp): a FIFO is refused, never opened for
 // a blocking read; a directory or a device is named for what it is.
 #pragma once
 

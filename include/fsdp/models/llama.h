@@ -44,96 +44,13 @@
 #include <torch/nn/pimpl.h>
 
 #include "fsdp/core/fully_sharded_data_parallel.h"
+// LlamaConfig, config.json read and written, and the size checks: in their
+// own headers, included here so that this header declares all it did.
+#include "fsdp/models/llama_config.h"
+#include "fsdp/models/llama_config_json.h"
+#include "fsdp/models/llama_sizes.h"
 
 namespace fsdp::models {
-
-// LoRA adapters (PEFT's LoraConfig, for the decoder's projections): each
-// targeted projection W gets A [rank, in] and B [out, rank] and computes
-// W x + (B (A x)) * alpha / rank; every other parameter is frozen
-// (requires_grad false). A starts as PEFT's (Kaiming-uniform, a = sqrt(5)),
-// B as zeros, so the adapted model starts as the base model.
-struct LoraConfig {
-  int64_t rank = 0;  // 0: no adapters
-  double alpha = 16;
-  // Of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
-  std::vector<std::string> targets = {"q_proj", "v_proj"};
-};
-// The projections LoRA can target.
-const std::vector<std::string>& lora_target_names();
-// LoraConfig::targets as comma-separated text ("q_proj,v_proj"), and back
-// (every piece kept, empty ones too: check_lora refuses those).
-std::string lora_targets_text(const std::vector<std::string>& targets);
-std::vector<std::string> parse_lora_targets(const std::string& text);
-// ConfigError naming the setting for a rank below 0, alpha not positive, an
-// unknown or repeated target, or no targets with a rank.
-void check_lora(const LoraConfig& lora);
-
-// A model's config.json, as the model reads it (every default is
-// transformers' for the architecture).
-struct LlamaConfig {
-  std::string architecture = "LlamaForCausalLM";  // or Qwen2ForCausalLM, MistralForCausalLM
-  std::string model_type = "llama";               // "llama", "qwen2", "mistral"
-  int64_t vocab_size = 32000;
-  int64_t hidden_size = 4096;
-  int64_t intermediate_size = 11008;
-  int64_t num_hidden_layers = 32;
-  int64_t num_attention_heads = 32;
-  int64_t num_key_value_heads = 32;
-  int64_t head_dim = 128;
-  int64_t max_position_embeddings = 2048;
-  double rms_norm_eps = 1e-6;
-  double initializer_range = 0.02;
-  bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v/o biases (Llama's attention_bias)
-  bool qkv_bias = false;        // q/k/v biases only (Qwen2: always)
-  bool mlp_bias = false;
-  double attention_dropout = 0.0;
-  // RoPE.
-  std::string rope_type = "default";  // "default", "linear", "llama3"
-  double rope_theta = 10000.0;
-  double rope_factor = 1.0;  // linear, llama3
-  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  // llama3
-  int64_t rope_original_max_position_embeddings = 0;               // llama3
-  // The sliding window of each layer (0: full causal attention).
-  std::vector<int64_t> layer_windows;
-  std::optional<int64_t> pad_token_id, bos_token_id;
-  std::vector<int64_t> eos_token_ids;
-  std::string dtype = "float32";  // `dtype` or the legacy `torch_dtype`: the weights' dtype as saved
-  // The config.json text this was read from (kept for export; empty when
-  // built in code).
-  std::string source_json;
-  // Not of config.json: adapters the run adds (rank 0: none).
-  LoraConfig lora;
-  // Not of config.json: false builds the decoder's parameters uninitialised
-  // (at::empty: no time spent drawing values), as transformers'
-  // from_pretrained does, for a model whose weights are loaded next
-  // (hf::load_weights, a checkpoint); the LoRA adapters, the norms and an
-  // untied lm_head (LibTorch's Linear) are initialised either way.
-  bool initialize = true;
-  std::string source_path;  // the file it was read from (parse_llama_config's `where`; "" when built in code)
-};
-
-// The architectures this model implements, as config.json names them.
-const std::vector<std::string>& llama_architectures();
-
-// Parses a config.json text. `where` names the file in errors. ConfigError
-// naming the file, the key and what was expected for: text that is not a JSON
-// object (or over 16 MiB), an architecture outside llama_architectures()
-// (named, with the list), a missing or ill-typed key the model needs, sizes
-// that do not fit (heads that do not divide, num_key_value_heads not dividing
-// num_attention_heads), and settings that change the computation in ways not
-// implemented (rope_type, partial_rotary_factor, hidden_act). Cost: linear in
-// the text.
-LlamaConfig parse_llama_config(const std::string& json_text, const std::string& where);
-// Reads and parses the file `path` (a config.json).
-LlamaConfig read_llama_config(const std::string& path);
-// The config as transformers' config.json (for export): the source text's
-// keys kept, the fields above written over them, "dtype" set to `dtype`,
-// "transformers_version" set to the release emulated (5.25.0), and the legacy
-// keys (rope_theta, rope_scaling, torch_dtype) written beside
-// rope_parameters and dtype with the same values, so that transformers 4.x
-// and 5 read the same model.
-std::string llama_config_json(const LlamaConfig& config, const std::string& dtype);
 
 // RMSNorm: weight * (x / sqrt(mean(x^2) + eps)), computed in float32 and cast
 // back to x's dtype before the weight, as transformers' LlamaRMSNorm.
@@ -271,47 +188,5 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> llama_model_shapes(con
 // an engine, every rank must call it with the same lengths (collectives).
 at::Tensor llama_generate(fsdp::Unit<LlamaImpl>& model, const at::Tensor& prompt, int64_t max_new_tokens,
                           const std::vector<int64_t>& stop_ids = {});
-
-// ---------------------------------------------------------------------------
-// Sizes (src/models/llama_sizes.cpp): what a Llama config would cost, counted
-// from its sizes alone (no tensor made), against the memory this process can
-// have, so that a hostile config.json ends in a ConfigError naming the file,
-// the key and the bytes, never in LibTorch's allocator or the OOM killer.
-// Local calls, no collectives.
-
-// The memory this process may have: physical RAM (sysconf), or less when
-// RLIMIT_AS caps the address space (the cap less what is mapped already).
-// `what` says which, with the bytes, for messages.
-struct MemoryBudget {
-  long double bytes = 0;
-  std::string what;
-};
-MemoryBudget memory_budget();
-// "549755813632 bytes (512.0 GiB)"; "about 1.209e+24 bytes" past int64.
-std::string byte_text(long double bytes);
-// The bytes a model of `config` takes: its parameters (and LoRA adapters)
-// of `element_bytes` each, and each decoder layer's module objects (64 KiB
-// counted per layer).
-long double llama_memory_bytes(const LlamaConfig& config, int64_t element_bytes);
-// Sizes no process could hold, checked as a config is parsed
-// (parse_llama_config calls it before anything of num_hidden_layers' length
-// is made): ConfigError naming `where` (default: config.source_path) and
-// the costliest key when the model would exceed 2^62 bytes in float32
-// (int64 counts overflow past that), or when its num_hidden_layers' module
-// objects alone exceed memory_budget().
-void check_llama_sizes(const LlamaConfig& config, const std::string& where = "");
-// The model against memory_budget() before it is built: ConfigError naming
-// `where` (default: config.source_path), the costliest key (the one whose
-// setting to 1 saves the most bytes), or the LoRA rank (named `rank_name`)
-// when the adapters are what does not fit, and the bytes needed. Counts the
-// whole model, or this machine's share when WORLD_SIZE and LOCAL_WORLD_SIZE
-// say ranks span machines. LlamaImpl's constructor calls it with the
-// default dtype's size.
-void check_llama_memory(const LlamaConfig& config, int64_t element_bytes, const std::string& where = "",
-                        const std::string& rank_name = "LoraConfig::rank");
-// Warnings for a LoRA rank above a target projection's smaller dimension
-// (the adapter's product B A cannot have that rank: memory for nothing).
-// PEFT accepts any rank above 0, and so does this: warnings, not an error.
-std::vector<std::string> lora_rank_warnings(const LlamaConfig& config, const std::string& rank_name);
 
 }  // namespace fsdp::models

@@ -1,15 +1,16 @@
-// The decoders of tokenizer.json's pipeline (decoders/ of tokenizers 0.23):
-// tokens back to text.
+// The decoders of tokenizer.json's pipeline, as tokenizers 0.23's
+// decoders/ (and pre_tokenizers/'s ByteLevel and Metaspace) run them:
+// tokens back to text; and their reading from the file.
+#include "decoders.h"
+
 #include <algorithm>
 #include <cstdint>
 
+#include "../normalizers/normalizers.h"
+#include "../unicode.h"
 #include "fsdp/error.h"
-#include "pipeline.h"
-#include "unicode.h"
 
 namespace fsdp::tokenizers::detail {
-
-// --- decoders --------------------------------------------------------------------
 
 std::vector<std::string> ByteLevelDecoder::decode_chain(std::vector<std::string> tokens, size_t) const {
   std::string bytes;
@@ -147,6 +148,48 @@ std::vector<std::string> MetaspaceDecoder::decode_chain(std::vector<std::string>
 std::vector<std::string> SequenceDecoder::decode_chain(std::vector<std::string> tokens, size_t input) const {
   for (const auto& step : steps_) tokens = step->decode_chain(std::move(tokens), input);
   return tokens;
+}
+
+// --- from tokenizer.json ---------------------------------------------------------
+
+namespace {
+const char* const kDecoders = "ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence";
+}  // namespace
+
+std::unique_ptr<Decoder> parse_decoder(const Reader& r, const Json& j, const std::string& path) {
+  if (j.is_null()) return nullptr;
+  const std::string type = r.type(j, path, "decoder", kDecoders);
+  if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
+  if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
+  if (type == "Fuse") return std::make_unique<FuseDecoder>();
+  if (type == "Strip") {
+    return std::make_unique<StripDecoder>(
+        r.character(r.need(j, path, "content", "one character"), member_path(path, "content")),
+        r.unsigned_integer(r.need(j, path, "start", "a count"), member_path(path, "start"), UINT32_MAX),
+        r.unsigned_integer(r.need(j, path, "stop", "a count"), member_path(path, "stop"), UINT32_MAX));
+  }
+  if (type == "Replace") {
+    return std::make_unique<ReplaceDecoder>(
+        r.pattern(r.need(j, path, "pattern", "{\"String\": ...} or {\"Regex\": ...}"), member_path(path, "pattern")),
+        r.string(r.need(j, path, "content", "a string"), member_path(path, "content")),
+        r.source() + ": " + path + " (Replace)");
+  }
+  if (type == "Metaspace") {
+    return std::make_unique<MetaspaceDecoder>(
+        r.character(r.need(j, path, "replacement", "one character"), member_path(path, "replacement")),
+        parse_prepend_scheme(r, j, path));
+  }
+  if (type == "Sequence") {
+    const std::string list = member_path(path, "decoders");
+    const Json& items = r.need(j, path, "decoders", "a list of decoders");
+    if (!items.is_array()) r.fail(list, "expected a list of decoders, got " + Reader::describe(items));
+    std::vector<std::unique_ptr<Decoder>> steps;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (auto d = parse_decoder(r, items[i], index_path(list, i))) steps.push_back(std::move(d));
+    }
+    return std::make_unique<SequenceDecoder>(std::move(steps));
+  }
+  r.unknown(path, "decoder", type, kDecoders);
 }
 
 }  // namespace fsdp::tokenizers::detail

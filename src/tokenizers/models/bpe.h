@@ -1,15 +1,18 @@
 // The BPE model of tokenizer.json (private): vocab, merges and the merge
 // loop of Hugging Face's tokenizers (models/bpe), with ignore_merges,
-// byte_fallback, unk_token and fuse_unk.
+// byte_fallback, unk_token and fuse_unk; and its reading from the file.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "../json_reader.h"
 
 namespace fsdp::tokenizers::detail {
 
@@ -56,5 +59,11 @@ class Bpe {
   uint32_t byte_ids_[256];
   bool has_byte_[256] = {};
 };
+
+// tokenizer.json's "model" of the top-level object `root` (BPE, the one
+// model type supported). ConfigError naming the key for a malformed one
+// (model.merges[i], model.vocab.<token>), a setting not supported (dropout,
+// a subword prefix or suffix), or an unknown type with those supported.
+std::unique_ptr<Bpe> parse_model(const Reader& r, const Json& root);
 
 }  // namespace fsdp::tokenizers::detail

@@ -1,4 +1,4 @@
-// src/formats/file_kind.h — what the files of the formats module share about
+// src/formats/files/file_kind.h — what the files of the formats module share about
 // file types. Private to the module (files.cpp, readers.cpp).
 #pragma once
 

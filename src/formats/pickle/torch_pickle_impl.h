@@ -1,4 +1,4 @@
-// src/formats/torch_pickle_impl.h — the unpickler's machine (the Parser behind
+// src/formats/pickle/torch_pickle_impl.h — the unpickler's machine (the Parser behind
 // pickle::parse), shared by its two halves: torch_pickle.cpp runs the
 // opcodes (Parser::step), pickle_globals.cpp builds what the accepted
 // globals make (Parser::reduce, Parser::persistent_load). Private to the

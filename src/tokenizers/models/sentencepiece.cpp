@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "files.h"
+#include "../files.h"
+#include "../unicode.h"
 #include "fsdp/error.h"
 #include "fsdp/tokenizers/tokenizer.h"
-#include "unicode.h"
 
 namespace fsdp::tokenizers {
 

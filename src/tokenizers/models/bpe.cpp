@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <queue>
 
+#include "../unicode.h"
 #include "fsdp/error.h"
-#include "unicode.h"
 
 namespace fsdp::tokenizers::detail {
 
@@ -165,6 +165,77 @@ void Bpe::tokenize(std::string_view piece, std::vector<int64_t>& out) const {
   for (const Symbol& s : symbols) {
     if (s.len != 0) out.push_back(s.id);
   }
+}
+
+// --- from tokenizer.json ---------------------------------------------------------
+
+namespace {
+const char* const kModels = "BPE";
+}  // namespace
+
+std::unique_ptr<Bpe> parse_model(const Reader& r, const Json& root) {
+  const std::string path = "model";
+  const Json& j = r.need(root, "", "model", "the model: {\"type\": \"BPE\", \"vocab\": ..., \"merges\": ...}");
+  const std::string type = r.type(j, path, "model", kModels);
+  if (type != "BPE") r.unknown(path, "model", type, kModels);
+
+  BpeOptions options;
+  if (const Json* d = Reader::find(j, "dropout"); d && !d->is_null()) {
+    if (!d->is_number()) r.fail("model.dropout", "expected null or a number, got " + Reader::describe(*d));
+    if (d->get<double>() != 0.0) {
+      r.fail("model.dropout",
+             "BPE dropout " + d->dump() + " is not supported (it makes encoding random; expected null)");
+    }
+  }
+  if (const Json* u = Reader::find(j, "unk_token"); u && !u->is_null()) {
+    options.unk_token = r.string(*u, "model.unk_token");
+  }
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const Json* a = Reader::find(j, affix);
+    if (a && !a->is_null() && !r.string(*a, member_path(path, affix)).empty()) {
+      r.fail(member_path(path, affix), "'" + a->get<std::string>() +
+                                           "' is not supported (expected null or \"\", as byte-level and "
+                                           "SentencePiece-style BPEs have)");
+    }
+  }
+  options.fuse_unk = r.flag(j, path, "fuse_unk");
+  options.byte_fallback = r.flag(j, path, "byte_fallback");
+  options.ignore_merges = r.flag(j, path, "ignore_merges");
+
+  const Json& vocab_json =
+      r.object(r.need(j, path, "vocab", "an object of token: id"), "model.vocab", "an object of token: id");
+  std::unordered_map<std::string, uint32_t> vocab;
+  vocab.reserve(vocab_json.size());
+  for (const auto& [token, id] : vocab_json.items()) {
+    vocab[token] = static_cast<uint32_t>(r.unsigned_integer(id, "model.vocab." + token, UINT32_MAX));
+  }
+
+  const Json& merges_json = r.need(j, path, "merges", "a list of merges");
+  if (!merges_json.is_array()) {
+    r.fail("model.merges", "expected a list of merges, got " + Reader::describe(merges_json));
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+  merges.reserve(merges_json.size());
+  const bool as_strings = !merges_json.empty() && merges_json[0].is_string();
+  for (size_t i = 0; i < merges_json.size(); ++i) {
+    const Json& m = merges_json[i];
+    const std::string key = index_path("model.merges", i);
+    const char* expected = as_strings ? "a merge \"a b\" (two tokens, one space), as model.merges[0] is"
+                                      : "a merge [\"a\", \"b\"] (two tokens), as model.merges[0] is";
+    if (as_strings && m.is_string()) {
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+        r.fail(key, std::string("expected ") + expected + ", got " + Reader::describe(m));
+      }
+      merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+    } else if (!as_strings && m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else {
+      r.fail(key, std::string("expected ") + expected + ", got " + Reader::describe(m));
+    }
+  }
+  return std::make_unique<Bpe>(std::move(vocab), merges, std::move(options), r.source());
 }
 
 }  // namespace fsdp::tokenizers::detail
