@@ -222,7 +222,14 @@ void ParamGroup::reduce() {
   at::ScalarType reduce_dtype;
   if (want_dtype) {
     reduce_dtype = *want_dtype;
+  } else if (kHasGradDtype) {
+    // torch 2.15's _get_reduce_dtype: promoted over the accumulation dtypes
+    // (unsharded_grad_dtype: the parameters' own without reduce_dtype), not
+    // the gradients' — bfloat16 compute without reduce_dtype reduces in float32.
+    reduce_dtype = unsharded_grad_dtype(params_[with_grad[0]]);
+    for (size_t i : with_grad) reduce_dtype = at::promoteTypes(reduce_dtype, unsharded_grad_dtype(params_[i]));
   } else {
+    // Older torch (no grad_dtype): reduced in the gradients' dtype.
     reduce_dtype = grad_of(params_[with_grad[0]]).scalar_type();
     for (size_t i : with_grad) reduce_dtype = at::promoteTypes(reduce_dtype, grad_of(params_[i]).scalar_type());
   }

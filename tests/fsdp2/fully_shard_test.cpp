@@ -154,6 +154,7 @@ Sharded shard(dist::ProcessGroup& pg, const std::set<std::string>& flags) {
   if (flags.count("raf0")) o.reshard_after_forward(false);
   if (flags.count("raf2")) o.reshard_after_forward(2);
   if (flags.count("bf16")) o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, at::kFloat, std::nullopt, true});
+  if (flags.count("bf16p")) o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, std::nullopt, std::nullopt, true});
   if (flags.count("ends")) fully_shard({s.net->emb.ptr(), s.net->head.ptr()}, o);
   if (flags.count("group")) {
     s.b0 = s.b1 = fully_shard({s.net->b0.ptr(), s.net->b1.ptr()}, o);
@@ -289,7 +290,7 @@ void expect_equal_to_torch(int world, const std::vector<std::string>& cases) {
 // ends+tied+bf16+accum); untied, or syncing every micro-batch, it was equal.
 TEST(FullyShardTorch, World2EqualsTorchBitwise) {
   expect_equal_to_torch(2, {"base", "raf0", "bf16", "lora", "accum", "bf16+accum", "prefetch", "sum", "clip", "group",
-                            "ends", "ends+bf16", "tied+bf16+accum", "ends+tied+bf16+accum"});
+                            "ends", "ends+bf16", "tied+bf16+accum", "ends+tied+bf16+accum", "bf16p", "bf16p+accum"});
 }
 
 TEST(FullyShardTorch, World3EqualsTorchBitwise) {

@@ -14,6 +14,7 @@ float32. A case is a name and its settings, joined by '+':
   raf0        reshard_after_forward=False everywhere
   raf2        reshard_after_forward=2 everywhere (a group of 2 inside the shard group)
   bf16        MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
+  bf16p       MixedPrecisionPolicy(param_dtype=bfloat16): no reduce_dtype
   lora        embedding, head and the blocks' linears frozen; LoRA adapters train
   accum       two micro-batches per step, the first without gradient sync
   prefetch    explicit forward and backward prefetch lists, an async
@@ -112,7 +113,7 @@ def batch(step, micro, rank, world):
 
 def run_case(case, rank, world, out_dir):
     flags = set(case.split("+"))
-    known = {"base", "raf0", "raf2", "bf16", "lora", "accum", "prefetch", "hsdp", "sum", "clip", "noar", "group", "ends", "tied"}
+    known = {"base", "raf0", "raf2", "bf16", "bf16p", "lora", "accum", "prefetch", "hsdp", "sum", "clip", "noar", "group", "ends", "tied"}
     if flags - known:
         raise SystemExit(f"fully_shard_oracle.py: unknown case flags {sorted(flags - known)}; known: {sorted(known)}")
     if "hsdp" in flags:
@@ -126,6 +127,8 @@ def run_case(case, rank, world, out_dir):
         kwargs["reshard_after_forward"] = 2
     if "bf16" in flags:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if "bf16p" in flags:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
     model = make_model("lora" in flags)
     if "tied" in flags:
         model.head.weight = model.emb.weight

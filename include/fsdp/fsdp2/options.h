@@ -18,7 +18,9 @@ namespace fsdp {
 // torch's MixedPrecisionPolicy. Unset dtypes: the parameter's own.
 //  - param_dtype: the dtype of the full parameters (all-gathered in it) and
 //    of forward and backward;
-//  - reduce_dtype: the dtype gradients are reduced in (unset: the gradients');
+//  - reduce_dtype: the dtype gradients are reduced in (unset: as torch 2.15,
+//    the parameters' own — bfloat16 compute reduces in float32 — or, with a
+//    LibTorch without grad_dtype, the gradients');
 //  - output_dtype: forward outputs of floating point are cast to it;
 //  - cast_forward_inputs: floating-point forward inputs are cast to param_dtype.
 // The optimizer always steps the shards in the parameters' own dtype.
