@@ -45,6 +45,12 @@ struct UnitConfig {
   int max_reductions_in_flight;
 };
 
+// The configuration of a unit wrapped with `o`, its shard and replicate
+// groups resolved (HYBRID_SHARD: from the device mesh, or a mesh made from
+// process_group and hybrid_shard_size — a collective then). ConfigError for
+// options that do not fit together.
+UnitConfig resolve_groups(const FSDPOptions& o);
+
 class UnitState;
 
 // A unit's training state. Transitions (anything else is an internal error):
