@@ -1,12 +1,12 @@
-// load_checkpoint: open the storage (sources.cpp), plan what this rank
+// load_checkpoint: open the storage (storage_registry.cpp), plan what this rank
 // reads (plan.cpp), apply the plan (apply.cpp); fsdp/checkpoint/storage.h
 // describes the seam.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
-#include "fsdp/checkpoint/hf_storage.h"
 #include "fsdp/checkpoint/storage.h"
+#include "fsdp/checkpoint/storage_registry.h"
 #include "fsdp/error.h"
 #include "loading.h"
 #include "parts.h"
@@ -119,9 +119,9 @@ void load_module(const std::function<const StorageReader&()>& open, const std::s
 
 std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
                                                        dist::ProcessGroup& group, bool strict) {
-  std::unique_ptr<detail::Source> src;
-  return load_state([&]() -> const StorageReader& { return *(src = detail::open_source(path)); }, path, state, group,
-                    strict, nullptr);
+  std::unique_ptr<StorageReader> src;
+  return load_state([&]() -> const StorageReader& { return *(src = open_checkpoint_storage(path, {})); }, path, state,
+                    group, strict, nullptr);
 }
 
 void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::Module>& module,
@@ -129,8 +129,9 @@ void load_checkpoint(const std::string& path, const std::shared_ptr<torch::nn::M
   std::unique_ptr<StorageReader> src;
   load_module(
       [&]() -> const StorageReader& {
-        if (is_hf_model_dir(path)) return *(src = std::make_unique<HfStorageReader>(path));
-        return *(src = detail::open_source(path, /*accept_raw=*/true));
+        DetectOptions options;
+        options.module_state = true;
+        return *(src = open_checkpoint_storage(path, options));
       },
       path, module, group, strict, nullptr);
 }

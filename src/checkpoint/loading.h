@@ -1,7 +1,7 @@
 // src/checkpoint/loading.h — what the loader's three steps share
-// (fsdp/checkpoint/storage.h describes the seam): the built-in storage
-// (sources.cpp, pickled.cpp; also used by tools.cpp and copy_to_sharded),
-// the plan (plan.cpp) and its apply step (apply.cpp), called by loader.cpp.
+// (fsdp/checkpoint/storage.h describes the seam): lookups in any storage
+// (indexed_reader.cpp; the built-in readers are in readers.h), the plan
+// (plan.cpp) and its apply step (apply.cpp), called by loader.cpp.
 // Private to the checkpoint module.
 #pragma once
 
@@ -25,42 +25,9 @@ class Optimizer;
 
 namespace fsdp::detail {
 
-// ---- Reading: the built-in storage (sources.cpp), plan (plan.cpp), apply (apply.cpp) ----
-
-// The built-in storage: an opened checkpoint of any format load_checkpoint
-// reads, its index and where its bytes are.
-struct Source : StorageReader {
-  std::string path;
-  std::string where;  // the index file, for messages
-  formats::Index ix;
-  std::unique_ptr<formats::FullReader> full;  // full format (and raw)
-  std::string dir;                         // sharded format
-  bool raw = false;  // a module state dict from torch.save (open_source's accept_raw): `full` and `pickled` only
-  // A full checkpoint that PyTorch or Lightning wrote (no fsdp-cpp index),
-  // or a raw source: `ix` is built from its pickle (index_pickled,
-  // index_raw); its tensors are views of the zip's storage records, without
-  // chunks or checksums.
-  std::map<std::string, formats::pickle::TensorRef> pickled;  // by tensor key
-  std::set<std::string> numbered;  // optimizer entries keyed by PyTorch's parameter ids (0, 1, ...), not names
-  // A safetensors file (accept_raw): its header; `ix` holds its tensors as one model entry, without chunks.
-  std::unique_ptr<formats::SafetensorsHeader> safetensors;
-  std::map<std::string, size_t> safetensors_at;  // tensor key -> its place in safetensors->tensors
-
-  const formats::Index& index() const override { return ix; }
-  std::string location() const override { return where; }
-  std::vector<StorageBox> chunks(const std::string& key) const override;
-  at::Tensor read_chunk(const std::string& key, size_t chunk) const override;
-  bool keyed_by_ids(const std::string& entry) const override { return numbered.count(entry) > 0; }
-
-  const formats::EntryRecord* entry(const std::string& name) const;  // null if absent
-  // The checkpoint's one model entry; ConfigError (starting with `caller`)
-  // if it holds none or several.
-  const formats::EntryRecord& the_model(const std::string& caller) const;
-  // ConfigError if the index has no tensor `key`.
-  const formats::TensorEntry& tensor(const std::string& key) const;
-  // The whole tensor `key`; ConfigError if its chunks do not cover it.
-  at::Tensor read_whole(const std::string& key) const;
-};
+// ---- Reading: what every storage offers (indexed_reader.cpp) ----
+// The built-in storage readers, one per format, are in readers.h; the
+// registry that detects them in storage_registry.cpp.
 
 // The entry `name` of `reader`'s index; null if absent.
 const formats::EntryRecord* find_entry(const StorageReader& reader, const std::string& name);
@@ -70,23 +37,9 @@ const formats::EntryRecord& the_model(const StorageReader& reader, const std::st
 // The tensor `key` of `reader`'s index; ConfigError naming the storage if absent.
 const formats::TensorEntry& find_tensor(const StorageReader& reader, const std::string& key);
 
-// The entries of the pickle of `s.full` (a torch.save'd dict: Lightning's or
-// FSDP's full checkpoint, or {"model": model.state_dict(), "optimizer":
-// optimizer.state_dict(), ...}) into s.ix and s.pickled (pickled.cpp).
-// A dict of tensors is a model, a dict with "state" and "param_groups" an
-// optimizer, a number, bool, string or tensor a value; other dicts nest
-// ("a.b" for {"a": {"b": ...}}); anything else is left out. ConfigError
-// naming the file when the pickle is not a dict or is malformed.
-void index_pickled(Source& s);
-
-// Opens `path` (either format; ConfigError "does not point to a valid
-// checkpoint" or naming the damage). accept_raw: a PyTorch zip file without
-// fsdp-cpp's index whose pickle may be a module's state dict opens as a raw
-// source, and a safetensors file (by content, or any file named
-// *.safetensors) as one with its header; PyTorch's legacy format and
-// TorchScript archives are named as such. Without accept_raw a safetensors
-// file is "not a valid checkpoint", saying how it loads.
-std::unique_ptr<Source> open_source(const std::string& path, bool accept_raw = false);
+// [local, I/O] The whole tensor `key` of `reader`, read chunk by chunk;
+// ConfigError naming the storage if its chunks do not cover it.
+at::Tensor read_whole(const StorageReader& reader, const std::string& key);
 
 // ---- The plan (plan.cpp) ----
 

@@ -27,6 +27,7 @@ class PyTorchStreamWriter;
 
 
 namespace fsdp {
+class StorageReader;       // fsdp/checkpoint/storage.h
 class CheckpointState;     // fsdp/checkpoint/checkpoint_io.h, which the module's .cpp files include
 struct CheckpointOptions;
 }  // namespace fsdp
@@ -130,9 +131,8 @@ void save_sharded(const std::string& path, const CheckpointState& state,
                   const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
                   const CheckpointOptions& options);
 
-struct Source;
-// [local] Writes the checkpoint `src` as a sharded (DCP) checkpoint at
+// [local] Writes the checkpoint `src` (any storage) as a sharded (DCP) checkpoint at
 // `path`, one tensor in memory at a time, each tensor one chunk.
-void copy_to_sharded(const Source& src, const std::string& path);
+void copy_to_sharded(const StorageReader& src, const std::string& path);
 
 }  // namespace fsdp::detail

@@ -1,10 +1,9 @@
 // Full checkpoints that PyTorch or Lightning wrote: their pickle read into
-// the loader's index (parts.h, index_pickled).
+// FullPickleReader's index (readers.h, index_pickled).
 #include <c10/util/irange.h>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
-#include "loading.h"
-#include "parts.h"
+#include "readers.h"
 #include "fsdp/error.h"
 
 namespace fsdp::detail {
@@ -29,7 +28,9 @@ bool is_model(const Value& v) {
 
 class PickleIndexer {
  public:
-  explicit PickleIndexer(Source& s) : s_(s) {}
+  PickleIndexer(const std::string& where, formats::Index& ix, std::map<std::string, formats::pickle::TensorRef>& pickled,
+                std::set<std::string>& numbered)
+      : where_(where), ix_(ix), pickled_(pickled), numbered_(numbered) {}
 
   void values(const Value& dict, const std::string& prefix, int depth) {
     if (depth > 16) fail("nests dicts more than 16 deep at '" + prefix + "'");
@@ -49,20 +50,20 @@ class PickleIndexer {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& why) const { throw ConfigError("checkpoint: " + s_.where + " " + why); }
+  [[noreturn]] void fail(const std::string& why) const { throw ConfigError("checkpoint: " + where_ + " " + why); }
 
   void tensor(const std::string& key, const formats::pickle::TensorRef& ref) {
-    s_.ix.tensors[key] = formats::TensorEntry{ref.dtype, ref.sizes, {}};
-    s_.ix.tensor_order.push_back(key);
-    s_.pickled[key] = ref;
+    ix_.tensors[key] = formats::TensorEntry{ref.dtype, ref.sizes, {}};
+    ix_.tensor_order.push_back(key);
+    pickled_[key] = ref;
   }
 
   formats::EntryRecord& add(const std::string& name, formats::EntryType type) {
     formats::EntryRecord e;
     e.name = name;
     e.type = type;
-    s_.ix.entries.push_back(std::move(e));
-    return s_.ix.entries.back();
+    ix_.entries.push_back(std::move(e));
+    return ix_.entries.back();
   }
 
   void model(const std::string& name, const Value& dict) {
@@ -129,7 +130,7 @@ class PickleIndexer {
       e.param_groups.push_back(group(*g, where, numbered, named));
     }
     if (numbered && named) fail(where + " keys parameters both by name and by id");
-    if (numbered) s_.numbered.insert(name);
+    if (numbered) numbered_.insert(name);
   }
 
   // A param group: its parameters, and its options as numbers (bools 0 / 1,
@@ -162,24 +163,27 @@ class PickleIndexer {
     return out;
   }
 
-  Source& s_;
+  const std::string& where_;
+  formats::Index& ix_;
+  std::map<std::string, formats::pickle::TensorRef>& pickled_;
+  std::set<std::string>& numbered_;
 };
 
 }  // namespace
 
-void index_pickled(Source& s) {
-  const auto parsed = formats::pickle::parse(s.full->read("data.pkl"), s.where);
-  formats::pickle::check_byte_order(*s.full);
+void FullPickleReader::index_pickled() {
+  const auto parsed = formats::pickle::parse(full_->read("data.pkl"), where_);
+  formats::pickle::check_byte_order(*full_);
   const Value& root = parsed.root();
   if (root.kind != Kind::kDict) {
-    throw ConfigError("checkpoint: " + s.where + " holds " + formats::pickle::describe(root) +
+    throw ConfigError("checkpoint: " + where_ + " holds " + formats::pickle::describe(root) +
                       ", not a checkpoint (a dict of state dicts and values)");
   }
   if (is_model(root)) {
-    throw ConfigError("checkpoint: " + s.where + " holds a module's state dict, not a checkpoint: it loads with "
+    throw ConfigError("checkpoint: " + where_ + " holds a module's state dict, not a checkpoint: it loads with "
                       "load_checkpoint(path, module)");
   }
-  PickleIndexer(s).values(root, "", 0);
+  PickleIndexer(where_, ix_, pickled_, numbered_).values(root, "", 0);
 }
 
 }  // namespace fsdp::detail

@@ -1,19 +1,21 @@
-// The sharded format's writer: a DCP checkpoint (docs/checkpoint-format.md),
-// in three steps: stage [collective: who writes which piece], write [local:
-// this rank's data file of DCP items], commit [collective: rank 0 writes
-// meta.pt, fsdp-cpp's index and last .metadata, the commit point]. An async
-// save runs the write in the background and commits at wait_for_checkpoint.
+// The sharded format's writer: a DCP checkpoint (docs/checkpoint-format.md)
+// as a StorageWriter (fsdp/checkpoint/storage_writer.h; sharded_save.cpp
+// plans and drives it): write_data writes this rank's data file of DCP
+// items, finish (rank 0) meta.pt, fsdp-cpp's index and last .metadata, the
+// commit point. copy_to_sharded writes a whole checkpoint with it.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
 
 #include "fsdp/formats/dcp.h"
 #include "fsdp/checkpoint/checkpoint_io.h"
+#include "fsdp/checkpoint/storage_writer.h"
 #include "loading.h"
 #include "parts.h"
 #include "fsdp/fault_points/fault_points.h"
@@ -27,21 +29,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A piece this rank writes: its record (chunk filled in by the write) and its data.
-struct Piece {
-  formats::PieceRecord record;
-  at::Tensor tensor;
-};
-
-struct ShardedJob {
-  std::string path, save_id, file_name;
-  int rank = 0, world = 1;
-  std::vector<formats::EntryRecord> entries;
-  std::vector<Piece> owned;  // the pieces this rank writes
-  // The write's outcome: the written pieces' records, or its failure.
-  std::vector<formats::PieceRecord> written;
-  std::vector<formats::DcpItem> bytes_written;  // rank 0: the values and parameter groups
-  Failure write_failure;
+// What a data file's writing leaves for the commit.
+struct Written {
+  std::string file_name;
+  std::vector<formats::PieceRecord> pieces;      // with where their bytes are
+  std::vector<formats::DcpItem> bytes_items;     // rank 0: the values and parameter groups
 };
 
 // DCP's name is __<rank>_0.distcp; the save id keeps the previous save's
@@ -49,8 +41,6 @@ struct ShardedJob {
 std::string data_file_name(const std::string& save_id, int rank) {
   return "__" + std::to_string(rank) + "_" + save_id + ".distcp";
 }
-
-std::string saving(const std::string& path) { return "save_checkpoint: saving " + path; }
 
 // [local] Refuses a destination that a sharded writer may not write into:
 // anything but a directory (the directory itself may be a symbolic link to
@@ -73,144 +63,83 @@ void check_sharded_destination(const std::string& path, const std::string& calle
   formats::refuse_colliding_entries(path, caller);
 }
 
-Piece make_piece(const std::string& key, at::ScalarType dtype, std::vector<int64_t> shape, std::vector<int64_t> offsets,
-                 const at::Tensor& tensor) {
-  Piece p{{key, dtype, std::move(shape), {}}, tensor};
-  p.record.chunk.offsets = std::move(offsets);
-  p.record.chunk.sizes = tensor.sizes().vec();
-  p.record.chunk.nbytes = static_cast<int64_t>(tensor.numel() * static_cast<int64_t>(c10::elementSize(dtype)));
-  return p;
-}
-
-// This rank's pieces of the state: views of its shards, no gather. Its
-// failure goes to `error`, for the agreement that follows.
-std::vector<Piece> local_pieces(ShardedJob& job, const CheckpointState& state,
-                                const std::shared_ptr<torch::nn::Module>& fsdp_model, const CheckpointOptions& options,
-                                Failure& error) {
-  std::vector<Piece> pieces;
-  auto put = [&](const std::string& key, const StateValue& v) {
-    if (std::holds_alternative<at::Tensor>(v)) {
-      const auto& t = std::get<at::Tensor>(v);
-      pieces.push_back(make_piece(key, t.scalar_type(), t.sizes().vec(), std::vector<int64_t>(t.sizes().size(), 0), t));
-      return;
-    }
-    const auto& st = std::get<ShardedTensor>(v);
-    for (const auto& s : st.local_shards) {
-      pieces.push_back(make_piece(key, st.dtype, st.global_shape, s.offsets, s.tensor));
-    }
-  };
-  error = capture([&] { job.entries = visit_state(state, fsdp_model, StateDictType::kSharded, options, put); });
-  return pieces;
-}
-
-// [collective: all_gather] Who writes what: a box held by several ranks
-// (replicas, tensors every rank has) is written by the lowest one. copy: a
-// snapshot of each owned piece (async: training goes on).
-void claim_pieces(ShardedJob& job, std::vector<Piece> pieces, Failure error, dist::ProcessGroup& group, bool copy) {
-  std::vector<formats::PieceRecord> mine;
-  for (const auto& p : pieces) mine.push_back(p.record);
-  const std::string payload = formats::encode_pieces(mine);
-  // Pieces the others could not decode fail here, on every rank alike.
-  if (error.empty()) error = capture([&] { formats::decode_pieces(payload, "this rank's pieces"); });
-  const auto everyone = gather_agreed(group, payload, error, saving(job.path));
-  using Box = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>;
-  auto box = [](const formats::PieceRecord& r) { return Box{r.key, r.chunk.offsets, r.chunk.sizes}; };
-  std::set<Box> taken;  // the boxes of lower ranks
-  for (int r = 0; r < group.rank(); ++r) {
-    const std::string where = "rank " + std::to_string(r) + "'s pieces";
-    for (const auto& x : formats::decode_pieces(everyone[static_cast<size_t>(r)], where)) taken.insert(box(x));
-  }
-  for (auto& p : pieces) {
-    if (!taken.insert(box(p.record)).second) continue;
-    if (copy) p.tensor = p.tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
-    job.owned.push_back(std::move(p));
-  }
-}
-
-// [collective] The job of a save at `path`: the directory made, a save id
-// agreed, this rank's pieces claimed.
-ShardedJob stage(const std::string& path, const CheckpointState& state,
-                 const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
-                 const CheckpointOptions& options) {
-  Failure error;  // (a file at `path` was replaced by save_checkpoint)
-  if (group.rank() == 0) {
-    error = capture([&] {
-      check_sharded_destination(path, "save_checkpoint");
-      fs::create_directories(path);
-    });
-  }
-  agree(group, error, "save_checkpoint: creating " + path);
-  ShardedJob job;
-  job.path = path;
-  job.rank = group.rank();
-  job.world = group.size();
-  job.save_id = group.broadcast_bytes(formats::new_save_id(), 0);
-  job.file_name = data_file_name(job.save_id, job.rank);
-  auto pieces = local_pieces(job, state, fsdp_model, options, error);
-  claim_pieces(job, std::move(pieces), error, group, /*copy=*/options.async_save());
-  return job;
-}
-
-// [local] Writes this rank's data file, synced before the index can name it;
-// keeps the outcome in the job.
 // Appends a piece to the data file as a DCP item; its record (with where
-// its bytes are) goes to job.written.
-void write_piece(ShardedJob& job, formats::AtomicFile& file, Piece& p) {
-  const at::Tensor t = p.tensor.detach().cpu().contiguous();
-  formats::Chunk& c = p.record.chunk;
-  c.file = job.file_name;
+// its bytes are) goes to `out`.
+void write_piece(const WriteItem& item, const at::Tensor& tensor, formats::AtomicFile& file, Written& out) {
+  const at::Tensor t = tensor.detach().cpu().contiguous();
+  formats::PieceRecord r{item.key, item.dtype, item.shape, {}};
+  formats::Chunk& c = r.chunk;
+  c.offsets = item.box.offsets;
+  c.sizes = item.box.sizes;
+  c.file = out.file_name;
   c.nbytes = static_cast<int64_t>(t.numel() * t.element_size());
   c.crc = formats::crc32(t.data_ptr(), static_cast<size_t>(c.nbytes));
   formats::pickle::Writer pkl;
   pkl.tensor("0", formats::pickle::storage_class(t.scalar_type()), t.sizes().vec());
-  const formats::WrittenItem item = formats::write_dcp_item(file, job.file_name, pkl.finish(), t.data_ptr(), c.nbytes);
-  c.offset = item.data_offset;
-  p.record.item_offset = item.storage.offset;
-  p.record.item_length = item.storage.length;
-  job.written.push_back(p.record);
+  const formats::WrittenItem written = formats::write_dcp_item(file, out.file_name, pkl.finish(), t.data_ptr(), c.nbytes);
+  c.offset = written.data_offset;
+  r.item_offset = written.storage.offset;
+  r.item_length = written.storage.length;
+  out.pieces.push_back(std::move(r));
 }
 
 // Rank 0's bytes items (values, parameter groups), first in its file as DCP puts them.
-void write_bytes_items(ShardedJob& job, formats::AtomicFile& file) {
-  if (job.rank != 0) return;
-  for (auto& [item, pkl] : formats::dcp_bytes_items(job.entries, python_group_options)) {
-    item.bytes = formats::write_dcp_item(file, job.file_name, pkl, nullptr, 0).storage;
-    job.bytes_written.push_back(std::move(item));
+void write_bytes_items(const SavePlan& plan, formats::AtomicFile& file, Written& out) {
+  if (plan.rank != 0) return;
+  for (auto& [item, pkl] : formats::dcp_bytes_items(plan.entries, python_group_options)) {
+    item.bytes = formats::write_dcp_item(file, out.file_name, pkl, nullptr, 0).storage;
+    out.bytes_items.push_back(std::move(item));
   }
 }
 
-void write_data(ShardedJob& job) {
-  job.write_failure = capture([&] {
-    formats::AtomicFile file((fs::path(job.path) / job.file_name).string());
-    write_bytes_items(job, file);
-    for (Piece& p : job.owned) {
-      write_piece(job, file, p);
-      if (job.written.size() == 1) fault_point("sharded-mid-data", job.rank);
-    }
-    file.commit();
-  });
+// The tensor of an item: its own, or (copy_to_sharded) read when written.
+using Fetch = std::function<at::Tensor(const WriteItem&)>;
+
+// [local] Writes this rank's data file, synced before the index can name it.
+Written write_data_file(const std::string& dir, const SavePlan& plan, const Fetch& fetch) {
+  Written out;
+  out.file_name = data_file_name(plan.save_id, plan.rank);
+  formats::AtomicFile file((fs::path(dir) / out.file_name).string());
+  write_bytes_items(plan, file, out);
+  for (const WriteItem& item : plan.items) {  // one tensor in memory at a time
+    write_piece(item, fetch(item), file, out);
+    if (out.pieces.size() == 1) fault_point("sharded-mid-data", plan.rank);
+  }
+  file.commit();
+  return out;
+}
+
+// Every rank's written pieces, decoded.
+std::vector<std::vector<formats::PieceRecord>> pieces_of(const std::vector<std::string>& written) {
+  std::vector<std::vector<formats::PieceRecord>> out;
+  for (size_t r = 0; r < written.size(); ++r) {
+    out.push_back(formats::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces"));
+  }
+  return out;
 }
 
 // The index of every rank's written pieces.
-formats::Index index_of(const ShardedJob& job, const std::vector<std::string>& written) {
+formats::Index index_of(const SavePlan& plan, const std::vector<std::vector<formats::PieceRecord>>& written) {
   formats::Index ix;
   ix.kind = formats::Index::Kind::kSharded;
-  ix.world_size = job.world;
-  ix.save_id = job.save_id;
-  ix.entries = job.entries;
-  for (int r = 0; r < job.world; ++r) ix.files.push_back(data_file_name(job.save_id, r));
-  for (size_t r = 0; r < written.size(); ++r) {
-    for (const auto& p : formats::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) formats::add_piece(ix, p);
+  ix.world_size = plan.world_size;
+  ix.save_id = plan.save_id;
+  ix.entries = plan.entries;
+  for (int r = 0; r < plan.world_size; ++r) ix.files.push_back(data_file_name(plan.save_id, r));
+  for (const auto& pieces : written) {
+    for (const auto& p : pieces) formats::add_piece(ix, p);
   }
   return ix;
 }
 
 // DCP's Metadata of the index: every tensor's chunks with their items, and
 // the bytes items rank 0 wrote.
-formats::DcpMetadata metadata_of(const ShardedJob& job, const formats::Index& ix, const std::vector<std::string>& written) {
+formats::DcpMetadata metadata_of(const SavePlan& plan, const std::vector<formats::DcpItem>& bytes_items,
+                                 const formats::Index& ix,
+                                 const std::vector<std::vector<formats::PieceRecord>>& written) {
   std::map<std::string, formats::DcpItem> tensors;
-  for (size_t r = 0; r < written.size(); ++r) {
-    for (const auto& p : formats::decode_pieces(written[r], "rank " + std::to_string(r) + "'s pieces")) {
+  for (const auto& pieces : written) {
+    for (const auto& p : pieces) {
       formats::DcpItem& it = tensors[p.key];
       it.dtype = p.dtype;
       it.shape = p.shape;
@@ -218,8 +147,8 @@ formats::DcpMetadata metadata_of(const ShardedJob& job, const formats::Index& ix
     }
   }
   formats::DcpMetadata md;
-  md.save_id = job.save_id;
-  md.items = job.bytes_written;
+  md.save_id = plan.save_id;
+  md.items = bytes_items;
   for (const auto& key : ix.tensor_order) {
     formats::DcpItem it = std::move(tensors.at(key));
     formats::set_dcp_key(ix.entries, key, it);
@@ -284,75 +213,75 @@ void commit_index(const std::string& path, const formats::Index& ix, const forma
   }
 }
 
-// [collective] Every rank's written pieces to rank 0, which commits the
-// index; on any failure, every rank removes its data file and throws. (A
-// rank 0 that dies after the commit fails the broadcast: the data file,
-// referenced by the new index, stays.)
-void commit_save(const ShardedJob& job, dist::ProcessGroup& group) {
-  Failure failed;
-  const auto written = gather_outcomes(group, formats::encode_pieces(job.written), job.write_failure, failed);
-  if (group.rank() == 0 && failed.empty()) {
-    failed = capture([&] {
-      const formats::Index ix = index_of(job, written);
-      std::map<std::string, at::Tensor> values;
-      for (const auto& e : ix.entries) {
-        if (e.type != formats::EntryType::kTensor) continue;
-        for (const auto& p : job.owned) {
-          if (p.record.key == e.name) values[e.name] = p.tensor;
-        }
-      }
-      commit_index(job.path, ix, metadata_of(job, ix, written), values);
-    });
+// [local] Rank 0's commit of the written pieces (`written`: every rank's
+// encoded records): fsdp-cpp's index, .metadata and meta.pt, with the
+// tensor values `fetch` gives (rank 0 holds them: it claims every
+// replicated piece).
+void commit_written(const std::string& dir, const SavePlan& plan, const std::vector<formats::DcpItem>& bytes_items,
+                    const std::vector<std::string>& written, const Fetch& fetch) {
+  const auto pieces = pieces_of(written);
+  const formats::Index ix = index_of(plan, pieces);
+  std::map<std::string, at::Tensor> values;
+  for (const auto& e : ix.entries) {
+    if (e.type != formats::EntryType::kTensor) continue;
+    for (const auto& item : plan.items) {
+      if (item.key == e.name) values[e.name] = fetch(item);
+    }
   }
-  failed = failure_from(group, 0, failed);
-  if (failed.empty()) return;
-  std::error_code ec;
-  fs::remove(fs::path(job.path) / job.file_name, ec);  // never referenced by an index
-  rethrow(failed, "save_checkpoint: saving " + job.path + " failed (the previous checkpoint there is intact): ");
+  commit_index(dir, ix, metadata_of(plan, bytes_items, ix, pieces), values);
 }
+
+at::Tensor own_tensor(const WriteItem& item) { return item.tensor; }
+
+// The built-in StorageWriter: a DCP directory.
+class DcpWriter : public StorageWriter {
+ public:
+  DcpWriter(std::string path, std::string caller) : path_(std::move(path)), caller_(std::move(caller)) {}
+  std::string location() const override { return path_; }
+  void prepare() override {
+    check_sharded_destination(path_, caller_);
+    fs::create_directories(path_);
+  }
+  std::string write_data(const SavePlan& plan) override {
+    written_ = write_data_file(path_, plan, own_tensor);
+    return formats::encode_pieces(written_.pieces);
+  }
+  void finish(const SavePlan& plan, const std::vector<std::string>& results) override {
+    commit_written(path_, plan, written_.bytes_items, results, own_tensor);
+  }
+  void abort(const SavePlan& plan) noexcept override {
+    std::error_code ec;
+    fs::remove(fs::path(path_) / data_file_name(plan.save_id, plan.rank), ec);
+  }
+
+ private:
+  std::string path_, caller_;
+  Written written_;  // this rank's, between write_data and finish
+};
 
 }  // namespace
 
-void copy_to_sharded(const Source& src, const std::string& path) {
+void copy_to_sharded(const StorageReader& src, const std::string& path) {
   check_sharded_destination(path, "convert");
   fs::create_directories(path);
-  ShardedJob job;
-  job.path = path;
-  job.save_id = formats::new_save_id();
-  job.file_name = data_file_name(job.save_id, 0);
-  job.entries = src.ix.entries;
-  {
-    formats::AtomicFile file((fs::path(path) / job.file_name).string());
-    write_bytes_items(job, file);
-    for (const auto& key : src.ix.tensor_order) {  // one tensor in memory at a time
-      const auto& t = src.tensor(key);
-      Piece p = make_piece(key, t.dtype, t.shape, std::vector<int64_t>(t.shape.size(), 0), src.read_whole(key));
-      write_piece(job, file, p);
-    }
-    file.commit();
+  SavePlan plan;
+  plan.save_id = formats::new_save_id();
+  plan.entries = src.index().entries;
+  for (const auto& key : src.index().tensor_order) {  // each tensor one chunk, read when written
+    const auto& t = find_tensor(src, key);
+    plan.items.push_back(WriteItem{key, t.dtype, t.shape, StorageBox{std::vector<int64_t>(t.shape.size(), 0), t.shape}, {}});
   }
-  const std::vector<std::string> written{formats::encode_pieces(job.written)};
-  const formats::Index ix = index_of(job, written);
-  std::map<std::string, at::Tensor> values;  // for meta.pt
-  for (const auto& e : ix.entries) {
-    if (e.type == formats::EntryType::kTensor) values[e.name] = src.read_whole(e.name);
-  }
-  commit_index(path, ix, metadata_of(job, ix, written), values);
-}
-
-void save_sharded(const std::string& path, const CheckpointState& state,
-                  const std::shared_ptr<torch::nn::Module>& fsdp_model, dist::ProcessGroup& group,
-                  const CheckpointOptions& options) {
-  auto job = std::make_shared<ShardedJob>(stage(path, state, fsdp_model, group, options));
-  if (!options.async_save()) {
-    write_data(*job);
-    commit_save(*job, group);
-    return;
-  }
-  PendingSave pending;
-  pending.write = std::async(std::launch::async, [job] { write_data(*job); });
-  pending.commit = [job, g = &group] { commit_save(*job, *g); };
-  set_pending_save(group, std::move(pending));
+  const Fetch read = [&](const WriteItem& item) { return read_whole(src, item.key); };
+  const Written written = write_data_file(path, plan, read);
+  commit_written(path, plan, written.bytes_items, {formats::encode_pieces(written.pieces)}, read);
 }
 
 }  // namespace fsdp::detail
+
+namespace fsdp {
+
+std::shared_ptr<StorageWriter> make_dcp_writer(const std::string& path) {
+  return std::make_shared<detail::DcpWriter>(path, "save_checkpoint");
+}
+
+}  // namespace fsdp

@@ -12,7 +12,9 @@
 //      optimizers and the values, entry by entry.
 //
 // The built-in storage (open_checkpoint_storage) reads every format
-// load_checkpoint reads. Another storage (memory, an object store, another
+// load_checkpoint reads, one reader per format behind a registry that
+// detects which one a path holds (fsdp/checkpoint/storage_registry.h,
+// where a format of one's own registers). Another storage (memory, an object store, another
 // file format) implements StorageReader and loads with the overloads below,
 // without touching the planner or the apply step:
 //
@@ -105,10 +107,12 @@ struct LoadPlan {
 // default plan.
 using LoadPlanner = std::function<LoadPlan(const StorageReader& reader, LoadPlan plan)>;
 
-// [local] The built-in storage of the checkpoint at `path`: every format
-// load_checkpoint(path, state, ...) reads, and a Hugging Face model
-// directory (fsdp/checkpoint/hf_storage.h). ConfigError as load_checkpoint's
-// for a path that holds no checkpoint or a damaged index.
+// [local] The storage of the checkpoint at `path`, opened by the format that
+// claims it (fsdp/checkpoint/storage_registry.h): every format
+// load_checkpoint(path, state, ...) reads, a Hugging Face model directory
+// (fsdp/checkpoint/hf_storage.h), and formats users registered.
+// ConfigError as load_checkpoint's for a path that holds no checkpoint or
+// a damaged index, or that several formats claim.
 std::unique_ptr<StorageReader> open_checkpoint_storage(const std::string& path);
 
 // [collective over `group`] load_checkpoint(path, state, group, strict)
