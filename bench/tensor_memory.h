@@ -8,14 +8,18 @@
 #pragma once
 
 #include <c10/core/CPUAllocator.h>
+#include <cxxabi.h>
+#include <execinfo.h>
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fsdp/core/utils.h"
@@ -34,11 +38,20 @@ class TensorMemory final : public c10::Allocator {
     return *m;
   }
 
+  // The data pointer is its own context (LibTorch's raw_allocate needs it);
+  // the inner allocation waits in blocks_ until release.
   c10::DataPtr allocate(size_t n) override {
-    auto* ctx = new Block{inner_->allocate(n), n, this};
-    void* data = ctx->inner.get();
+    c10::DataPtr inner = inner_->allocate(n);
+    void* data = inner.get();
+    if (data == nullptr) return inner;  // nothing to count
     {
       std::lock_guard<std::mutex> lock(mu_);
+      Block b{std::move(inner), n, {}};
+      if (n >= kTraced) {  // a large allocation: where it was made
+        b.frames.resize(24);
+        b.frames.resize(static_cast<size_t>(backtrace(b.frames.data(), 24)));
+      }
+      blocks_.emplace(data, std::move(b));
       current_ += n;
       ++live_[n];
       if (current_ > peak_) {
@@ -46,12 +59,17 @@ class TensorMemory final : public c10::Allocator {
         if (peak_ >= snapshot_peak_ + (1 << 20)) {  // a new peak by 1 MiB or more: record what is live
           snapshot_peak_ = peak_;
           snapshot_ = live_;
+          snapshot_stacks_.clear();
+          for (const auto& [ptr, block] : blocks_) {
+            if (!block.frames.empty()) ++snapshot_stacks_[{block.n, block.frames}];
+          }
           snapshot_rss_mib_ = fsdp::resident_memory_mib();
         }
       }
     }
-    return {data, ctx, &release, c10::Device(c10::kCPU)};
+    return {data, data, &release, c10::Device(c10::kCPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   // One line: the peak of live tensor bytes, the RSS when it was reached,
@@ -76,31 +94,60 @@ class TensorMemory final : public c10::Allocator {
       }
     }
     out << " +" << rest << " MiB in smaller ones";
+    // The allocations of kTraced bytes or more live then, by where they were
+    // made (the frames whose names say fsdp).
+    for (const auto& [key, count] : snapshot_stacks_) {
+      out << "\n  " << key.first / 1048576.0 << " MiB x" << count << " from:";
+      char** names = backtrace_symbols(key.second.data(), static_cast<int>(key.second.size()));
+      for (size_t i = 0; names && i < key.second.size(); ++i) {
+        std::string name = names[i];
+        const size_t open = name.find('('), plus = name.find('+', open);
+        if (open == std::string::npos || plus == std::string::npos || plus == open + 1) continue;
+        const std::string mangled = name.substr(open + 1, plus - open - 1);
+        int status = 0;
+        char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+        std::string readable = status == 0 && d ? d : mangled;
+        std::free(d);
+        if (readable.find("fsdp") != std::string::npos) out << "\n    " << readable.substr(0, 160);
+      }
+      std::free(names);
+    }
     return out.str();
   }
 
  private:
+  static constexpr size_t kTraced = 32u << 20;
   struct Block {
     c10::DataPtr inner;
-    size_t n;
-    TensorMemory* owner;
+    size_t n = 0;
+    std::vector<void*> frames;
   };
-  explicit TensorMemory(c10::Allocator* inner) : inner_(inner) {}
+  explicit TensorMemory(c10::Allocator* inner) : inner_(inner) { self_ = this; }
   static void release(void* p) {
-    auto* b = static_cast<Block*>(p);
+    Block b;
     {
-      std::lock_guard<std::mutex> lock(b->owner->mu_);
-      b->owner->current_ -= b->n;
-      --b->owner->live_[b->n];
+      std::lock_guard<std::mutex> lock(self_->mu_);
+      auto it = self_->blocks_.find(p);
+      if (it == self_->blocks_.end()) {  // not counted (empty): the inner allocator's
+        if (auto d = self_->inner_->raw_deleter()) d(p);
+        return;
+      }
+      b = std::move(it->second);
+      self_->blocks_.erase(it);
+      self_->current_ -= b.n;
+      --self_->live_[b.n];
     }
-    delete b;
-  }
+  }  // b.inner frees the memory here, outside the lock
+
+  static inline TensorMemory* self_ = nullptr;
+  std::unordered_map<void*, Block> blocks_;
 
   c10::Allocator* inner_;
   std::mutex mu_;
   uint64_t current_ = 0, peak_ = 0, snapshot_peak_ = 0;
   double snapshot_rss_mib_ = 0;
   std::map<size_t, int64_t> live_, snapshot_;
+  std::map<std::pair<size_t, std::vector<void*>>, int> snapshot_stacks_;
 };
 #else
 constexpr bool kTensorMemory = false;
