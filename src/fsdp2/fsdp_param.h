@@ -33,7 +33,8 @@ class FSDPParamGroup;
 // A leaf's AccumulateGrad node (std::shared_ptr in LibTorch 1.13, c10::intrusive_ptr in 2.x).
 using GradAccumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
-// torch's ShardedState; kShardedPostForward is the group's (post_forward_shard).
+// torch's ShardedState. Its SHARDED_POST_FORWARD is the group's here: the
+// post-forward shard is one buffer for the whole group (collectives.h).
 enum class ShardedState { kSharded, kUnsharded };
 
 // True where LibTorch has Tensor::set_grad_dtype (2.15 has it, 1.13 not).
@@ -41,7 +42,7 @@ bool has_grad_dtype();
 
 class FSDPParam {
  public:
-  // [local] Shards `param` (shape `shape`, dim 0 non-empty rank): copies
+  // [local] Shards `param` (at least 1-D) over `shard_size` ranks: copies
   // this rank's rows (dist::chunk_range's) into a padded block of the
   // parameter's dtype and points the parameter at them, dropping its
   // gradient. `param_dtype` / `reduce_dtype`: the mixed-precision policy's.
