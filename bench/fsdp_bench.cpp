@@ -29,6 +29,7 @@
 #include "fsdp/observability/loggers.h"
 #include "fsdp/observability/profiler.h"
 #include "fsdp/core/trace_span.h"
+#include "tensor_memory.h"
 
 namespace {
 
@@ -147,7 +148,8 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 2;
   int reductions_in_flight = defaults.max_reductions_in_flight();
   bool eager_init = false;
-  bool use_orig = defaults.use_orig_params(), forward_prefetch = defaults.forward_prefetch(), bf16 = false, trace_memory = false, checkpointing = false;
+  bool use_orig = defaults.use_orig_params(), forward_prefetch = defaults.forward_prefetch(), bf16 = false, trace_memory = false, checkpointing = false,
+       tensor_memory = false;
   app.add_option("--strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or local")->capture_default_str();
   app.add_option("--engine", engine,
                  "fsdp1 (FullyShardedDataParallel) or fsdp2 (fully_shard per block and the root; FULL_SHARD, "
@@ -170,6 +172,9 @@ int main(int argc, char** argv) {
   app.add_flag("--bf16", bf16, "mixed precision: bfloat16 compute and reduction");
   app.add_flag("--activation-checkpointing", checkpointing, "checkpoint every transformer block");
   app.add_flag("--trace-memory", trace_memory, "print each rank's resident memory after each phase to stderr");
+  app.add_flag("--tensor-memory", tensor_memory,
+               "count every CPU tensor allocation; print each rank's peak of live tensor bytes and the tensors "
+               "live then, by size, to stderr (slower: measurement only)");
   std::string checkpoint_dir;
   app.add_option("--checkpoint", checkpoint_dir,
                  "after training, save and load the model and AdamW state in DIR in both formats and report speeds");
@@ -184,6 +189,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (tensor_memory && !bench::kTensorMemory) throw fsdp::ConfigError("--tensor-memory needs LibTorch 2.4 or later");
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    if (tensor_memory) bench::TensorMemory::install();
+#endif
     const bool local = strategy == "local";
     auto trace = [&](const std::string& phase) {
       if (trace_memory) std::cerr << "memory: " << phase << ": " << fsdp::resident_memory_mib() << " MiB" << std::endl;
@@ -331,6 +340,9 @@ int main(int argc, char** argv) {
       if (local) throw fsdp::ConfigError("--checkpoint needs an FSDP strategy, not local");
       checkpoint_json = checkpoint_bench(*pg, model->ptr(), opt, checkpoint_dir);
     }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    if (tensor_memory) std::cerr << "rank " << pg->rank() << ": " << bench::TensorMemory::install().report() << std::endl;
+#endif
     // Every rank's peak RSS, gathered on all ranks.
     std::ostringstream mine;
     mine << std::fixed << std::setprecision(1) << peak_rss_mb();

@@ -1,6 +1,6 @@
 // fully_shard (fsdp/fsdp2/fully_shard.h): the checks torch's fully_shard
 // makes, the parameters a call manages, and FSDPModule's methods over the
-// groups of the engine (param_group.h).
+// states and groups of the engine (fsdp_state.h, param_group.h).
 #include "fsdp/fsdp2/fully_shard.h"
 
 #include <ATen/ATen.h>
@@ -10,19 +10,15 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
-#include <mutex>
-#include <set>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "fsdp/error.h"
-#include "param_group.h"
+#include "fsdp_state.h"
 
 namespace fsdp {
 
 using detail::FSDPParam;
-using detail::ParamGroup;
+using detail::FSDPParamGroup;
 
 void UnshardHandle::wait() {
   if (wait_) {
@@ -47,20 +43,9 @@ at::Tensor ShardedParam::gather(const at::Tensor& rows) const {
 
 namespace {
 
-std::mutex& registry_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-// The parameters some live group manages (by TensorImpl): a parameter
-// belongs to one group.
-std::unordered_map<const void*, std::weak_ptr<ParamGroup>>& registry() {
-  static std::unordered_map<const void*, std::weak_ptr<ParamGroup>> map;
-  return map;
-}
-bool managed(const at::Tensor& t) {
-  auto it = registry().find(t.unsafeGetTensorImpl());
-  return it != registry().end() && !it->second.expired();
-}
+// A parameter belongs to one group; the parameter's memory says which
+// (FSDPParam::managing_group).
+bool managed(const at::Tensor& t) { return FSDPParam::managing_group(t) != nullptr; }
 
 // The parameters fully_shard leaves alone (options.ignored_params), by TensorImpl.
 std::unordered_set<const void*> ignored_of(const FullyShardOptions& options) {
@@ -104,18 +89,10 @@ std::optional<bool> check_reshard_after_forward(const FullyShardOptions& o, cons
 }
 
 // [collective over the shard group] The group of `n` consecutive ranks of
-// `shard` that this rank belongs to (torch's mesh.view(-1, n)), made once
-// per (shard group, n) and shared by the modules that ask for it.
+// `shard` that this rank belongs to (torch's mesh.view(-1, n)), made for
+// each fully_shard call that asks for it, as torch makes its post-forward
+// mesh.
 dist::ProcessGroupPtr post_forward_group(const dist::ProcessGroupPtr& shard, int n) {
-  static std::mutex mu;
-  static std::map<std::pair<const dist::ProcessGroup*, int>, std::weak_ptr<dist::ProcessGroup>> made;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = made.find({shard.get(), n});
-    if (it != made.end()) {
-      if (auto g = it->second.lock()) return g;
-    }
-  }
   dist::ProcessGroupPtr mine;
   for (int first = 0; first < shard->size(); first += n) {
     std::vector<int> ranks;
@@ -123,13 +100,11 @@ dist::ProcessGroupPtr post_forward_group(const dist::ProcessGroupPtr& shard, int
     auto g = shard->new_group(ranks, "fully_shard.post_forward");
     if (g) mine = g;
   }
-  std::lock_guard<std::mutex> lock(mu);
-  made[{shard.get(), n}] = mine;
   return mine;
 }
 
-std::vector<std::shared_ptr<ParamGroup>> groups_under(const ParamGroup& g, bool recurse) {
-  std::vector<std::shared_ptr<ParamGroup>> out;
+std::vector<std::shared_ptr<FSDPParamGroup>> groups_under(const FSDPParamGroup& g, bool recurse) {
+  std::vector<std::shared_ptr<FSDPParamGroup>> out;
   if (!recurse) {
     out.push_back(detail::group_of(*g.module()));
     return out;
@@ -144,20 +119,12 @@ std::vector<std::shared_ptr<ParamGroup>> groups_under(const ParamGroup& g, bool 
   return out;
 }
 
-ParamGroup& checked(const std::shared_ptr<ParamGroup>& g) {
+FSDPParamGroup& checked(const std::shared_ptr<FSDPParamGroup>& g) {
   if (!g) throw ConfigError("FSDPModule: this handle refers to no module (default-constructed)");
   return *g;
 }
 
 }  // namespace
-
-namespace detail {
-std::shared_ptr<ParamGroup> group_of(const torch::nn::Module& module) {
-  auto slot = find_slot(&module);
-  auto hooks = slot ? std::dynamic_pointer_cast<ModuleHooks>(slot->hooks) : nullptr;
-  return hooks ? hooks->group : nullptr;
-}
-}  // namespace detail
 
 namespace {
 
@@ -250,47 +217,39 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
     managed_modules.emplace_back(path, &m);
   };
   for (const auto& m : roots) dfs("", *m);
-  std::vector<FSDPParam> params;
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    std::unordered_set<const void*> seen;
-    for (const auto& [path, m] : managed_modules) {
-      for (const auto& sub : m->named_parameters(/*recurse=*/false)) {
-        const at::Tensor& t = sub.value();
-        const void* impl = t.unsafeGetTensorImpl();
-        if (ignored.count(impl) || !seen.insert(impl).second) continue;
-        const std::string pname = path.empty() ? sub.key() : path + "." + sub.key();
-        if (managed(t)) {
-          // torch's _validate_no_duplicate_params.
-          throw ConfigError("fully_shard: module " + name + ": parameter " + pname +
-                            " is shared with a parameter that another fully_shard group already manages (module " +
-                            registry()[impl].lock()->name() +
-                            "); a shared (tied) parameter belongs to one group: apply fully_shard to the modules "
-                            "that share it together, as a list (fully_shard({a, b}, ...))");
-        }
-        if (t.dim() == 0) {
-          throw ConfigError("fully_shard: module " + name + ": parameter " + pname +
-                            " is a scalar (0-d); fully_shard shards dimension 0: make it a 1-D tensor of one "
-                            "element");
-        }
-        FSDPParam p;
-        p.param = t;
-        p.name = pname;
-        p.shape = t.sizes().vec();
-        params.push_back(std::move(p));
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  std::unordered_set<const void*> seen;
+  for (const auto& [path, m] : managed_modules) {
+    for (const auto& sub : m->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& t = sub.value();
+      const void* impl = t.unsafeGetTensorImpl();
+      if (ignored.count(impl) || !seen.insert(impl).second) continue;
+      const std::string pname = path.empty() ? sub.key() : path + "." + sub.key();
+      if (auto other = FSDPParam::managing_group(t)) {
+        // torch's _validate_no_duplicate_params.
+        throw ConfigError("fully_shard: module " + name + ": parameter " + pname +
+                          " is shared with a parameter that another fully_shard group already manages (module " +
+                          other->name() +
+                          "); a shared (tied) parameter belongs to one group: apply fully_shard to the modules "
+                          "that share it together, as a list (fully_shard({a, b}, ...))");
       }
+      if (t.dim() == 0) {
+        throw ConfigError("fully_shard: module " + name + ": parameter " + pname +
+                          " is a scalar (0-d); fully_shard shards dimension 0: make it a 1-D tensor of one "
+                          "element");
+      }
+      params.push_back(t);
+      names.push_back(pname);
     }
   }
   std::vector<torch::nn::Module*> members;
   for (const auto& m : roots) members.push_back(m.get());
-  auto group = std::make_shared<ParamGroup>(std::move(members), std::move(params), options);
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    for (const auto& p : group->params()) registry()[p.param.unsafeGetTensorImpl()] = group;
-  }
+  auto group = FSDPParamGroup::create(std::move(members), std::move(params), std::move(names), options);
   group->reshard_after_forward = raf;
   if (post_size > 0) group->post_forward_group = post_forward_group(options.mesh().shard_group(), post_size);
-  for (size_t i = 0; i < roots.size(); ++i) slots[i]->hooks = std::make_shared<detail::ModuleHooks>(group, roots[i].get());
+  auto state = std::make_shared<detail::FSDPState>(group);
+  for (size_t i = 0; i < roots.size(); ++i) slots[i]->hooks = std::make_shared<detail::ModuleHooks>(state, roots[i].get());
   return FSDPModule(group);
 }
 
@@ -313,11 +272,8 @@ void shard_selected(torch::nn::Module* parent, const std::shared_ptr<torch::nn::
   }
   if (detail::group_of(*m)) return;
   int64_t unsharded = 0;
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    for (const auto& p : m->parameters(/*recurse=*/true)) {
-      if (!managed(p) && !ignored.count(p.unsafeGetTensorImpl())) unsharded += p.numel();
-    }
+  for (const auto& p : m->parameters(/*recurse=*/true)) {
+    if (!managed(p) && !ignored.count(p.unsafeGetTensorImpl())) unsharded += p.numel();
   }
   if (!policy(*m, path, unsharded)) return;
   detail::interpose(parent, *m, path, "fully_shard_tree: the auto-wrap policy");
@@ -345,7 +301,7 @@ std::optional<FSDPModule> fsdp_module_of(const torch::nn::Module& module) {
 }
 
 at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_type) {
-  ParamGroup& r = checked(root.group());
+  FSDPParamGroup& r = checked(root.group());
   std::unordered_set<const void*> managed_here;
   for (const auto& g : groups_under(r, /*recurse=*/true)) {
     if (g->unsharded()) {
@@ -353,7 +309,7 @@ at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_
                         " still holds its full parameters; call it after the last backward of the step, with the "
                         "parameters resharded (reshard())");
     }
-    for (const auto& p : g->params()) managed_here.insert(p.param.unsafeGetTensorImpl());
+    for (const auto& p : g->params()) managed_here.insert(p.param().unsafeGetTensorImpl());
   }
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
@@ -402,16 +358,18 @@ torch::nn::Module& FSDPModule::module() const { return *checked(group_).module()
 std::vector<torch::nn::Module*> FSDPModule::modules() const { return checked(group_).modules(); }
 
 std::vector<ShardedParam> FSDPModule::sharded_params() const {
-  const ParamGroup& g = checked(group_);
+  const FSDPParamGroup& g = checked(group_);
   std::vector<ShardedParam> out;
-  for (const auto& p : g.params()) out.push_back(ShardedParam{p.name, p.param, p.local, p.shape, p.row_offset, g.options().mesh()});
+  for (const auto& p : g.params()) {
+    out.push_back(ShardedParam{p.name(), p.param(), p.local(), p.shape(), p.row_offset(), g.options().mesh()});
+  }
   return out;
 }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
-  ParamGroup& g = checked(group_);
+  FSDPParamGroup& g = checked(group_);
   g.start_unshard();
-  std::weak_ptr<ParamGroup> weak = group_;
+  std::weak_ptr<FSDPParamGroup> weak = group_;
   UnshardHandle h([weak] {
     if (auto x = weak.lock()) x->wait_unshard();
   });
@@ -441,22 +399,23 @@ void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
 }
 
 void FSDPModule::set_is_last_backward(bool last) {
-  ParamGroup& g = checked(group_);
-  if (!g.context()) {
+  FSDPParamGroup& g = checked(group_);
+  auto state = detail::state_of(*g.module());
+  if (!state || !state->context()) {
     throw ConfigError("FSDPModule::set_is_last_backward at module " + g.name() +
                       ": the root is known at its first forward; call it after one");
   }
-  g.context()->is_last_backward = last;
+  state->context()->is_last_backward = last;
 }
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
-  ParamGroup& g = checked(group_);
+  FSDPParamGroup& g = checked(group_);
   g.forward_prefetch.clear();
   for (const auto& m : modules) g.forward_prefetch.push_back(checked(m.group()).shared_from_this());
 }
 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  ParamGroup& g = checked(group_);
+  FSDPParamGroup& g = checked(group_);
   g.backward_prefetch.clear();
   for (const auto& m : modules) g.backward_prefetch.push_back(checked(m.group()).shared_from_this());
 }

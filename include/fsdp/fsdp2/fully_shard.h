@@ -19,7 +19,8 @@
 //
 // COLLECTIVES. fully_shard itself communicates nothing, except with an int
 // reshard_after_forward below the shard size: then it creates the smaller
-// groups (once per size), a collective over the shard group. Every forward and
+// groups (for each such call, as torch makes its post-forward mesh), a
+// collective over the shard group. Every forward and
 // backward of a sharded module, unshard(), and ShardedParam::full_tensor() are
 // collectives over the mesh: every rank runs them in the same order.
 //
@@ -89,7 +90,8 @@ class UnshardHandle {
 };
 
 namespace detail {
-class ParamGroup;  // src/fsdp2/param_group.h
+class FSDPParamGroup;  // src/fsdp2/param_group.h (torch's FSDPParamGroup)
+using ParamGroup = FSDPParamGroup;  // its former name, kept for one release
 }
 
 // A module that fully_shard sharded (torch's FSDPModule), as a handle: copies
