@@ -1,4 +1,4 @@
-// The GPT trainer's training loop through FSDPStrategy (fsdp/train/gpt_trainer.h:
+// The GPT trainer's training loop through a Strategy (fsdp/train/gpt_trainer.h:
 // train). train() reads in one screen; each of its steps is a function
 // below. Its settings (run_settings.cpp, train_config.cpp), data
 // (batches), metrics, progress line, run directory (run_directory.h and
@@ -29,14 +29,13 @@
 #include "fsdp/core/utils.h"
 #include "fsdp/distributed/rank_errors.h"
 #include "fsdp/error.h"
-#include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/hf/export.h"
 #include "fsdp/hf/hf_model.h"
 #include "fsdp/hf/peft.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/observability/profiler.h"
-#include "fsdp/strategy/strategy.h"
+#include "fsdp/strategy/engine.h"
 #include "fsdp/train/run_settings.h"
 #include "metrics.h"
 #include "progress.h"
@@ -61,10 +60,10 @@ Corpus read_corpus(const TrainConfig& c) {
   return Corpus::map_file(c.data, "--data", c.data_format);
 }
 
-// The strategy of a run: the one place where TrainConfig's settings become
-// FSDPStrategyOptions.
-// The unit (and the activation-checkpointed block) is the model's block:
-// the GPT's, or a Llama's decoder layer.
+// The strategy's options of a run: the one place where TrainConfig's
+// settings become FSDPStrategyOptions (make_strategy gives either engine's
+// strategy from them). The unit (and the activation-checkpointed block) is
+// the model's block: the GPT's, or a Llama's decoder layer.
 FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   FSDPStrategyOptions o = c.strategy;
   if (trains_llama(c)) {
@@ -77,60 +76,36 @@ FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGr
   return o;
 }
 
-// [collective over the world with a 2-D mesh] --engine fsdp2: fully_shard on
-// each block (`Block`), then on the root, on the strategy's group (or its
-// 2-D mesh), with the run's sharding strategy, precision and activation
-// checkpointing.
-template <class Net, class Block>
-Model fully_shard_model(const FSDPStrategy& strategy, const TrainConfig& c, const std::shared_ptr<Net>& net) {
-  const FSDPOptions wrap = strategy.module_sharded_options();
-  // The strategy's FSDP1 layout: its --mesh, or HYBRID_SHARD's default of
-  // sharding within a node (hybrid_shard_size) and replicating across nodes.
-  std::optional<dist::DeviceMesh> mesh = wrap.device_mesh();
-  const int world = wrap.process_group() ? wrap.process_group()->size() : 0;
-  if (!mesh && strategy.sharding_strategy() == ShardingStrategy::kHybridShard && wrap.hybrid_shard_size() > 0 &&
-      wrap.hybrid_shard_size() < world) {
-    mesh = dist::init_device_mesh(wrap.process_group(), world / wrap.hybrid_shard_size(), wrap.hybrid_shard_size());
-  }
-  FullyShardOptions o(mesh ? Mesh::hybrid(*mesh) : Mesh::of(wrap.process_group()));
-  if (strategy.sharding_strategy() == ShardingStrategy::kShardGradOp) o.reshard_after_forward(false);
-  if (strategy.precision().name == "bf16-mixed") o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, at::kFloat});
-  if (strategy.cpu_offload().offload_params) o.offload_policy(OffloadPolicy{true});
-  FullyShard<Net> model(net, o, transformer_auto_wrap_policy<Block>());
-  if (activation_checkpointing(c.strategy)) apply_activation_checkpointing(model.ptr(), checkpoint_module_types<Block>());
-  return model;
-}
-
-// [collective] The model `Net` built from `config`, wrapped (`Block` the
-// unit). Its initial weights come from the seed alone: under empty_init
-// each block is built when FSDP shards it, from the generator state it was
-// first built from, so with the values an eager build has. Seeds LibTorch's
-// process-wide generator.
-template <class Net, class Block, class Config>
-Model build(FSDPStrategy& strategy, const TrainConfig& c, const Config& config) {
+// [collective] The model `Net` built from `config`, sharded by the
+// strategy (its auto-wrap policy's block the unit). Its initial weights
+// come from the seed alone: under empty_init each block is built when the
+// engine shards it, from the generator state it was first built from, so
+// with the values an eager build has. Seeds LibTorch's process-wide
+// generator.
+template <class Net, class Config>
+Model build(Strategy& strategy, const TrainConfig& c, const Config& config) {
   torch::manual_seed(c.strategy.seed());
   std::shared_ptr<Net> net;
   {
     auto deferred = strategy.module_init_context(c.empty_init);
     net = std::make_shared<Net>(config);
   }
-  if (c.engine == "fsdp2") return fully_shard_model<Net, Block>(strategy, c, net);
   return strategy.setup_module(net);
 }
 
 // [collective] The run's model: the GPT of c.model, or the Llama of `llama`
 // (its config.json with the run's adapters; an hf: source's weights are
 // loaded later, load_hf_weights).
-Model build_model(FSDPStrategy& strategy, const TrainConfig& c, const std::optional<models::LlamaConfig>& llama) {
-  if (llama) return build<models::LlamaImpl, models::LlamaDecoderLayerImpl>(strategy, c, *llama);
-  return build<models::GPTImpl, models::GPTBlockImpl>(strategy, c, c.model);
+Model build_model(Strategy& strategy, const TrainConfig& c, const std::optional<models::LlamaConfig>& llama) {
+  if (llama) return build<models::LlamaImpl>(strategy, c, *llama);
+  return build<models::GPTImpl>(strategy, c, c.model);
 }
 
 // [collective] --model hf:DIR on a run that starts fresh: the directory's
 // weights into the sharded model, each rank reading only its shards' byte
 // ranges (hf::load_weights; its errors agreed across the ranks). The
 // adapters of a LoRA run keep their initial values.
-void load_hf_weights(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama,
+void load_hf_weights(const Strategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama,
                      const Model& model) {
   const auto t = std::chrono::steady_clock::now();
   const std::string dir = hf_directory(c);
@@ -202,7 +177,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 // The warning that float16 on CPU is slow (rank 0 only).
-void warn_about_precision(const FSDPStrategy& strategy, const TrainConfig& c) {
+void warn_about_precision(const Strategy& strategy, const TrainConfig& c) {
   if (strategy.global_rank() != 0 || c.strategy.precision().rfind("16-", 0) != 0 || !strategy.root_device().is_cpu()) {
     return;
   }
@@ -223,7 +198,7 @@ void warn_about_precision(const FSDPStrategy& strategy, const TrainConfig& c) {
 // with different counts). A restart repeats the command line: it continues
 // the run even with --overwrite, and takes the run's own newest checkpoint
 // over --resume-from's.
-RunIdentity begin_job(const FSDPStrategy& strategy, const RunDirectory& run, TrainConfig& c,
+RunIdentity begin_job(const Strategy& strategy, const RunDirectory& run, TrainConfig& c,
                       std::optional<RunLock>& lock) {
   const int rank = strategy.global_rank();
   std::string job;
@@ -254,7 +229,7 @@ struct RunData {
 // [collective] Reads the run's text on every rank (a file one rank cannot
 // map stops every rank with its error, not a hang) and says so when it is
 // too short to hold any text out.
-void read_data(const FSDPStrategy& strategy, const TrainConfig& c, RunData& d) {
+void read_data(const Strategy& strategy, const TrainConfig& c, RunData& d) {
   dist::agree(strategy.group(), dist::capture([&] {
                 Corpus corpus = read_corpus(c);
                 if (trains_llama(c) && corpus.layout().format == "text") {
@@ -293,7 +268,7 @@ struct Start {
 // [collective] With --resume or --resume-from: loads the checkpoint the run
 // continues from into `model` and `opt` and checks its values against `c`
 // (the same values, and so the same error, on every rank).
-Start resume_job(const FSDPStrategy& strategy, const RunDirectory& run, const TrainConfig& c,
+Start resume_job(const Strategy& strategy, const RunDirectory& run, const TrainConfig& c,
                  const RunIdentity& identity, Model& model, torch::optim::Optimizer& opt, const RunData& data) {
   Start at;
   if (!c.resume && c.resume_from.empty()) return at;
@@ -327,7 +302,7 @@ struct Outputs {
 // [collective] Rank 0 opens the metrics (on resume, those after the
 // checkpoint's step go), the log and the loggers into `out`, and gives the
 // loggers the hyperparameters; its error reaches every rank.
-void open_outputs(const FSDPStrategy& strategy, const RunDirectory& run, const TrainConfig& c, int64_t start,
+void open_outputs(const Strategy& strategy, const RunDirectory& run, const TrainConfig& c, int64_t start,
                   Outputs& out) {
   const LoggerChoice chosen = chosen_loggers(c.loggers);
   out.jsonl = chosen.jsonl;
@@ -357,7 +332,7 @@ void open_outputs(const FSDPStrategy& strategy, const RunDirectory& run, const T
 
 // Says on rank 0 (train.log and stdout) that the world changed since the
 // checkpoint the job resumed from, and how much time that cost.
-void note_resize(const FSDPStrategy& strategy, Start& at, Outputs& out) {
+void note_resize(const Strategy& strategy, Start& at, Outputs& out) {
   if (!at.resized || strategy.global_rank() != 0) return;
   auto& r = *at.resized;
   r.seconds_lost = std::chrono::duration<double>(std::chrono::system_clock::now() - at.from.committed_at).count();
@@ -372,7 +347,7 @@ void note_resize(const FSDPStrategy& strategy, Start& at, Outputs& out) {
 // Chrome trace per rank (an earlier job's trace is kept beside it).
 class StepProfiler {
  public:
-  StepProfiler(const FSDPStrategy& strategy, const TrainConfig& c, int64_t start)
+  StepProfiler(const Strategy& strategy, const TrainConfig& c, int64_t start)
       : strategy_(strategy), out_(c.out), start_(start) {
     trace_path_ = (fs::path(out_) / "profile" / ("rank_" + std::to_string(strategy.global_rank()) + ".pt.trace.json"))
                       .string();
@@ -409,7 +384,7 @@ class StepProfiler {
   }
 
  private:
-  const FSDPStrategy& strategy_;
+  const Strategy& strategy_;
   std::string out_, trace_path_;
   int64_t start_;
   StepRange range_;
@@ -418,7 +393,7 @@ class StepProfiler {
 
 // What a training job holds while it runs its steps.
 struct Job {
-  const FSDPStrategy& strategy;
+  const Strategy& strategy;
   const TrainConfig& c;
   const RunDirectory& run;
   const RunIdentity& identity;
@@ -434,7 +409,7 @@ struct Job {
 // [collective] Trains 0-based `step` on the next batch at `position`
 // (advanced), and measures it: the step's metrics, before evaluation.
 StepMetrics train_one(Job& job, int64_t step, int64_t& position) {
-  const FSDPStrategy& strategy = job.strategy;
+  const Strategy& strategy = job.strategy;
   const BatchSampler& batches = *job.data.batches;
   // A --data file truncated under the run is a named error on every rank
   // (Corpus::read), never SIGBUS nor a rank left waiting.
@@ -534,7 +509,7 @@ void save_if_due(Job& job, int64_t done, int64_t position) {
 // dtype the model came in, with an hf: source's generation config and
 // tokenizer files. Every rank returns once it is there, or throws the same
 // error.
-void save_hf(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama, const Model& model,
+void save_hf(const Strategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama, const Model& model,
              const std::string& checkpoint) {
   const std::string hf_dir = hf_directory(c);
   const std::string source = hf_dir.empty() ? c.model_config : hf_dir;
@@ -557,7 +532,7 @@ void save_hf(const FSDPStrategy& strategy, const TrainConfig& c, const models::L
 
 // Closes the loggers and draws loss.svg on rank 0 (a drawing is not worth
 // the run: its failure is a warning).
-void finish(const FSDPStrategy& strategy, const TrainConfig& c, Outputs& out) {
+void finish(const Strategy& strategy, const TrainConfig& c, Outputs& out) {
   for (const auto& logger : out.loggers) logger->finalize("success");
   if (strategy.global_rank() != 0 || !out.jsonl) return;
   try {
@@ -575,7 +550,8 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   validate(c);
   // An hf: model's weights are loaded (or a checkpoint's, on resume): not drawn first.
   if (llama) llama->initialize = hf_directory(c).empty();
-  FSDPStrategy strategy(strategy_options(c, world));
+  const std::unique_ptr<Strategy> strategy_ptr = make_strategy(c.engine, strategy_options(c, world));
+  Strategy& strategy = *strategy_ptr;
   strategy.setup_environment();
   warn_about_precision(strategy, c);
   const RunDirectory run(c.out);
@@ -588,11 +564,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   // torch.optim.AdamW's update to the bit (fsdp/optim/adamw.h), so a run
   // continued in PyTorch steps as it would have here.
   optim::AdamW opt(trained_parameters(model), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
-  if (c.engine == "fsdp2") {
-    check_optimizer(model.ptr(), opt);
-  } else {
-    strategy.setup_optimizer(opt);
-  }
+  strategy.setup_optimizer(opt);
   Start start = resume_job(strategy, run, c, identity, model, opt, data);
   if (start.from.path.empty() && !hf_directory(c).empty()) load_hf_weights(strategy, c, *llama, model);
   // Before step 1: what every save will need (checkpoints/ usable, the

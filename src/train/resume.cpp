@@ -150,7 +150,7 @@ std::chrono::system_clock::time_point newest_modification(const std::string& pat
 
 }  // namespace
 
-ResumePoint resume_run(const RunDirectory& directory, const FSDPStrategy& strategy, const TrainConfig& c,
+ResumePoint resume_run(const RunDirectory& directory, const Strategy& strategy, const TrainConfig& c,
                        const RunIdentity& run, CheckpointState& state) {
   ResumePoint point;
   const auto failure = dist::capture([&] {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
-#include "fsdp/strategy/strategy.h"
+#include "fsdp/strategy/strategy_base.h"
 #include "fsdp/train/train_config.h"
 #include "run_directory.h"
 #include "run_identity.h"
@@ -74,7 +74,7 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
 // loads it into `state` (strategy.load_checkpoint). Its path is empty when
 // there is none (state untouched). Rank 0's error is thrown on every rank,
 // with its kind.
-ResumePoint resume_run(const RunDirectory& directory, const FSDPStrategy& strategy, const TrainConfig& config,
+ResumePoint resume_run(const RunDirectory& directory, const Strategy& strategy, const TrainConfig& config,
                        const RunIdentity& run, CheckpointState& state);
 
 }  // namespace fsdp::train

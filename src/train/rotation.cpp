@@ -135,7 +135,7 @@ std::vector<std::string> remove_own_files(const RunDirectory& directory, const s
   return kept;
 }
 
-void save_and_rotate(const RunDirectory& directory, const FSDPStrategy& strategy, const CheckpointState& state,
+void save_and_rotate(const RunDirectory& directory, const Strategy& strategy, const CheckpointState& state,
                      int64_t step, int keep, const RunIdentity& run) {
   const std::string path = directory.checkpoint_path(step);
   if (strategy.global_rank() == 0) {

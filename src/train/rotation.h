@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
-#include "fsdp/strategy/strategy.h"
+#include "fsdp/strategy/strategy_base.h"
 #include "run_directory.h"
 #include "run_identity.h"
 
@@ -21,7 +21,7 @@ namespace fsdp::train {
 // is saved as checkpoint_path(step), then rank 0 removes all but the
 // newest `keep` checkpoints of `run` (and incomplete ones older than
 // `step`); another run's checkpoints stay. Every rank returns after all.
-void save_and_rotate(const RunDirectory& directory, const FSDPStrategy& strategy, const CheckpointState& state,
+void save_and_rotate(const RunDirectory& directory, const Strategy& strategy, const CheckpointState& state,
                      int64_t step, int keep, const RunIdentity& run);
 
 // [local; only while holding RunLock] What --overwrite removes: run.json,

@@ -208,11 +208,8 @@ std::vector<RunSetting> make_table() {
        [](C& c, const std::string& t) { c.profile_steps = t; }, nullptr},
       {"engine", "--engine", nullptr, false,
        "fsdp1 (FullyShardedDataParallel) or fsdp2 (fully_shard); checkpoints load into either", true, true, nullptr,
-       0, nullptr, true, false, [](const C& c) -> V { return c.engine; },
-       [](C& c, const std::string& t) {
-         if (t != "fsdp1" && t != "fsdp2") throw ConfigError("--engine '" + t + "': expected fsdp1 or fsdp2");
-         c.engine = t;
-       },
+       0, nullptr, true, false, [](const C& c) -> V { return std::string(to_string(c.engine)); },
+       [](C& c, const std::string& t) { named("--engine", [&] { c.engine = parse_engine(t); }); },
        nullptr},
       {"strategy.sharding_strategy", "--sharding-strategy", nullptr, false,
        "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD", true, true, "run.sharding_strategy", 14, "sharding", true,

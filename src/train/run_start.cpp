@@ -207,7 +207,7 @@ bool records_job(const RunDirectory& directory, const std::string& job) {
   }
 }
 
-RunIdentity begin_run(const RunDirectory& directory, const FSDPStrategy& strategy, const TrainConfig& c,
+RunIdentity begin_run(const RunDirectory& directory, const Strategy& strategy, const TrainConfig& c,
                       const std::string& job) {
   RunIdentity id;
   const auto failure = dist::capture([&] {

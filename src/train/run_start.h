@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/strategy/strategy.h"
+#include "fsdp/strategy/strategy_base.h"
 #include "fsdp/train/train_config.h"
 #include "run_directory.h"
 #include "run_identity.h"
@@ -52,7 +52,7 @@ bool records_job(const RunDirectory& directory, const std::string& job);
 // - otherwise a new run, and ConfigError if the directory already holds
 //   one (holds_run), saying what --resume and --overwrite would do.
 // `job`: job_token() on rank 0, recorded in run.json.
-RunIdentity begin_run(const RunDirectory& directory, const FSDPStrategy& strategy, const TrainConfig& config,
+RunIdentity begin_run(const RunDirectory& directory, const Strategy& strategy, const TrainConfig& config,
                       const std::string& job = "");
 
 }  // namespace fsdp::train

@@ -169,8 +169,8 @@ void check_model_source(const TrainConfig& c) {
     } catch (const ConfigError& e) {
       throw ConfigError(std::string("--lora-rank/--lora-alpha/--lora-targets: ") + e.what());
     }
-    if (c.engine != "fsdp2") {
-      throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --engine " + c.engine +
+    if (c.engine != Engine::kFsdp2) {
+      throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --engine " + to_string(c.engine) +
                         ": a frozen base costs no gradient memory only under fully_shard: expected --engine fsdp2");
     }
   }
@@ -249,14 +249,12 @@ void validate_settings(const TrainConfig& c) {
     throw ConfigError("--data-format " + c.data_format + " without --data: the generated corpus is text; expected a "
                       "--data file of " + c.data_format + " token ids, or --data-format auto or text");
   }
-  if (c.engine != "fsdp1" && c.engine != "fsdp2") throw ConfigError("--engine '" + c.engine + "': expected fsdp1 or fsdp2");
-  if (c.engine == "fsdp2") {
-    if (c.strategy.sharding_strategy() == ShardingStrategy::kNoShard) {
+  if (c.engine == Engine::kFsdp2) {
+    if (!has_fully_shard_form(c.strategy.sharding_strategy())) {
       throw ConfigError("--engine fsdp2 with --sharding-strategy NO_SHARD: fully_shard always shards; expected "
                         "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD (or --engine fsdp1)");
     }
-    const std::string precision = parse_precision(c.strategy.precision()).name;
-    if (precision != "32-true" && precision != "bf16-mixed") {
+    if (!has_fully_shard_form(parse_precision(c.strategy.precision()))) {
       throw ConfigError("--engine fsdp2 with --precision " + c.strategy.precision() +
                         ": fsdp-train's fully_shard path takes 32-true or bf16-mixed (bfloat16 compute, float32 "
                         "reduction); the others are FSDP1's here: expected one of those two, or --engine fsdp1");

@@ -12,6 +12,7 @@
 
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/strategy/engine.h"
 #include "fsdp/strategy/strategy.h"
 
 namespace fsdp::train {
@@ -114,14 +115,16 @@ struct TrainConfig {
   // --backward-prefetch, --no-limit-all-gathers. The trainer adds what it
   // owns: the GPT block as the unit, the world group, the loggers.
   FSDPStrategyOptions strategy;
-  // --engine: "fsdp1" (FullyShardedDataParallel, the default) or "fsdp2"
+  // --engine: fsdp1 (FullyShardedDataParallel, the default) or fsdp2
   // (fully_shard on each block, then the root: fsdp/fsdp2/fully_shard.h).
-  // With fsdp2, FULL_SHARD reshards after forward, SHARD_GRAD_OP does not,
-  // HYBRID_SHARD (--mesh) shards on a 2-D mesh; bf16-mixed computes in
-  // bfloat16 and reduces in float32 (torch's MixedPrecisionPolicy).
+  // The run trains under make_strategy(engine, strategy)
+  // (fsdp/strategy/engine.h): with fsdp2 the strategy's fully_shard form
+  // (ModelParallelStrategy): FULL_SHARD reshards after forward, SHARD_GRAD_OP
+  // does not, HYBRID_SHARD (--mesh) shards on a 2-D mesh; bf16-mixed computes
+  // in bfloat16 and reduces in float32 (torch's MixedPrecisionPolicy).
   // NO_SHARD and the other precisions have no fully_shard form here: refused. The
   // checkpoints of both engines load into either, so a --resume may switch.
-  std::string engine = "fsdp1";
+  Engine engine = Engine::kFsdp1;
   // Built sharded (EmptyInitGuard): each block gets its memory when FSDP
   // shards it, with the values an eager build from `seed` has. false: the
   // whole model is built on every rank first.
