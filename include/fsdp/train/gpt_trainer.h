@@ -18,9 +18,6 @@
 
 namespace fsdp::train {
 
-// The generated corpus: deterministic English-like text (no file needed).
-std::string generated_corpus(size_t bytes = 1 << 20);
-
 // Writes `out/loss.svg`: the training loss per step (a line) and the
 // held-out loss (points), from out/metrics.jsonl (lines that are not
 // metrics, and losses that are not finite, are left out), with axes that
