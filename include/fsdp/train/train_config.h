@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
@@ -191,8 +192,22 @@ void validate(const TrainConfig& config);
 
 // validate's checks that write nothing (all but the run directory's
 // creation and write test), with the same errors: what
-// `fsdp-train --print-config` checks before it prints.
+// `fsdp-train --print-config` checks before it prints. First each run
+// setting's own check (its row's, fsdp/train/run_settings.h, in the table's
+// order), then each of cross_setting_rules.
 void validate_settings(const TrainConfig& config);
+
+// A rule between settings: one setting's value limits another's ("--min-lr
+// at most --lr"). `name` says which settings; `check` throws ConfigError
+// naming the flags (and reads the files they name: --data, --save-hf).
+struct CrossSettingRule {
+  const char* name;
+  void (*check)(const TrainConfig& config);
+};
+// The rules between settings, in the order validate_settings checks them;
+// resolve_model checks the first four (the model's) before it reads a
+// config.json.
+const std::vector<CrossSettingRule>& cross_setting_rules();
 
 // `config` as one JSON object (`fsdp-train --print-config`): the run's
 // settings, the model's sizes, and under "strategy" the strategy's and its
