@@ -75,7 +75,10 @@ LAYERS = [
     # Hugging Face model directories in and out (config, weights, export) for
     # the models: on the checkpoint storage seam.
     ("hf", ["error", "text", "formats", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "models"]),
-    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models", "hf", "tokenizers"]),
+    # fsdp-train's run directory: its lock, the run's identity (run.json),
+    # the job's start, where a resume continues, the checkpoints' rotation.
+    ("run", ["error", "text", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "strategy"]),
+    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models", "hf", "tokenizers", "run"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 # Folders of deprecated forwarding headers (old paths of a renamed module):

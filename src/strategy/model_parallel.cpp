@@ -5,6 +5,7 @@
 
 #include <torch/nn/module.h>
 
+#include "fsdp/core/activation_checkpointing.h"
 #include "fsdp/core/utils.h"
 #include "fsdp/error.h"
 
@@ -29,7 +30,68 @@ FSDPModule root_of(const std::shared_ptr<torch::nn::Module>& module, const char*
   return *root;
 }
 
+// `options` once checked to have a fully_shard form (ConfigError naming what has none).
+const FSDPStrategyOptions& fully_shardable(const FSDPStrategyOptions& options) {
+  const char* what = "ModelParallelStrategy(FSDPStrategyOptions): ";
+  if (!has_fully_shard_form(options.sharding_strategy())) {
+    throw ConfigError(std::string(what) + "sharding_strategy " + to_string(options.sharding_strategy()) +
+                      " has no fully_shard form: fully_shard always shards; expected FULL_SHARD, SHARD_GRAD_OP or "
+                      "HYBRID_SHARD");
+  }
+  if (!has_fully_shard_form(parse_precision(options.precision()))) {
+    throw ConfigError(std::string(what) + "precision " + options.precision() +
+                      " has no fully_shard form here: expected 32-true or bf16-mixed (bfloat16 compute, float32 "
+                      "reduction)");
+  }
+  if (options.mixed_precision()) {
+    throw ConfigError(std::string(what) + "an explicit mixed_precision has no fully_shard form here: expected the "
+                      "precision name (32-true or bf16-mixed)");
+  }
+  return options;
+}
+
+// fully_shard's options for FSDP1's `options` (all but the mesh, which
+// setup_environment makes).
+FullyShardOptions fully_shard_options(const FSDPStrategyOptions& options) {
+  FullyShardOptions o;
+  if (options.sharding_strategy() == ShardingStrategy::kShardGradOp) o.reshard_after_forward(false);
+  if (parse_precision(options.precision()).name == "bf16-mixed") {
+    MixedPrecisionPolicy mp;
+    mp.param_dtype = at::kBFloat16;
+    mp.reduce_dtype = at::kFloat;
+    o.mp_policy(mp);
+  }
+  if (options.cpu_offload().offload_params) {
+    OffloadPolicy offload;
+    offload.offload_params = true;
+    o.offload_policy(offload);
+  }
+  return o;
+}
+
 }  // namespace
+
+bool has_fully_shard_form(ShardingStrategy strategy) { return strategy != ShardingStrategy::kNoShard; }
+
+bool has_fully_shard_form(const PrecisionConfig& precision) {
+  return precision.name == "32-true" || precision.name == "bf16-mixed";
+}
+
+ModelParallelStrategy::ModelParallelStrategy(FSDPStrategyOptions options)
+    : inner_(fully_shardable(options)), fsdp_layout_(true) {
+  const CheckpointCheck checkpointed =
+      options.activation_checkpointing_policy() ? options.activation_checkpointing_policy()
+                                                : options.activation_checkpointing();
+  options_.save_distributed_checkpoint(options.state_dict_type() == CheckpointFormat::kSharded);
+  options_.parallelize_fn([shard = fully_shard_options(options), policy = options.auto_wrap_policy(), checkpointed](
+                              std::shared_ptr<torch::nn::Module> module, const Mesh& mesh) {
+    FullyShardOptions o = shard;
+    o.mesh(mesh);
+    fully_shard_tree(module, o, policy);
+    if (checkpointed) apply_activation_checkpointing(module, checkpointed);
+    return module;
+  });
+}
 
 ModelParallelStrategy::ModelParallelStrategy(ModelParallelStrategyOptions options)
     : options_(std::move(options)), inner_(inner_options(options_)) {
@@ -56,8 +118,25 @@ void ModelParallelStrategy::setup_environment() {
                       std::to_string(options_.tensor_parallel_size()) +
                       "` multiplied should equal the world size (" + std::to_string(world) + ").");
   }
+  if (fsdp_layout_) {
+    mesh_ = fsdp1_mesh();
+    return;
+  }
   auto& g = inner_.group();
   mesh_ = Mesh::of(std::shared_ptr<dist::ProcessGroup>(&g, [](dist::ProcessGroup*) {}), "data_parallel");
+}
+
+Mesh ModelParallelStrategy::fsdp1_mesh() const {
+  const FSDPOptions wrap = inner_.module_sharded_options();
+  // FSDP1's layout: the options' device mesh, or HYBRID_SHARD's default of
+  // sharding within a node (hybrid_shard_size) and replicating across nodes.
+  std::optional<dist::DeviceMesh> mesh = wrap.device_mesh();
+  const int world = wrap.process_group() ? wrap.process_group()->size() : 0;
+  if (!mesh && inner_.sharding_strategy() == ShardingStrategy::kHybridShard && wrap.hybrid_shard_size() > 0 &&
+      wrap.hybrid_shard_size() < world) {
+    mesh = dist::init_device_mesh(wrap.process_group(), world / wrap.hybrid_shard_size(), wrap.hybrid_shard_size());
+  }
+  return mesh ? Mesh::hybrid(*mesh) : Mesh::of(wrap.process_group());
 }
 
 const Mesh& ModelParallelStrategy::device_mesh() const {
@@ -91,6 +170,12 @@ void ModelParallelStrategy::setup_optimizer(const torch::optim::Optimizer& optim
 at::Tensor ModelParallelStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
                                                       double norm_type) const {
   return clip_grad_norm_(root_of(module, "clip_gradients_norm"), max_norm, norm_type);
+}
+
+at::Tensor ModelParallelStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module,
+                                                      torch::optim::Optimizer& /*optimizer*/, double max_norm,
+                                                      double norm_type) const {
+  return clip_gradients_norm(module, max_norm, norm_type);
 }
 
 ModelParallelStrategy::NoSync::NoSync(FSDPModule root) : root_(std::move(root)) {

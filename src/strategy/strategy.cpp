@@ -170,6 +170,12 @@ std::optional<FSDPOptions> FSDPStrategy::begin_setup(const std::shared_ptr<torch
   return module_sharded_options();  // manual wrapping: the root around the user's units
 }
 
+std::shared_ptr<torch::nn::Module> FSDPStrategy::setup_module_impl(std::shared_ptr<torch::nn::Module> module) {
+  if (auto options = begin_setup(module)) detail::wrap(module, *options);
+  after_wrap(module);
+  return module;
+}
+
 FSDPOptions FSDPStrategy::module_sharded_options() const {
   require_group("module_sharded_options");
   return fsdp_options().auto_wrap_policy(nullptr);

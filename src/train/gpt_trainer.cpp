@@ -1,20 +1,19 @@
-// The GPT trainer's training loop through FSDPStrategy (fsdp/train/gpt_trainer.h:
+// The GPT trainer's training loop through a Strategy (fsdp/train/gpt_trainer.h:
 // train). train() reads in one screen; each of its steps is a function
 // below. Its settings (run_settings.cpp, train_config.cpp), data
-// (batches), metrics, progress line, run directory (run_directory.h and
-// the units it names) and generation (generate.cpp) are units of their own
-// (docs/architecture.md).
+// (batches), metrics, progress line, the job's start (job_start.h: run
+// directory, data, resume) and outputs (job_outputs.h), the run directory
+// itself (the run module, fsdp/run/) and generation (generate.cpp) are
+// units of their own (docs/architecture.md).
 #include "fsdp/train/gpt_trainer.h"
 
 #include <torch/torch.h>
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -29,42 +28,29 @@
 #include "fsdp/core/utils.h"
 #include "fsdp/distributed/rank_errors.h"
 #include "fsdp/error.h"
-#include "fsdp/fsdp2/fully_shard.h"
 #include "fsdp/hf/export.h"
 #include "fsdp/hf/hf_model.h"
 #include "fsdp/hf/peft.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/optim/adamw.h"
-#include "fsdp/observability/profiler.h"
-#include "fsdp/strategy/strategy.h"
+#include "fsdp/strategy/engine.h"
 #include "fsdp/train/run_settings.h"
+#include "fsdp/run/rotation.h"
+#include "job_outputs.h"
+#include "job_start.h"
 #include "metrics.h"
 #include "progress.h"
-#include "resume.h"
-#include "rotation.h"
-#include "run_directory.h"
-#include "run_lock.h"
 #include "run_record.h"
-#include "run_start.h"
 #include "step.h"
 
 namespace fsdp::train {
 
-namespace fs = std::filesystem;
-
 namespace {
 
-// The run's tokens: --data memory-mapped (never copied whole) and read as
-// --data-format says, or the generated corpus.
-Corpus read_corpus(const TrainConfig& c) {
-  if (c.data.empty()) return Corpus::hold(generated_corpus(), "the generated corpus");
-  return Corpus::map_file(c.data, "--data", c.data_format);
-}
-
-// The strategy of a run: the one place where TrainConfig's settings become
-// FSDPStrategyOptions.
-// The unit (and the activation-checkpointed block) is the model's block:
-// the GPT's, or a Llama's decoder layer.
+// The strategy's options of a run: the one place where TrainConfig's
+// settings become FSDPStrategyOptions (make_strategy gives either engine's
+// strategy from them). The unit (and the activation-checkpointed block) is
+// the model's block: the GPT's, or a Llama's decoder layer.
 FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
   FSDPStrategyOptions o = c.strategy;
   if (trains_llama(c)) {
@@ -77,60 +63,36 @@ FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGr
   return o;
 }
 
-// [collective over the world with a 2-D mesh] --engine fsdp2: fully_shard on
-// each block (`Block`), then on the root, on the strategy's group (or its
-// 2-D mesh), with the run's sharding strategy, precision and activation
-// checkpointing.
-template <class Net, class Block>
-Model fully_shard_model(const FSDPStrategy& strategy, const TrainConfig& c, const std::shared_ptr<Net>& net) {
-  const FSDPOptions wrap = strategy.module_sharded_options();
-  // The strategy's FSDP1 layout: its --mesh, or HYBRID_SHARD's default of
-  // sharding within a node (hybrid_shard_size) and replicating across nodes.
-  std::optional<dist::DeviceMesh> mesh = wrap.device_mesh();
-  const int world = wrap.process_group() ? wrap.process_group()->size() : 0;
-  if (!mesh && strategy.sharding_strategy() == ShardingStrategy::kHybridShard && wrap.hybrid_shard_size() > 0 &&
-      wrap.hybrid_shard_size() < world) {
-    mesh = dist::init_device_mesh(wrap.process_group(), world / wrap.hybrid_shard_size(), wrap.hybrid_shard_size());
-  }
-  FullyShardOptions o(mesh ? Mesh::hybrid(*mesh) : Mesh::of(wrap.process_group()));
-  if (strategy.sharding_strategy() == ShardingStrategy::kShardGradOp) o.reshard_after_forward(false);
-  if (strategy.precision().name == "bf16-mixed") o.mp_policy(MixedPrecisionPolicy{at::kBFloat16, at::kFloat});
-  if (strategy.cpu_offload().offload_params) o.offload_policy(OffloadPolicy{true});
-  FullyShard<Net> model(net, o, transformer_auto_wrap_policy<Block>());
-  if (activation_checkpointing(c.strategy)) apply_activation_checkpointing(model.ptr(), checkpoint_module_types<Block>());
-  return model;
-}
-
-// [collective] The model `Net` built from `config`, wrapped (`Block` the
-// unit). Its initial weights come from the seed alone: under empty_init
-// each block is built when FSDP shards it, from the generator state it was
-// first built from, so with the values an eager build has. Seeds LibTorch's
-// process-wide generator.
-template <class Net, class Block, class Config>
-Model build(FSDPStrategy& strategy, const TrainConfig& c, const Config& config) {
+// [collective] The model `Net` built from `config`, sharded by the
+// strategy (its auto-wrap policy's block the unit). Its initial weights
+// come from the seed alone: under empty_init each block is built when the
+// engine shards it, from the generator state it was first built from, so
+// with the values an eager build has. Seeds LibTorch's process-wide
+// generator.
+template <class Net, class Config>
+Model build(Strategy& strategy, const TrainConfig& c, const Config& config) {
   torch::manual_seed(c.strategy.seed());
   std::shared_ptr<Net> net;
   {
     auto deferred = strategy.module_init_context(c.empty_init);
     net = std::make_shared<Net>(config);
   }
-  if (c.engine == "fsdp2") return fully_shard_model<Net, Block>(strategy, c, net);
   return strategy.setup_module(net);
 }
 
 // [collective] The run's model: the GPT of c.model, or the Llama of `llama`
 // (its config.json with the run's adapters; an hf: source's weights are
 // loaded later, load_hf_weights).
-Model build_model(FSDPStrategy& strategy, const TrainConfig& c, const std::optional<models::LlamaConfig>& llama) {
-  if (llama) return build<models::LlamaImpl, models::LlamaDecoderLayerImpl>(strategy, c, *llama);
-  return build<models::GPTImpl, models::GPTBlockImpl>(strategy, c, c.model);
+Model build_model(Strategy& strategy, const TrainConfig& c, const std::optional<models::LlamaConfig>& llama) {
+  if (llama) return build<models::LlamaImpl>(strategy, c, *llama);
+  return build<models::GPTImpl>(strategy, c, c.model);
 }
 
 // [collective] --model hf:DIR on a run that starts fresh: the directory's
 // weights into the sharded model, each rank reading only its shards' byte
 // ranges (hf::load_weights; its errors agreed across the ranks). The
 // adapters of a LoRA run keep their initial values.
-void load_hf_weights(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama,
+void load_hf_weights(const Strategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama,
                      const Model& model) {
   const auto t = std::chrono::steady_clock::now();
   const std::string dir = hf_directory(c);
@@ -152,57 +114,12 @@ std::vector<at::Tensor> trained_parameters(const Model& model) {
   return out;
 }
 
-// What a checkpoint of the run holds at `step` (the steps done); what a
-// resume loads. A save adds the sample stream's position ("samples") and
-// the world size ("world"); a resume finds them among the values it did not
-// ask for (ResumePoint::values), absent in checkpoints from before them.
-CheckpointState run_state(const Model& model, torch::optim::Optimizer& opt, int64_t step) {
-  CheckpointState s;
-  s.model("model", model.ptr()).optimizer("optimizer", opt).value("step", step);
-  return s;
-}
-
-// ConfigError when the checkpoint a run resumed from (`from`) trained on the
-// same --data path as `c` and recorded another fingerprint of it
-// (Corpus::fingerprint) than `now`: the file changed in place; or read it
-// as another format (DataLayout::format, "data_format") than `format`: the
-// same bytes would be other tokens. With --allow-data-change, said on stderr
-// instead. A changed path is a changed flag (overridden_flags names it); a
-// checkpoint from before fingerprints (or formats) has none to compare.
-void check_data_unchanged(const ResumePoint& from, const TrainConfig& c, const std::string& now,
-                          const std::string& format) {
-  const auto text = [&](const char* key) -> std::optional<std::string> {
-    const auto it = from.values.find(key);
-    if (it == from.values.end() || !std::holds_alternative<std::string>(it->second)) return std::nullopt;
-    return std::get<std::string>(it->second);
-  };
-  const auto was = text("data_fingerprint"), path = text("config.run.data"), was_format = text("data_format");
-  if (!path || *path != c.data) return;
-  const std::string data = c.data.empty() ? std::string("the generated corpus") : "--data " + c.data;
-  std::string what, expected = "the same file";
-  if (was && *was != now) {
-    what = data + " changed since " + from.path + " was saved: its fingerprint (size:hash of sampled pages) was " +
-           *was + ", it is " + now;
-  } else if (was_format && *was_format != format) {
-    what = data + " is read as " + format + " now (--data-format " + c.data_format + "); the run that saved " +
-           from.path + " read it as " + *was_format + ", so its bytes are other tokens now";
-    expected = "the file read as the run read it (--data-format)";
-  } else {
-    return;
-  }
-  if (!c.allow_data_change) {
-    throw ConfigError(what + ". The run would continue on other text than it trained on; expected " + expected +
-                      ", or --allow-data-change to resume on the changed one on purpose");
-  }
-  std::cerr << "fsdp-train: WARNING: " << what << "; resuming on it (--allow-data-change)" << std::endl;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 // The warning that float16 on CPU is slow (rank 0 only).
-void warn_about_precision(const FSDPStrategy& strategy, const TrainConfig& c) {
+void warn_about_precision(const Strategy& strategy, const TrainConfig& c) {
   if (strategy.global_rank() != 0 || c.strategy.precision().rfind("16-", 0) != 0 || !strategy.root_device().is_cpu()) {
     return;
   }
@@ -213,212 +130,9 @@ void warn_about_precision(const FSDPStrategy& strategy, const TrainConfig& c) {
             << std::endl;
 }
 
-// [collective] Starts the job in the run directory: agrees whether it
-// continues the run (then sets c.resume, clears c.overwrite), takes the
-// lock on rank 0 (held in `lock` until train() returns: one job per run
-// directory), and returns the run's identity (begin_run).
-// Continuing is any rank's --resume, or a restart of the job that wrote
-// run.json, which rank 0 proves (job_token: the launcher's restart count
-// alone proves nothing, and torchrun restarts the nodes of an elastic job
-// with different counts). A restart repeats the command line: it continues
-// the run even with --overwrite, and takes the run's own newest checkpoint
-// over --resume-from's.
-RunIdentity begin_job(const FSDPStrategy& strategy, const RunDirectory& run, TrainConfig& c,
-                      std::optional<RunLock>& lock) {
-  const int rank = strategy.global_rank();
-  std::string job;
-  if (rank == 0) job = job_token();
-  const bool restarted = rank == 0 && records_job(run, job);
-  const auto votes = strategy.group().all_gather_bytes(restarted ? "restart" : c.resume ? "resume" : "");
-  const bool any_restart = std::find(votes.begin(), votes.end(), "restart") != votes.end();
-  const bool any_resume = std::find(votes.begin(), votes.end(), "resume") != votes.end();
-  if (any_restart || (c.resume_from.empty() && any_resume)) {
-    c.resume = true;
-    c.overwrite = false;
-  }
-  dist::agree_from(strategy.group(), 0, dist::capture([&] {
-                     if (rank == 0) lock.emplace(c.out);
-                   }),
-                   "");
-  return begin_run(run, strategy, c, job);
-}
-
-// The run's batches and what a checkpoint keeps of its text.
-struct RunData {
-  std::optional<BatchSampler> batches;
-  std::string fingerprint;  // Corpus::fingerprint: into each checkpoint; a resume compares it
-  std::string format;       // DataLayout::format: into each checkpoint; a resume compares it
-  bool evaluates = false;   // a held-out loss is computed
-};
-
-// [collective] Reads the run's text on every rank (a file one rank cannot
-// map stops every rank with its error, not a hang) and says so when it is
-// too short to hold any text out.
-void read_data(const FSDPStrategy& strategy, const TrainConfig& c, RunData& d) {
-  dist::agree(strategy.group(), dist::capture([&] {
-                Corpus corpus = read_corpus(c);
-                if (trains_llama(c) && corpus.layout().format == "text") {
-                  throw ConfigError("--data " + c.data + " is read as text (--data-format " + c.data_format +
-                                    "): its bytes would be the ids, and --model " + c.model_source +
-                                    " takes its tokenizer's: expected token ids (fsdp-train prepare --tokenizer DIR "
-                                    "--out FILE TEXT... writes them with llm.c's header), or --data-format uint16 or "
-                                    "uint32 for a raw .bin");
-                }
-                d.fingerprint = corpus.fingerprint();
-                d.format = corpus.layout().format;
-                d.batches.emplace(std::move(corpus), c.model.context, c.batch, c.strategy.seed(),
-                                  strategy.global_rank(), strategy.world_size(), strategy.root_device(),
-                                  c.model.vocab_size);
-              }),
-              "reading --data");
-  d.evaluates = c.eval_every > 0 && d.batches->has_held_out();
-  if (c.eval_every > 0 && !d.evaluates) {
-    const Corpus& corpus = d.batches->corpus();
-    strategy.print("fsdp-train: " + corpus.name() + " is too short to hold any text out (" +
-                   std::to_string(corpus.tokens()) + " " + corpus.layout().unit() + "; at least " +
-                   std::to_string(min_tokens_to_hold_out(c.model.context)) +
-                   " needed): no held-out loss is computed");
-  }
-}
-
-// Where this job starts: the step done, the sample stream's position, the
-// checkpoint it resumed from (empty path: none), and the resize, if the
-// world changed since that checkpoint.
-struct Start {
-  int64_t step = 0, position = 0;
-  ResumePoint from;
-  std::optional<StepMetrics::Resize> resized;
-};
-
-// [collective] With --resume or --resume-from: loads the checkpoint the run
-// continues from into `model` and `opt` and checks its values against `c`
-// (the same values, and so the same error, on every rank).
-Start resume_job(const FSDPStrategy& strategy, const RunDirectory& run, const TrainConfig& c,
-                 const RunIdentity& identity, Model& model, torch::optim::Optimizer& opt, const RunData& data) {
-  Start at;
-  if (!c.resume && c.resume_from.empty()) return at;
-  CheckpointState s = run_state(model, opt, 0);
-  at.from = resume_run(run, strategy, c, identity, s);
-  if (at.from.path.empty()) return at;
-  const int nranks = strategy.world_size();
-  const ResumedPosition p = resumed_position(at.from.path, at.from.values, s.get<int64_t>("step"), c, nranks);
-  at.step = p.step;
-  at.position = p.samples;
-  strategy.print("fsdp-train: resumed from " + at.from.path + " at step " + std::to_string(at.step));
-  dist::agree(strategy.group(), dist::capture([&] { check_data_unchanged(at.from, c, data.fingerprint, data.format); }),
-              "--resume: comparing --data with the checkpoint's");
-  if (p.world && *p.world != nranks) {
-    at.resized.emplace();
-    at.resized->from_world = static_cast<int>(*p.world);
-    at.resized->to_world = nranks;
-    at.resized->step = at.step;
-  }
-  return at;
-}
-
-// Where the job's records go (rank 0's; empty elsewhere).
-struct Outputs {
-  std::optional<MetricsWriter> metrics;  // metrics.jsonl
-  std::optional<Progress> progress;      // the progress line and train.log
-  std::vector<std::shared_ptr<Logger>> loggers;
-  bool jsonl = false;  // the loss curve is drawn from metrics.jsonl
-};
-
-// [collective] Rank 0 opens the metrics (on resume, those after the
-// checkpoint's step go), the log and the loggers into `out`, and gives the
-// loggers the hyperparameters; its error reaches every rank.
-void open_outputs(const FSDPStrategy& strategy, const RunDirectory& run, const TrainConfig& c, int64_t start,
-                  Outputs& out) {
-  const LoggerChoice chosen = chosen_loggers(c.loggers);
-  out.jsonl = chosen.jsonl;
-  const auto failure = dist::capture([&] {
-    if (strategy.global_rank() != 0) return;
-    if (chosen.jsonl) out.metrics.emplace(run.metrics_path(), start);
-    out.progress.emplace(run.log_path(), start > 0, c.steps, c.log_every, isatty(STDOUT_FILENO) != 0);
-    std::shared_ptr<TensorBoardLogger> tensorboard;
-    if (chosen.tensorboard) {
-      tensorboard = std::make_shared<TensorBoardLogger>(c.out, "", std::string(), /*default_hp_metric=*/false);
-      out.loggers.push_back(tensorboard);
-    }
-    if (chosen.csv) out.loggers.push_back(std::make_shared<CSVLogger>(c.out, "csv"));
-    for (const auto& logger : out.loggers) logger->open();
-    // A session START: a resumed run does its later steps again, and
-    // TensorBoard drops the old ones (its Python reader ignores a run's
-    // first START, so every job writes one).
-    if (tensorboard) tensorboard->log_restart(start + 1);
-    const Hyperparameters hparams = hyperparameters(c, strategy.world_size());
-    if (tensorboard) tensorboard->log_hyperparams(hparams, {"loss", "eval_loss"});
-    for (const auto& logger : out.loggers) {
-      if (logger != tensorboard) logger->log_hyperparams(hparams);
-    }
-  });
-  dist::agree_from(strategy.group(), 0, failure, start > 0 ? "--resume: " : "");
-}
-
-// Says on rank 0 (train.log and stdout) that the world changed since the
-// checkpoint the job resumed from, and how much time that cost.
-void note_resize(const FSDPStrategy& strategy, Start& at, Outputs& out) {
-  if (!at.resized || strategy.global_rank() != 0) return;
-  auto& r = *at.resized;
-  r.seconds_lost = std::chrono::duration<double>(std::chrono::system_clock::now() - at.from.committed_at).count();
-  std::ostringstream what;
-  what << "fsdp-train: resized from world " << r.from_world << " to world " << r.to_world << ": resumed from step "
-       << r.step << " (" << at.from.path << "), resharded; " << std::fixed << std::setprecision(1) << r.seconds_lost
-       << " s lost since that checkpoint was committed; the sample stream continues at sample " << at.position;
-  out.progress->note(what.str());
-}
-
-// --profile-steps: a profile of this job's share of the steps A:B, a
-// Chrome trace per rank (an earlier job's trace is kept beside it).
-class StepProfiler {
- public:
-  StepProfiler(const FSDPStrategy& strategy, const TrainConfig& c, int64_t start)
-      : strategy_(strategy), out_(c.out), start_(start) {
-    trace_path_ = (fs::path(out_) / "profile" / ("rank_" + std::to_string(strategy.global_rank()) + ".pt.trace.json"))
-                      .string();
-    if (c.profile_steps.empty()) return;
-    range_ = parse_step_range(c.profile_steps, "--profile-steps");
-    if (range_.last <= start) {
-      strategy.print("fsdp-train: --profile-steps " + c.profile_steps + ": those steps were done before step " +
-                     std::to_string(start) + ", where this job resumed; nothing is profiled");
-    }
-  }
-
-  // Before 0-based `step`: a profile starts at its first step (or the first this job does).
-  void before(int64_t step) {
-    if (range_.contains(step + 1) && !profiler_.running()) profiler_.start(strategy_.root_device().is_cuda());
-  }
-
-  // [collective while profiling] After 1-based step `done`: the profile
-  // ends at its last step (or the run's). A trace that cannot be written
-  // is a warning (Profiler::stop).
-  void after(int64_t done, bool last) {
-    if (!profiler_.running() || (done != range_.last && !last)) return;
-    const std::string path = unused_trace_path(trace_path_);
-    bool written = false;
-    dist::agree(strategy_.group(), dist::capture([&] { written = profiler_.stop(path); }), "--profile-steps: ");
-    if (!written || strategy_.global_rank() != 0) return;
-    auto any_rank = [&](const std::string& p) {  // rank 0's name, said for every rank
-      const std::string name = fs::path(p).filename().string();
-      return (fs::path(out_) / "profile").string() + "/rank_<r>" + name.substr(name.find('.'));
-    };
-    std::cout << "fsdp-train: profiled steps " << std::max(range_.first, start_ + 1) << "-" << done << ": "
-              << any_rank(path)
-              << (path != trace_path_ ? " (an earlier job's " + any_rank(trace_path_) + " is kept)" : std::string())
-              << " (open in https://ui.perfetto.dev or chrome://tracing)" << std::endl;
-  }
-
- private:
-  const FSDPStrategy& strategy_;
-  std::string out_, trace_path_;
-  int64_t start_;
-  StepRange range_;
-  Profiler profiler_;
-};
-
 // What a training job holds while it runs its steps.
 struct Job {
-  const FSDPStrategy& strategy;
+  const Strategy& strategy;
   const TrainConfig& c;
   const RunDirectory& run;
   const RunIdentity& identity;
@@ -434,7 +148,7 @@ struct Job {
 // [collective] Trains 0-based `step` on the next batch at `position`
 // (advanced), and measures it: the step's metrics, before evaluation.
 StepMetrics train_one(Job& job, int64_t step, int64_t& position) {
-  const FSDPStrategy& strategy = job.strategy;
+  const Strategy& strategy = job.strategy;
   const BatchSampler& batches = *job.data.batches;
   // A --data file truncated under the run is a named error on every rank
   // (Corpus::read), never SIGBUS nor a rank left waiting.
@@ -525,7 +239,7 @@ void save_if_due(Job& job, int64_t done, int64_t position) {
   put_config(s, c, job.identity);
   // A Llama's config.json: what generate, export and a resume build it from.
   if (job.llama) s.value("config.model.llama", models::llama_config_json(*job.llama, job.llama->dtype));
-  save_and_rotate(job.run, job.strategy, s, done, c.keep, job.identity);
+  fsdp::run::save_and_rotate(job.run, job.strategy, s, done, c.keep, job.identity);
 }
 
 // [collective] --save-hf, after the last checkpoint (`checkpoint`): the
@@ -534,7 +248,7 @@ void save_if_due(Job& job, int64_t done, int64_t position) {
 // dtype the model came in, with an hf: source's generation config and
 // tokenizer files. Every rank returns once it is there, or throws the same
 // error.
-void save_hf(const FSDPStrategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama, const Model& model,
+void save_hf(const Strategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama, const Model& model,
              const std::string& checkpoint) {
   const std::string hf_dir = hf_directory(c);
   const std::string source = hf_dir.empty() ? c.model_config : hf_dir;
@@ -557,7 +271,7 @@ void save_hf(const FSDPStrategy& strategy, const TrainConfig& c, const models::L
 
 // Closes the loggers and draws loss.svg on rank 0 (a drawing is not worth
 // the run: its failure is a warning).
-void finish(const FSDPStrategy& strategy, const TrainConfig& c, Outputs& out) {
+void finish(const Strategy& strategy, const TrainConfig& c, Outputs& out) {
   for (const auto& logger : out.loggers) logger->finalize("success");
   if (strategy.global_rank() != 0 || !out.jsonl) return;
   try {
@@ -575,7 +289,8 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   validate(c);
   // An hf: model's weights are loaded (or a checkpoint's, on resume): not drawn first.
   if (llama) llama->initialize = hf_directory(c).empty();
-  FSDPStrategy strategy(strategy_options(c, world));
+  const std::unique_ptr<Strategy> strategy_ptr = make_strategy(c.engine, strategy_options(c, world));
+  Strategy& strategy = *strategy_ptr;
   strategy.setup_environment();
   warn_about_precision(strategy, c);
   const RunDirectory run(c.out);
@@ -588,17 +303,13 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   // torch.optim.AdamW's update to the bit (fsdp/optim/adamw.h), so a run
   // continued in PyTorch steps as it would have here.
   optim::AdamW opt(trained_parameters(model), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
-  if (c.engine == "fsdp2") {
-    check_optimizer(model.ptr(), opt);
-  } else {
-    strategy.setup_optimizer(opt);
-  }
+  strategy.setup_optimizer(opt);
   Start start = resume_job(strategy, run, c, identity, model, opt, data);
   if (start.from.path.empty() && !hf_directory(c).empty()) load_hf_weights(strategy, c, *llama, model);
   // Before step 1: what every save will need (checkpoints/ usable, the
   // saves' names free), so that a run never trains to lose it at a save.
   dist::agree_from(strategy.group(), 0, dist::capture([&] {
-                     if (strategy.global_rank() == 0) run.check_saves(c, start.step);
+                     if (strategy.global_rank() == 0) run.check_saves(c.steps, c.save_every, start.step);
                    }),
                    "");
   Outputs out;

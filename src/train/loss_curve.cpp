@@ -22,7 +22,7 @@
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
 #include "metrics.h"
-#include "run_directory.h"
+#include "fsdp/run/run_directory.h"
 
 namespace fsdp::train {
 
@@ -178,7 +178,7 @@ std::string write_loss_curve(const std::string& out, const std::string& title) {
   std::vector<std::pair<double, double>> train, eval;
   // Lines that are not metrics, and losses that are not finite (a diverged
   // step), are left out of the drawing.
-  read_points(RunDirectory(out).metrics_path(), train, eval);
+  read_points(run::RunDirectory(out).metrics_path(), train, eval);
   const std::string path = (fs::path(out) / "loss.svg").string();
   const double w = 760, h = 420, left = 64, right = 20, top = 44, bottom = 52;
   double min_step = 1e300, max_step = -1e300, min_loss = 1e300, max_loss = -1e300;

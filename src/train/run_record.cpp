@@ -20,15 +20,6 @@
 
 namespace fsdp::train {
 
-// The name a checkpoint keeps a run setting under: "config.<key>", or
-// "<key>" in checkpoints before the config nesting; "" when it has none.
-std::string config_name(const CheckpointInfo& info, const std::string& key) {
-  for (const std::string& name : {"config." + key, key}) {
-    if (info.values.count(name)) return name;
-  }
-  return "";
-}
-
 namespace {
 
 // The value of a run setting (see config_name); null if absent.
@@ -37,14 +28,6 @@ const std::string* config_value(const CheckpointInfo& info, const std::string& k
   return name.empty() ? nullptr : &info.values.at(name);
 }
 
-}  // namespace
-
-std::string run_id_of(const CheckpointInfo& info) {
-  const std::string* v = config_value(info, "run.id");
-  return v ? *v : "";
-}
-
-namespace {
 
 // The model entry's tensors of a checkpoint ("<entry>/<key>"; fsdp-train's entry is "model"), by key.
 std::map<std::string, std::vector<int64_t>> model_tensors(const CheckpointInfo& info) {

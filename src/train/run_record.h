@@ -9,9 +9,13 @@
 
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/train/train_config.h"
-#include "run_identity.h"
+#include "fsdp/run/run_identity.h"
 
 namespace fsdp::train {
+
+using run::config_name;  // what a checkpoint records (fsdp/run/run_identity.h)
+using run::RunIdentity;
+using run::run_id_of;
 
 // 16 hex digits (FNV-1a, 64 bits) over the recorded settings in their
 // digest places: the model shape, the schedule (lr, min_lr, warm-up,
@@ -24,15 +28,6 @@ std::string config_digest(const TrainConfig& config);
 // values of `state` under "config.", so that a checkpoint says what it
 // holds and whose it is, and a resume can say which flags it overrides.
 void put_config(CheckpointState& state, const TrainConfig& run, const RunIdentity& identity);
-
-// The name a checkpoint keeps a recorded setting `key` under:
-// "config.<key>", or "<key>" in checkpoints before the config nesting; ""
-// when it has none.
-std::string config_name(const CheckpointInfo& info, const std::string& key);
-
-// The run id a checkpoint records (config.run.id); "" for a checkpoint
-// written before fsdp-train recorded one.
-std::string run_id_of(const CheckpointInfo& info);
 
 // The flags of `config` that differ from the run settings saved in a
 // checkpoint, among the settings that may change on resume ("--lr 0.003 ->

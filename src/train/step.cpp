@@ -6,11 +6,10 @@
 #include <sstream>
 
 #include "fsdp/core/utils.h"  // resident_memory_mib
-#include "fsdp/fsdp2/fully_shard.h"
 
 namespace fsdp::train {
 
-StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::Optimizer& opt, const Batch& batch,
+StepResult train_step(const Strategy& strategy, Model& model, torch::optim::Optimizer& opt, const Batch& batch,
                       double lr) {
   for (auto& group : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   opt.zero_grad();
@@ -18,19 +17,15 @@ StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::
   strategy.backward(loss);  // scaled under "16-mixed"
   StepResult r;
   r.loss = strategy.all_reduce(loss.detach().to(at::kDouble)).item<double>();
-  // --engine fsdp2: the fully_shard root clips as DTensor does (no gradient
-  // scaler: 16-mixed is refused with that engine).
-  const auto fsdp2 = fsdp_module_of(*model.ptr());
-  r.grad_norm = (fsdp2 ? clip_grad_norm_(*fsdp2, 1.0) : strategy.clip_gradients_norm(model.ptr(), opt, 1.0))
-                    .to(at::kDouble)
-                    .item<double>();
+  // The engine's arithmetic: FSDP1's flat norm, or DTensor's for fully_shard.
+  r.grad_norm = strategy.clip_gradients_norm(model.ptr(), opt, 1.0).to(at::kDouble).item<double>();
   // Under "16-mixed" the scaler skips steps with inf gradients itself.
   r.finite = std::isfinite(r.loss) && (strategy.grad_scaler() != nullptr || std::isfinite(r.grad_norm));
   if (r.finite) strategy.optimizer_step(opt);
   return r;
 }
 
-double evaluate(const FSDPStrategy& strategy, Model& model, const BatchSampler& batches) {
+double evaluate(const Strategy& strategy, Model& model, const BatchSampler& batches) {
   torch::NoGradGuard no_grad;
   double sum = 0;  // over this rank's samples, of each sample's mean loss
   for (int64_t i = 0; i < batches.held_out_rounds(); ++i) {
@@ -45,7 +40,7 @@ double evaluate(const FSDPStrategy& strategy, Model& model, const BatchSampler& 
          static_cast<double>(kHeldOutSamples);
 }
 
-std::vector<std::string> memory_of_ranks(const FSDPStrategy& strategy) {
+std::vector<std::string> memory_of_ranks(const Strategy& strategy) {
   std::ostringstream mem;
   mem << std::fixed << std::setprecision(0) << resident_memory_mib();
   return strategy.group().all_gather_bytes(mem.str());

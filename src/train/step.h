@@ -1,5 +1,5 @@
 // src/train/step.h — one training step and one held-out evaluation of the
-// run's model (the GPT or a Llama) under FSDPStrategy: what train() repeats. Both are collectives over
+// run's model (the GPT or a Llama) under its Strategy (either engine): what train() repeats. Both are collectives over
 // the strategy's group.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/models/gpt.h"
-#include "fsdp/strategy/strategy.h"
+#include "fsdp/strategy/strategy_base.h"
 #include "fsdp/train/batches.h"
 
 namespace fsdp::train {
@@ -45,15 +45,15 @@ struct StepResult {
 // gradients clipped to norm 1; taken only when the mean loss (and, without the
 // strategy's gradient scaler, the gradient norm) is finite: the same decision
 // on every rank.
-StepResult train_step(const FSDPStrategy& strategy, Model& model, torch::optim::Optimizer& opt, const Batch& batch,
+StepResult train_step(const Strategy& strategy, Model& model, torch::optim::Optimizer& opt, const Batch& batch,
                       double lr);
 
 // [collective] The mean loss over the held-out set (kHeldOutSamples samples,
 // the same at any world size; the same value on every rank). Every rank
 // runs the same forwards; the padding rows of a round are left out.
-double evaluate(const FSDPStrategy& strategy, Model& model, const BatchSampler& batches);
+double evaluate(const Strategy& strategy, Model& model, const BatchSampler& batches);
 
 // [collective] Every rank's resident memory in MiB, as text, in rank order.
-std::vector<std::string> memory_of_ranks(const FSDPStrategy& strategy);
+std::vector<std::string> memory_of_ranks(const Strategy& strategy);
 
 }  // namespace fsdp::train

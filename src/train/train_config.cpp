@@ -55,27 +55,6 @@ bool activation_checkpointing(const FSDPStrategyOptions& strategy) {
          static_cast<bool>(strategy.activation_checkpointing());
 }
 
-namespace {
-
-// ConfigError when `out` is the filesystem root or the home directory:
-// --overwrite removes files there, and a run scatters its files into it.
-void refuse_system_directory(const std::string& out) {
-  std::error_code ec;
-  const fs::path at = fs::weakly_canonical(fs::absolute(out, ec), ec);
-  auto same = [&](const fs::path& other) {
-    std::error_code e;
-    return !other.empty() && fs::equivalent(at, other, e);
-  };
-  const char* home = std::getenv("HOME");
-  if (same("/") || (home && *home && same(home))) {
-    throw ConfigError("--out " + out + " is " + (same("/") ? "the filesystem root" : "the home directory") +
-                      ": a run writes metrics.jsonl, train.log, run.json and checkpoints/ there (and --overwrite "
-                      "removes them): expected a directory of the run's own, e.g. runs/latest");
-  }
-}
-
-}  // namespace
-
 models::GPTConfig preset(const std::string& name) {
   models::GPTConfig c;
   if (name == "tiny") {
@@ -142,8 +121,9 @@ std::string hf_directory(const TrainConfig& c) {
 
 namespace {
 
-// ConfigError unless --model, --config and the LoRA flags fit together.
-void check_model_source(const TrainConfig& c) {
+// The rules between settings (cross_setting_rules), each a function.
+
+void check_model_and_config(const TrainConfig& c) {
   const bool hf = c.model_source.rfind("hf:", 0) == 0;
   if (c.model_source != "gpt" && c.model_source != "llama" && !hf) {
     throw ConfigError("--model '" + c.model_source + "': expected gpt (the byte-level GPT of --preset), llama (a "
@@ -159,33 +139,48 @@ void check_model_source(const TrainConfig& c) {
                       "of --model llama" + (hf ? std::string("; hf:DIR reads DIR/config.json") : std::string()) +
                       ": expected --model llama, or no --config");
   }
-  if (c.lora.rank != 0) {
-    if (!trains_llama(c)) {
-      throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --model " + c.model_source +
-                        ": LoRA adapters are for a Llama's projections: expected --model llama or hf:DIR");
-    }
-    try {
-      models::check_lora(c.lora);
-    } catch (const ConfigError& e) {
-      throw ConfigError(std::string("--lora-rank/--lora-alpha/--lora-targets: ") + e.what());
-    }
-    if (c.engine != "fsdp2") {
-      throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --engine " + c.engine +
-                        ": a frozen base costs no gradient memory only under fully_shard: expected --engine fsdp2");
-    }
+}
+
+void check_lora_flags(const TrainConfig& c) {
+  if (c.lora.rank == 0) return;
+  if (!trains_llama(c)) {
+    throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --model " + c.model_source +
+                      ": LoRA adapters are for a Llama's projections: expected --model llama or hf:DIR");
   }
+  try {
+    models::check_lora(c.lora);
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string("--lora-rank/--lora-alpha/--lora-targets: ") + e.what());
+  }
+  if (c.engine != Engine::kFsdp2) {
+    throw ConfigError("--lora-rank " + std::to_string(c.lora.rank) + " with --engine " + to_string(c.engine) +
+                      ": a frozen base costs no gradient memory only under fully_shard: expected --engine fsdp2");
+  }
+}
+
+void check_llama_data(const TrainConfig& c) {
   if (trains_llama(c) && c.data.empty()) {
     throw ConfigError("--model " + c.model_source + " without --data: the generated corpus is bytes, and a Llama "
                       "takes its tokenizer's ids: expected --data FILE of token ids (fsdp-train prepare --tokenizer "
                       "DIR --out FILE TEXT... makes one)");
   }
-  if (!c.save_hf.empty()) {
-    check_save_hf_destination(c.save_hf, c.out, hf_directory(c));  // what the export at the end would refuse (issue 50 item 7)
-    if (!trains_llama(c)) {
-      throw ConfigError("--save-hf with --model " + c.model_source + ": a Hugging Face export is of a Llama-family "
-                        "model: expected --model llama or hf:DIR");
-    }
+}
+
+void check_save_hf(const TrainConfig& c) {
+  if (c.save_hf.empty()) return;
+  check_save_hf_destination(c.save_hf, c.out, hf_directory(c));  // what the export at the end would refuse (issue 50 item 7)
+  if (!trains_llama(c)) {
+    throw ConfigError("--save-hf with --model " + c.model_source + ": a Hugging Face export is of a Llama-family "
+                      "model: expected --model llama or hf:DIR");
   }
+}
+
+// The model's rules (the first four of cross_setting_rules).
+constexpr int kModelRules = 4;
+
+// ConfigError unless --model, --config and the LoRA flags fit together.
+void check_model_source(const TrainConfig& c) {
+  for (int i = 0; i < kModelRules; ++i) cross_setting_rules()[static_cast<size_t>(i)].check(c);
 }
 
 }  // namespace
@@ -227,70 +222,54 @@ std::optional<models::LlamaConfig> resolve_model(TrainConfig& c) {
   return config;
 }
 
-void validate_settings(const TrainConfig& c) {
-  check_model_source(c);
-  auto positive = [](int64_t v, const char* flag) {
-    if (v <= 0) throw ConfigError(std::string(flag) + " must be positive, got " + std::to_string(v));
-  };
-  positive(c.steps, "--steps");
-  positive(c.batch, "--batch");
-  positive(c.model.dim, "--dim");
-  positive(c.model.layers, "--layers");
-  positive(c.model.heads, "--heads");
-  positive(c.model.context, "--context");
-  positive(c.keep, "--keep");
-  positive(c.log_every, "--log-every");
-  positive(c.model.vocab_size, "--vocab");
-  if (c.model.vocab_size > (int64_t{1} << 31)) {  // what checkpoint_model_config takes back
-    throw ConfigError("--vocab must be at most 2147483648, got " + std::to_string(c.model.vocab_size));
-  }
-  check_data_format(c.data_format);
+namespace {
+
+void check_data_format_needs_data(const TrainConfig& c) {
   if (c.data.empty() && (c.data_format == "uint16" || c.data_format == "uint32")) {
     throw ConfigError("--data-format " + c.data_format + " without --data: the generated corpus is text; expected a "
                       "--data file of " + c.data_format + " token ids, or --data-format auto or text");
   }
-  if (c.engine != "fsdp1" && c.engine != "fsdp2") throw ConfigError("--engine '" + c.engine + "': expected fsdp1 or fsdp2");
-  if (c.engine == "fsdp2") {
-    if (c.strategy.sharding_strategy() == ShardingStrategy::kNoShard) {
-      throw ConfigError("--engine fsdp2 with --sharding-strategy NO_SHARD: fully_shard always shards; expected "
-                        "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD (or --engine fsdp1)");
-    }
-    const std::string precision = parse_precision(c.strategy.precision()).name;
-    if (precision != "32-true" && precision != "bf16-mixed") {
-      throw ConfigError("--engine fsdp2 with --precision " + c.strategy.precision() +
-                        ": fsdp-train's fully_shard path takes 32-true or bf16-mixed (bfloat16 compute, float32 "
-                        "reduction); the others are FSDP1's here: expected one of those two, or --engine fsdp1");
-    }
+}
+
+// What make_strategy's fully_shard form takes (has_fully_shard_form).
+void check_engine_form(const TrainConfig& c) {
+  if (c.engine != Engine::kFsdp2) return;
+  if (!has_fully_shard_form(c.strategy.sharding_strategy())) {
+    throw ConfigError("--engine fsdp2 with --sharding-strategy NO_SHARD: fully_shard always shards; expected "
+                      "FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD (or --engine fsdp1)");
   }
-  (void)chosen_loggers(c.loggers);
-  if (!c.profile_steps.empty()) {
-    const StepRange r = parse_step_range(c.profile_steps, "--profile-steps");
-    if (r.last > c.steps) {
-      throw ConfigError("--profile-steps '" + c.profile_steps + "': step " + std::to_string(r.last) +
-                        " is past the run's last step (--steps " + std::to_string(c.steps) +
-                        "); expected A:B with 1 <= A <= B <= " + std::to_string(c.steps));
-    }
+  if (!has_fully_shard_form(parse_precision(c.strategy.precision()))) {
+    throw ConfigError("--engine fsdp2 with --precision " + c.strategy.precision() +
+                      ": fsdp-train's fully_shard path takes 32-true or bf16-mixed (bfloat16 compute, float32 "
+                      "reduction); the others are FSDP1's here: expected one of those two, or --engine fsdp1");
   }
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    throw ConfigError("--lr must be a positive number, got " + std::to_string(c.lr));
+}
+
+void check_profile_steps(const TrainConfig& c) {
+  if (c.profile_steps.empty()) return;
+  const StepRange r = parse_step_range(c.profile_steps, "--profile-steps");
+  if (r.last > c.steps) {
+    throw ConfigError("--profile-steps '" + c.profile_steps + "': step " + std::to_string(r.last) +
+                      " is past the run's last step (--steps " + std::to_string(c.steps) +
+                      "); expected A:B with 1 <= A <= B <= " + std::to_string(c.steps));
   }
-  if (c.warmup_steps < -1) {
-    throw ConfigError("--warmup-steps must be 0 or positive (or -1: a fifth of --steps), got " +
-                      std::to_string(c.warmup_steps));
-  }
-  if (c.min_lr < 0 && c.min_lr != -1) {
-    throw ConfigError("--min-lr must be 0 or positive (or -1: a tenth of --lr), got " + std::to_string(c.min_lr));
-  }
+}
+
+void check_min_lr(const TrainConfig& c) {
   if (std::isnan(c.min_lr) || c.min_lr > c.lr) {
     throw ConfigError("--min-lr must be at most --lr (" + std::to_string(c.lr) + "; -1: a tenth of it), got " +
                       std::to_string(c.min_lr));
   }
-  if (c.save_every < 0) throw ConfigError("--save-every must be 0 (only at the end) or positive");
-  if (c.eval_every < 0) throw ConfigError("--eval-every must be 0 (never) or positive");
+}
+
+void check_heads(const TrainConfig& c) {
   if (!trains_llama(c) && c.model.dim % c.model.heads != 0) {
     throw ConfigError("--heads " + std::to_string(c.model.heads) + " does not divide the model width --dim " +
                       std::to_string(c.model.dim) + ": expected a divisor of it");
   }
+}
+
+void check_generated_corpus_context(const TrainConfig& c) {
   if (c.data.empty() && c.model.context + 2 > kGeneratedCorpusBytes) {
     // The generated corpus holds nothing out at such a context: its training text is all of it.
     throw ConfigError("--context " + std::to_string(c.model.context) + ": the generated corpus (" +
@@ -300,50 +279,70 @@ void validate_settings(const TrainConfig& c) {
                       " and room to place it); expected --context at most " +
                       std::to_string(kGeneratedCorpusBytes - 2) + ", or a --data file that long");
   }
-  if (!c.data.empty()) {
-    std::error_code ec;
-    if (!fs::exists(c.data, ec)) throw ConfigError("--data " + c.data + ": no such file");
-    if (!fs::is_regular_file(c.data, ec)) {
-      throw ConfigError("--data " + c.data + ": not a regular file (a FIFO, device or directory); expected a text file");
-    }
-    const auto size = fs::file_size(c.data, ec);
-    if (ec || size == 0) throw ConfigError("--data " + c.data + ": the file is empty");
-    const DataLayout layout = read_data_layout(c.data, c.data_format, "--data");  // reads llm.c's header, if any
-    const std::string unit = layout.unit();
-    if (layout.tokens < c.model.context + 2) {  // one sample, and a choice of where it starts
-      throw ConfigError("--data " + c.data + ": " + std::to_string(layout.tokens) + " " + unit +
-                        (unit == "bytes" ? "" : " (" + layout.format + ")") + " is too short: --context " +
-                        std::to_string(c.model.context) + " needs at least " + std::to_string(c.model.context + 2) +
-                        " " + unit + " (a sample of " + std::to_string(c.model.context + 1) +
-                        " and room to place it)");
-    }
-    check_data_tokenizer(c.data, hf_directory(c), c.allow_tokenizer_change, c.model.vocab_size);  // an hf: run's file against its tokenizer (issue 50 item 15)
+}
+
+void check_data_context(const TrainConfig& c) {
+  if (c.data.empty()) return;
+  const DataLayout layout = read_data_layout(c.data, c.data_format, "--data");  // reads llm.c's header, if any
+  const std::string unit = layout.unit();
+  if (layout.tokens < c.model.context + 2) {  // one sample, and a choice of where it starts
+    throw ConfigError("--data " + c.data + ": " + std::to_string(layout.tokens) + " " + unit +
+                      (unit == "bytes" ? "" : " (" + layout.format + ")") + " is too short: --context " +
+                      std::to_string(c.model.context) + " needs at least " + std::to_string(c.model.context + 2) +
+                      " " + unit + " (a sample of " + std::to_string(c.model.context + 1) +
+                      " and room to place it)");
   }
-  if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
-  refuse_system_directory(c.out);
+}
+
+void check_data_tokenizer_of_model(const TrainConfig& c) {
+  if (c.data.empty()) return;
+  // An hf: run's file against its tokenizer (issue 50 item 15).
+  check_data_tokenizer(c.data, hf_directory(c), c.allow_tokenizer_change, c.model.vocab_size);
+}
+
+void check_overwrite_resume(const TrainConfig& c) {
   if (c.overwrite && c.resume) {
     throw ConfigError("--overwrite and --resume contradict each other: --overwrite starts a new run in --out " + c.out +
                       ", --resume continues the run there; expected one of them");
   }
-  if (!c.resume_from.empty()) {
-    std::error_code ec;
-    if (!fs::exists(c.resume_from, ec)) {
-      throw ConfigError("--resume-from " + c.resume_from + ": no such checkpoint (file or directory)");
-    }
-    if (c.overwrite) {
-      // --overwrite empties --out: a checkpoint inside it would be gone before it is read.
-      const fs::path from = fs::weakly_canonical(c.resume_from, ec), out = fs::weakly_canonical(c.out, ec);
-      if (std::mismatch(out.begin(), out.end(), from.begin(), from.end()).first == out.end()) {
-        throw ConfigError("--resume-from " + c.resume_from + " lies inside --out " + c.out +
-                          ", which --overwrite empties first: expected a checkpoint outside it (copy it elsewhere, "
-                          "or use --resume)");
-      }
-    }
+}
+
+void check_resume_from_outside_out(const TrainConfig& c) {
+  if (c.resume_from.empty() || !c.overwrite) return;
+  // --overwrite empties --out: a checkpoint inside it would be gone before it is read.
+  std::error_code ec;
+  const fs::path from = fs::weakly_canonical(c.resume_from, ec), out = fs::weakly_canonical(c.out, ec);
+  if (std::mismatch(out.begin(), out.end(), from.begin(), from.end()).first == out.end()) {
+    throw ConfigError("--resume-from " + c.resume_from + " lies inside --out " + c.out +
+                      ", which --overwrite empties first: expected a checkpoint outside it (copy it elsewhere, "
+                      "or use --resume)");
   }
 }
 
+}  // namespace
+
+const std::vector<CrossSettingRule>& cross_setting_rules() {
+  static const std::vector<CrossSettingRule> rules = {
+      {"--model with --config", check_model_and_config},
+      {"--lora-* with --model and --engine", check_lora_flags},
+      {"--model llama or hf:DIR with --data", check_llama_data},
+      {"--save-hf with --model and --out", check_save_hf},
+      {"--data-format with --data", check_data_format_needs_data},
+      {"--engine fsdp2 with --sharding-strategy and --precision", check_engine_form},
+      {"--profile-steps within --steps", check_profile_steps},
+      {"--min-lr at most --lr", check_min_lr},
+      {"--heads divides --dim", check_heads},
+      {"--context within the generated corpus", check_generated_corpus_context},
+      {"--data holds a sample of --context", check_data_context},
+      {"--data of --model hf:DIR's tokenizer", check_data_tokenizer_of_model},
+      {"--overwrite with --resume", check_overwrite_resume},
+      {"--resume-from outside the --out that --overwrite empties", check_resume_from_outside_out},
+  };
+  return rules;
+}
+
 void validate(const TrainConfig& c) {
-  validate_settings(c);
+  validate_settings(c);  // run_settings.cpp: the rows' checks, then cross_setting_rules
   std::error_code ec;
   fs::create_directories(c.out, ec);
   bool writable = false;

@@ -35,6 +35,7 @@
 #include "fsdp/checkpoint/checkpoint_io.h"
 #include "fsdp/error.h"
 #include "fsdp/train/gpt_trainer.h"
+#include "fsdp/train/run_settings.h"  // find_setting
 #include "../support/models.h"
 
 using namespace fsdp;
@@ -79,7 +80,7 @@ std::vector<std::string> command_line(const train::TrainConfig& c) {
   if (c.strategy.cpu_offload().offload_params) f.emplace_back("--cpu-offload");
   if (!c.strategy.forward_prefetch()) f.emplace_back("--no-forward-prefetch");
   if (!c.strategy.limit_all_gathers()) f.emplace_back("--no-limit-all-gathers");
-  if (c.engine != "fsdp1") f.push_back(is("--engine", c.engine));
+  if (c.engine != Engine::kFsdp1) f.push_back(is("--engine", fsdp::to_string(c.engine)));
   return f;
 }
 
@@ -214,7 +215,7 @@ TEST(GptTrainer, ResumeEndsWhereTheUninterruptedRunEnds) {
 // engine resumes under the other.
 TEST(GptTrainer, Fsdp2EngineTrainsAsFsdp1AndResumesAcrossEngines) {
   TempDir dir;
-  auto run = [&](const std::string& out, const std::string& engine, int64_t steps, bool resume) {
+  auto run = [&](const std::string& out, Engine engine, int64_t steps, bool resume) {
     auto c = tiny(out, steps);
     c.warmup_steps = 0;
     c.min_lr = c.lr;
@@ -224,10 +225,10 @@ TEST(GptTrainer, Fsdp2EngineTrainsAsFsdp1AndResumesAcrossEngines) {
     return train_processes(2, c);
   };
   const std::string one = dir.path() + "/fsdp1", two = dir.path() + "/fsdp2", both = dir.path() + "/both";
-  ASSERT_TRUE(run(one, "fsdp1", 8, false));
-  ASSERT_TRUE(run(two, "fsdp2", 8, false));
-  ASSERT_TRUE(run(both, "fsdp2", 4, false));
-  ASSERT_TRUE(run(both, "fsdp1", 8, true));  // FSDP2's checkpoint, resumed by FSDP1
+  ASSERT_TRUE(run(one, Engine::kFsdp1, 8, false));
+  ASSERT_TRUE(run(two, Engine::kFsdp2, 8, false));
+  ASSERT_TRUE(run(both, Engine::kFsdp2, 4, false));
+  ASSERT_TRUE(run(both, Engine::kFsdp1, 8, true));  // FSDP2's checkpoint, resumed by FSDP1
   const auto m1 = metrics(one), m2 = metrics(two), mb = metrics(both);
   ASSERT_EQ(m1.size(), 8u);
   ASSERT_EQ(m2.size(), 8u);
@@ -244,15 +245,16 @@ TEST(GptTrainer, Fsdp2EngineTrainsAsFsdp1AndResumesAcrossEngines) {
   }
   // What fully_shard has no form of here is refused by name.
   auto c = tiny(dir.path() + "/bad", 2);
-  c.engine = "fsdp2";
+  c.engine = Engine::kFsdp2;
   c.strategy.sharding_strategy(ShardingStrategy::kNoShard);
   expect_config_error([&] { train::validate_settings(c); }, "--engine fsdp2 with --sharding-strategy NO_SHARD");
   c = tiny(dir.path() + "/bad", 2);
-  c.engine = "fsdp2";
+  c.engine = Engine::kFsdp2;
   c.strategy.precision("16-mixed");
   expect_config_error([&] { train::validate_settings(c); }, "--engine fsdp2 with --precision 16-mixed");
-  c.engine = "fsdp3";
-  expect_config_error([&] { train::validate_settings(c); }, "--engine 'fsdp3': expected fsdp1 or fsdp2");
+  // --engine is an enum (fsdp::Engine): a name it lacks is refused by the flag's parser.
+  expect_config_error([&] { train::find_setting("engine")->set(c, "fsdp3"); },
+                      "--engine: 'fsdp3' is not an engine: expected fsdp1 or fsdp2");
 }
 
 // Issue 19 item 3: a damaged or hostile model configuration in a

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -120,6 +121,32 @@ TEST(RunSettings, EveryRowShowsInEachOutputItFeeds) {
   const auto bad = run_program({FSDP_TRAIN_PATH, "--print-config", "--steps", "ten"}, std::chrono::seconds(60));
   EXPECT_NE(bad.exit_code(), 0);
   EXPECT_NE(bad.output.find("--steps 'ten'"), std::string::npos) << bad.output;
+}
+
+// A row checks its own value and names its flag; a rule between settings
+// is one of cross_setting_rules, each named once; the defaults pass all.
+TEST(RunSettings, RowsCheckTheirOwnRangeAndRulesBetweenSettingsAreNamed) {
+  const train::TrainConfig defaults;
+  for (const auto& row : train::run_settings()) {
+    if (row.check) EXPECT_NO_THROW(row.check(defaults)) << row.name;
+  }
+  train::TrainConfig c;
+  c.batch = 0;
+  expect_config_error([&] { train::find_setting("batch")->check(c); }, "--batch must be positive, got 0");
+  c = train::TrainConfig();
+  c.save_every = -2;
+  expect_config_error([&] { train::find_setting("save_every")->check(c); },
+                      "--save-every must be 0 (only at the end) or positive, got -2");
+  std::set<std::string> names;
+  for (const auto& rule : train::cross_setting_rules()) {
+    EXPECT_TRUE(names.insert(rule.name).second) << rule.name;
+    EXPECT_NO_THROW(rule.check(defaults)) << rule.name;
+  }
+  ASSERT_TRUE(names.count("--min-lr at most --lr"));
+  c = train::TrainConfig();
+  c.min_lr = 1;  // each alone in range; together not
+  EXPECT_NO_THROW(train::find_setting("min_lr")->check(c));
+  expect_config_error([&] { train::validate_settings(c); }, "--min-lr must be at most --lr");
 }
 
 // A checkpoint records each recorded row under "config.<record>"; on

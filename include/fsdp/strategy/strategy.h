@@ -38,6 +38,7 @@
 #include "fsdp/observability/loggers.h"
 #include "fsdp/strategy/grad_scaler.h"
 #include "fsdp/strategy/init_context.h"
+#include "fsdp/strategy/strategy_base.h"
 #include "fsdp/strategy/strategy_options.h"
 
 namespace torch::optim {
@@ -46,7 +47,8 @@ class Optimizer;
 
 namespace fsdp {
 
-class FSDPStrategy {
+// FSDP1's Strategy (fsdp/strategy/strategy_base.h).
+class FSDPStrategy : public Strategy {
  public:
   // Validates the options (ConfigError with Lightning's messages: hybrid
   // sharding without a policy, group or mesh; process_group with
@@ -63,16 +65,15 @@ class FSDPStrategy {
   // is still held (as Lightning reuses an initialised default group; its
   // backend and timeout stay) — ConfigError if the environment's rank or
   // world size disagree with it.
-  void setup_environment();
+  void setup_environment() override;
 
-  dist::ProcessGroup& group() const;
-  int global_rank() const;
-  int world_size() const;
+  dist::ProcessGroup& group() const override;
+  int global_rank() const override;
+  int world_size() const override;
   // Where this rank computes: the group's device (CPU for Gloo, this rank's
   // CUDA device for NCCL; setup_module moves the model there). Move each
   // batch here before the forward. CPU before setup_environment().
-  at::Device root_device() const;
-  bool is_global_zero() const { return global_rank() == 0; }
+  at::Device root_device() const override;
   // Lightning's distributed_sampler_kwargs: give them to
   // torch::data::samplers::DistributedRandomSampler / DistributedSequentialSampler.
   struct SamplerArgs {
@@ -111,13 +112,14 @@ class FSDPStrategy {
   // shards plus about one unit, with the values of an eager build (see
   // EmptyInitGuard in fsdp/fsdp.h). Under "bf16-true" / "16-true" the
   // parameters are created in that dtype (see ModuleInitContext). Local.
-  ModuleInitContext module_init_context(bool empty_init = true) const {
+  ModuleInitContext module_init_context(bool empty_init = true) const override {
     return ModuleInitContext(empty_init, precision_.model_dtype);
   }
 
-  // [collective] Wraps `module` (FSDP with the options and the auto-wrap
-  // policy), then applies activation checkpointing. A model that already has
-  // checkpointed layers keeps them (warning).
+  // setup_module(module) (Strategy's; returns fsdp::Unit<M>): [collective]
+  // Wraps `module` (FSDP with the options and the auto-wrap policy), then
+  // applies activation checkpointing. A model that already has checkpointed
+  // layers keeps them (warning).
   // Manual wrapping: when submodules are already FSDP units (wrapped by hand,
   // e.g. with wrap() above; members or Sequential elements), the policy is
   // ignored (warning) and only the root is wrapped around them, owning the
@@ -127,25 +129,14 @@ class FSDPStrategy {
   // drift apart), and clip_gradients_norm / no_backward_sync would refuse the
   // model; with the root wrapped, manual wrapping trains and checkpoints as
   // auto-wrapping does. A root that is itself a unit is left as it is.
-  template <class ModuleImpl>
-  Unit<ModuleImpl> setup_module(std::shared_ptr<ModuleImpl> module) {
-    if (auto options = begin_setup(module)) {
-      FullyShardedDataParallel<ModuleImpl> wrapped(module, *options);
-    }
-    after_wrap(module);
-    return Unit<ModuleImpl>(module);
-  }
-  template <class ModuleImpl>
-  Unit<ModuleImpl> setup_module(const torch::nn::ModuleHolder<ModuleImpl>& module) {
-    return setup_module(module.ptr());
-  }
+
   // [local] With use_orig_params=false, checks that `optimizer` steps the
   // parameters of a model this strategy set up (fsdp::check_optimizer:
   // Lightning's "does not seem to reference any FSDP parameters" error);
   // with use_orig_params=true it checks nothing else, as Lightning. Either
   // way a tensor the optimizer lists twice (a tied weight from LibTorch's
   // parameters()) is a ConfigError naming it (check_parameters_listed_once).
-  void setup_optimizer(const torch::optim::Optimizer& optimizer) const;
+  void setup_optimizer(const torch::optim::Optimizer& optimizer) const override;
   // Lightning's joint setup: the optimizers must have been built on the
   // model's parameters and use_orig_params must be true (its error otherwise).
   template <class ModuleImpl>
@@ -160,23 +151,16 @@ class FSDPStrategy {
   // Collectives over the whole world, for the training loop.
   // [collective] Reduces `tensor` in place over the world and returns it
   // (default: the mean, dist::ReduceOp::kAvg).
-  at::Tensor all_reduce(const at::Tensor& tensor, dist::ReduceOp op = dist::ReduceOp::kAvg) const;
+  at::Tensor all_reduce(const at::Tensor& tensor, dist::ReduceOp op = dist::ReduceOp::kAvg) const override;
   // Lightning's reduce_op string: "mean" (or "avg"), "sum", "max", parsed by
   // dist::parse_reduce_op (ConfigError listing them for another name).
   at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op) const;
-  void barrier() const;  // [collective]
-  // [collective] Rank `src`'s bytes / string / value on every rank.
-  std::string broadcast(const std::string& data, int src = 0) const;
-  template <class T, class = std::enable_if_t<std::is_trivially_copyable_v<T>>>
-  T broadcast_value(const T& value, int src = 0) const {
-    std::string bytes(reinterpret_cast<const char*>(&value), sizeof(T));
-    bytes = broadcast(bytes, src);
-    T out;
-    std::memcpy(&out, bytes.data(), sizeof(T));
-    return out;
-  }
+  void barrier() const override;  // [collective]
+  // [collective] Rank `src`'s bytes / string on every rank (a value:
+  // Strategy's broadcast_value).
+  std::string broadcast(const std::string& data, int src = 0) const override;
   // Prints `message` (plus newline) on rank 0 only.
-  void print(const std::string& message) const;
+  void print(const std::string& message) const override;
 
   // Lightning's fabric.log / fabric.log_dict: rank 0 hands the metrics to
   // every logger of the options; other ranks do nothing. Local (no
@@ -196,7 +180,7 @@ class FSDPStrategy {
                                  double norm_type = 2.0) const;
   // The same, unscaling `optimizer`'s gradients first when a gradient scaler is in use.
   at::Tensor clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, torch::optim::Optimizer& optimizer,
-                                 double max_norm, double norm_type = 2.0) const;
+                                 double max_norm, double norm_type = 2.0) const override;
   // Lightning's clip_gradients_value: clamps every gradient of `optimizer`'s
   // parameters to [-clip_value, clip_value], unscaling them first under a
   // gradient scaler. Local: an element's clamp needs no other element, so
@@ -206,15 +190,15 @@ class FSDPStrategy {
   // Lightning's backward: loss.backward(), the loss scaled first under
   // "16-mixed" (its gradient scaler). Local; the unit hooks it triggers are
   // collectives.
-  void backward(const at::Tensor& loss) const;
+  void backward(const at::Tensor& loss) const override;
   // Lightning's optimizer_step: optimizer.step(); under "16-mixed" [collective]
   // unscales (unless clip_gradients_norm did), skips the step when a gradient
   // is not finite on any rank, and updates the scale. Returns whether it stepped.
-  bool optimizer_step(torch::optim::Optimizer& optimizer) const;
+  bool optimizer_step(torch::optim::Optimizer& optimizer) const override;
   // The gradient scaler of "16-mixed" (null for other precisions); made by
   // setup_environment. Use scaler->scale(loss).backward(), scaler->step(opt),
   // scaler->update().
-  ShardedGradScaler* grad_scaler() const { return scaler_.get(); }
+  ShardedGradScaler* grad_scaler() const override { return scaler_.get(); }
   // Gradient accumulation without communication (FSDP's no_sync); Lightning's
   // error if the root is not FSDP-wrapped. `enabled` false (Lightning's
   // `enabled`): a null guard, the backward syncs, and the module is not
@@ -226,9 +210,9 @@ class FSDPStrategy {
   // [collective] Checkpoints in the options' state_dict_type (kFull: one
   // file, kSharded: a directory); see fsdp/checkpoint_io.h. Errors as Lightning's.
   void save_checkpoint(const std::string& path, const CheckpointState& state,
-                       std::function<bool(const std::string&, const std::string&)> filter = nullptr) const;
+                       std::function<bool(const std::string&, const std::string&)> filter = nullptr) const override;
   std::map<std::string, CheckpointValue> load_checkpoint(const std::string& path, CheckpointState& state,
-                                                         bool strict = true) const;
+                                                         bool strict = true) const override;
   // [collective] The model of a single-file (full) checkpoint into `module`
   // (Lightning's module-only load, which Fabric's load_raw calls): an
   // fsdp-cpp full checkpoint, or a raw torch.save(model.state_dict()) file
@@ -240,6 +224,11 @@ class FSDPStrategy {
   // Lightning: "Loading a single optimizer object from a checkpoint is not
   // supported yet with the FSDP strategy."
   void load_checkpoint(const std::string& path, torch::optim::Optimizer& optimizer) const;
+
+ protected:
+  // [collective] Wraps `module` (FSDP with the options and the auto-wrap
+  // policy), then applies activation checkpointing; returns `module`.
+  std::shared_ptr<torch::nn::Module> setup_module_impl(std::shared_ptr<torch::nn::Module> module) override;
 
  private:
   // Checks the set-up, converts a "-true" precision's model, and returns the

@@ -85,8 +85,12 @@ struct DataLayout {
 DataLayout read_data_layout(const std::string& path, const std::string& format, const std::string& flag = "--data");
 
 // The size of the generated corpus a run trains on without --data
-// (generated_corpus's default, fsdp/train/gpt_trainer.h).
+// (generated_corpus's default, below).
 constexpr int64_t kGeneratedCorpusBytes = int64_t{1} << 20;
+
+// The generated corpus: deterministic English-like text (no file needed);
+// what fsdp-train trains on without --data.
+std::string generated_corpus(size_t bytes = 1 << 20);
 
 // The held-out set: the first kHeldOutSamples samples of the held-out
 // stream, the same samples at any world size and batch (an elastic resize

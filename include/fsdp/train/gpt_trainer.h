@@ -1,5 +1,5 @@
 // fsdp/train/gpt_trainer.h — the GPT trainer behind `fsdp-train`: a byte-level
-// GPT trained through FSDPStrategy on a text file (or a generated corpus),
+// GPT trained through a Strategy (FSDP1's or FSDP2's, --engine) on a text file (or a generated corpus),
 // with deterministic batches, metrics, periodic checkpoints that keep the
 // last K, resume from the newest complete one, and text generation from a
 // checkpoint.
@@ -17,9 +17,6 @@
 #include "fsdp/train/train_config.h"
 
 namespace fsdp::train {
-
-// The generated corpus: deterministic English-like text (no file needed).
-std::string generated_corpus(size_t bytes = 1 << 20);
 
 // Writes `out/loss.svg`: the training loss per step (a line) and the
 // held-out loss (points), from out/metrics.jsonl (lines that are not

@@ -3,11 +3,17 @@
 // (config_json), the hyperparameters the loggers get, the loss curve's
 // title, and what a checkpoint records of the run (its values, the
 // configuration digest, the flags a resume overrides, the changes a resume
-// refuses) all come. A new flag is a new row. Values and text only: nothing
-// here communicates or touches files.
+// refuses) all come, and the checks validate_settings makes. A new flag is a
+// new row, built in one place from a pointer to its TrainConfig member,
+// with its flag, the parser of its type and its range check
+// (src/train/run_settings_impl.h); a rule between settings goes into
+// cross_setting_rules (fsdp/train/train_config.h). Values and text only:
+// nothing here communicates; the checks read the files they name (--data,
+// --resume-from).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -57,13 +63,18 @@ struct RunSetting {
   bool in_title;        // the loss curve's title names it
   // The value of `config` (the default: of TrainConfig()); resolved where
   // the config leaves it to the run (--warmup-steps -1 is a fifth of --steps).
-  SettingValue (*get)(const TrainConfig& config);
+  std::function<SettingValue(const TrainConfig&)> get;
   // Sets it from the flag's text (a switch: "true" when its flag was given,
   // "false" for its off_flag). ConfigError naming the flag for text that is
   // not a value of it. Null for a setting without a flag.
-  void (*set)(TrainConfig& config, const std::string& text);
+  std::function<void(TrainConfig&, const std::string&)> set;
   // How an empty string value reads in words ("(the generated corpus)"); nullptr: as "".
   const char* empty_text;
+  // The setting's own range check (validate_settings runs each row's, in
+  // the table's order): ConfigError naming the flag ("--steps must be
+  // positive, got 0"). Null when every value of its type is valid; rules
+  // between settings are cross_setting_rules'.
+  std::function<void(const TrainConfig&)> check;
 };
 
 // The table, in --print-config's order. --preset comes before the model's

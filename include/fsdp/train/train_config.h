@@ -9,9 +9,11 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/strategy/engine.h"
 #include "fsdp/strategy/strategy.h"
 
 namespace fsdp::train {
@@ -114,14 +116,16 @@ struct TrainConfig {
   // --backward-prefetch, --no-limit-all-gathers. The trainer adds what it
   // owns: the GPT block as the unit, the world group, the loggers.
   FSDPStrategyOptions strategy;
-  // --engine: "fsdp1" (FullyShardedDataParallel, the default) or "fsdp2"
+  // --engine: fsdp1 (FullyShardedDataParallel, the default) or fsdp2
   // (fully_shard on each block, then the root: fsdp/fsdp2/fully_shard.h).
-  // With fsdp2, FULL_SHARD reshards after forward, SHARD_GRAD_OP does not,
-  // HYBRID_SHARD (--mesh) shards on a 2-D mesh; bf16-mixed computes in
-  // bfloat16 and reduces in float32 (torch's MixedPrecisionPolicy).
+  // The run trains under make_strategy(engine, strategy)
+  // (fsdp/strategy/engine.h): with fsdp2 the strategy's fully_shard form
+  // (ModelParallelStrategy): FULL_SHARD reshards after forward, SHARD_GRAD_OP
+  // does not, HYBRID_SHARD (--mesh) shards on a 2-D mesh; bf16-mixed computes
+  // in bfloat16 and reduces in float32 (torch's MixedPrecisionPolicy).
   // NO_SHARD and the other precisions have no fully_shard form here: refused. The
   // checkpoints of both engines load into either, so a --resume may switch.
-  std::string engine = "fsdp1";
+  Engine engine = Engine::kFsdp1;
   // Built sharded (EmptyInitGuard): each block gets its memory when FSDP
   // shards it, with the values an eager build from `seed` has. false: the
   // whole model is built on every rank first.
@@ -188,8 +192,22 @@ void validate(const TrainConfig& config);
 
 // validate's checks that write nothing (all but the run directory's
 // creation and write test), with the same errors: what
-// `fsdp-train --print-config` checks before it prints.
+// `fsdp-train --print-config` checks before it prints. First each run
+// setting's own check (its row's, fsdp/train/run_settings.h, in the table's
+// order), then each of cross_setting_rules.
 void validate_settings(const TrainConfig& config);
+
+// A rule between settings: one setting's value limits another's ("--min-lr
+// at most --lr"). `name` says which settings; `check` throws ConfigError
+// naming the flags (and reads the files they name: --data, --save-hf).
+struct CrossSettingRule {
+  const char* name;
+  void (*check)(const TrainConfig& config);
+};
+// The rules between settings, in the order validate_settings checks them;
+// resolve_model checks the first four (the model's) before it reads a
+// config.json.
+const std::vector<CrossSettingRule>& cross_setting_rules();
 
 // `config` as one JSON object (`fsdp-train --print-config`): the run's
 // settings, the model's sizes, and under "strategy" the strategy's and its

@@ -1,4 +1,4 @@
-// src/train/out_dir.h — what fsdp-train's run-directory units share about
+// src/run/out_dir.h — what fsdp-train's run-directory units share about
 // the files beneath --out: the time and host they write into their files,
 // the refusal of a symbolic link beneath --out (nothing there is
 // followed), and what a killed sharded save leaves. Local file operations
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <string>
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 // The time now in UTC: "2026-12-01T10:00:00Z", or compact "20261201T100000Z"
 // (for file names).
@@ -48,4 +48,4 @@ bool sharded_save_file(const std::string& name);
 // of the names that save writes (or nothing).
 bool killed_save(const std::string& path);
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

@@ -1,4 +1,4 @@
-// The files beneath --out (src/train/out_dir.h).
+// The files beneath --out (src/run/out_dir.h).
 #include "out_dir.h"
 
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 
 #include "fsdp/error.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 namespace fs = std::filesystem;
 
@@ -129,4 +129,4 @@ bool killed_save(const std::string& path) {
 }
 
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

@@ -1,12 +1,15 @@
-// src/train/run_identity.h — who a run is (RunIdentity: its id, kept
+// fsdp/run/run_identity.h — who a run is (RunIdentity: its id, kept
 // across resumes, and the digest of its configuration), and which
-// checkpoints are its own. Values only; run_start.h reads and writes them
+// checkpoints are its own (run_id_of, config_name: what a checkpoint
+// records of it). Values only; run_start.h reads and writes them
 // (run.json).
 #pragma once
 
 #include <string>
 
-namespace fsdp::train {
+#include "fsdp/checkpoint/checkpoint_io.h"  // CheckpointInfo
+
+namespace fsdp::run {
 
 // Who a run is: a random id given when the run starts (kept across resumes
 // and restarts), and a digest of the configuration it started with
@@ -31,4 +34,13 @@ inline bool belongs_to(const std::string& id, const RunIdentity& run) {
   return id == run.id || (id.empty() && run.legacy);
 }
 
-}  // namespace fsdp::train
+// The name a checkpoint keeps a recorded setting `key` under:
+// "config.<key>", or "<key>" in checkpoints before the config nesting; ""
+// when it has none.
+std::string config_name(const CheckpointInfo& info, const std::string& key);
+
+// The run id a checkpoint records (config.run.id); "" for a checkpoint
+// written before fsdp-train recorded one.
+std::string run_id_of(const CheckpointInfo& info);
+
+}  // namespace fsdp::run

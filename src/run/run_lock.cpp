@@ -1,5 +1,5 @@
-// The run directory's lock (src/train/run_lock.h).
-#include "run_lock.h"
+// The run directory's lock (fsdp/run/run_lock.h).
+#include "fsdp/run/run_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -14,7 +14,7 @@
 #include "fsdp/error.h"
 #include "out_dir.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 namespace fs = std::filesystem;
 
@@ -56,4 +56,4 @@ RunLock::~RunLock() {
 
 RunLock::RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

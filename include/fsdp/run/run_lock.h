@@ -1,10 +1,10 @@
-// src/train/run_lock.h — the lock that keeps a second fsdp-train job out of
+// fsdp/run/run_lock.h — the lock that keeps a second fsdp-train job out of
 // a run directory (<root>/.lock). Local: flock(2), no communication.
 #pragma once
 
 #include <string>
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 // An exclusive lock on a run directory, held from construction to
 // destruction: flock(2) on <root>/.lock, a file that names its holder
@@ -30,4 +30,4 @@ class RunLock {
   int fd_ = -1;
 };
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

@@ -1,4 +1,4 @@
-// src/train/rotation.h — a run's checkpoints over time: each save (after
+// fsdp/run/rotation.h — a run's checkpoints over time: each save (after
 // removing what killed saves left), pruning to the newest K of the run,
 // and what --overwrite removes. Rank 0 does the file work; only while it
 // holds the run directory's lock (run_lock.h: no other writer is alive).
@@ -10,18 +10,18 @@
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
-#include "fsdp/strategy/strategy.h"
-#include "run_directory.h"
-#include "run_identity.h"
+#include "fsdp/strategy/strategy_base.h"
+#include "fsdp/run/run_directory.h"
+#include "fsdp/run/run_identity.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 // [collective; rank 0 holding RunLock] Rank 0 first removes the
 // temporary files of killed saves (remove_dead_temporaries), then `state`
 // is saved as checkpoint_path(step), then rank 0 removes all but the
 // newest `keep` checkpoints of `run` (and incomplete ones older than
 // `step`); another run's checkpoints stay. Every rank returns after all.
-void save_and_rotate(const RunDirectory& directory, const FSDPStrategy& strategy, const CheckpointState& state,
+void save_and_rotate(const RunDirectory& directory, const Strategy& strategy, const CheckpointState& state,
                      int64_t step, int keep, const RunIdentity& run);
 
 // [local; only while holding RunLock] What --overwrite removes: run.json,
@@ -42,4 +42,4 @@ std::vector<std::string> remove_own_files(const RunDirectory& directory, const s
 // flight. Returns the paths removed.
 std::vector<std::string> remove_dead_temporaries(const RunDirectory& directory);
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

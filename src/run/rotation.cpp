@@ -1,7 +1,7 @@
 // The rotation of a run's checkpoints: saving, pruning to the newest K,
 // and removing what a killed save or --overwrite leaves
-// (src/train/run_directory.h: save, remove_own_files, remove_dead_temporaries).
-#include "rotation.h"
+// (fsdp/run/rotation.h: save_and_rotate, remove_own_files, remove_dead_temporaries).
+#include "fsdp/run/rotation.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,9 +12,8 @@
 
 #include "fsdp/error.h"
 #include "out_dir.h"
-#include "run_record.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 namespace fs = std::filesystem;
 
@@ -67,7 +66,9 @@ std::vector<std::string> remove_own_files(const RunDirectory& directory, const s
     remove_dead_temporaries(directory);  // the writer's own temporaries (step-*.tmp-*)
     // Which run is the directory's: run.json's; without one, the checkpoints
     // that record no run id (written before run identities) are its.
-    const RunIdentity run = had ? *had : RunIdentity{"", "", true};
+    RunIdentity run;
+    run.legacy = true;
+    if (had) run = *had;
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
       bool own = false;
@@ -135,7 +136,7 @@ std::vector<std::string> remove_own_files(const RunDirectory& directory, const s
   return kept;
 }
 
-void save_and_rotate(const RunDirectory& directory, const FSDPStrategy& strategy, const CheckpointState& state,
+void save_and_rotate(const RunDirectory& directory, const Strategy& strategy, const CheckpointState& state,
                      int64_t step, int keep, const RunIdentity& run) {
   const std::string path = directory.checkpoint_path(step);
   if (strategy.global_rank() == 0) {
@@ -164,4 +165,4 @@ void save_and_rotate(const RunDirectory& directory, const FSDPStrategy& strategy
   strategy.barrier();
 }
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

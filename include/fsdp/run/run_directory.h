@@ -1,13 +1,14 @@
-// src/train/run_directory.h — fsdp-train's run directory (--out): where its
+// fsdp/run/run_directory.h — fsdp-train's run directory (--out): where its
 // files lie, its checkpoints (checkpoints/step-NNNNNNNN, the newest K of the
-// run kept), and what is checked before anything is written there. Each
-// concept has its own unit: the lock that keeps a second job out
-// (run_lock.h), the run's identity (run_identity.h: run.json, and
-// config.run.id in each checkpoint; begin, identity, records_job), what a
-// checkpoint records of the run (run_record.h), where a resumed run
-// continues (resume.h: resume_checkpoint, resume), and the rotation of its
-// checkpoints (rotation.cpp: save, remove_own_files,
-// remove_dead_temporaries).
+// run kept), and what is checked before anything is written there. The run
+// module (fsdp/run/) has a unit per concept: the lock that keeps a second
+// job out (run_lock.h), the run's identity (run_identity.h, and config.run.id
+// in each checkpoint), the job's start (run_start.h: run.json, begin_run,
+// records_job), where a resumed run continues (resume.h: resume_checkpoint,
+// resume_run), and the rotation of its checkpoints (rotation.h:
+// save_and_rotate, remove_own_files, remove_dead_temporaries). What a
+// checkpoint records of the run's settings is the trainer's
+// (src/train/run_record.h), which this module never sees.
 //
 // One job per directory: rank 0 holds RunLock for the job's lifetime, so
 // nothing else writes there meanwhile; that is also what lets a save remove
@@ -20,11 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/checkpoint/checkpoint_io.h"
-#include "fsdp/strategy/strategy.h"
-#include "fsdp/train/train_config.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 class RunDirectory {
  public:
@@ -56,12 +54,12 @@ class RunDirectory {
   void check_own_names() const;
 
   // [local; rank 0, before step 1] What the saves of steps start+1..steps
-  // (every save_every, and the last) need: checkpoints/ a directory that
+  // (every save_every, and the last, `steps`) need: checkpoints/ a directory that
   // can be written, and no step-NNNNNNNN name of a save taken by a symbolic
   // link or by something that is not a checkpoint (a user's directory or
   // file there would be written into, or break the save at its step).
   // ConfigError naming the path and the step.
-  void check_saves(const TrainConfig& config, int64_t start) const;
+  void check_saves(int64_t steps, int64_t save_every, int64_t start) const;
 
   // [local] The checkpoints in <root>/checkpoints, newest first (by the step
   // in the name); none when the folder does not exist.
@@ -72,4 +70,4 @@ class RunDirectory {
   std::string root_;
 };
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

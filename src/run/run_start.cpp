@@ -1,5 +1,5 @@
-// Starting a job in a run directory (src/train/run_start.h).
-#include "run_start.h"
+// Starting a job in a run directory (fsdp/run/run_start.h).
+#include "fsdp/run/run_start.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -25,11 +25,10 @@
 #include "fsdp/distributed/rank_errors.h"
 #include "fsdp/error.h"
 #include "out_dir.h"
-#include "run_directory.h"
-#include "rotation.h"  // remove_own_files
-#include "run_record.h"  // config_digest
+#include "fsdp/run/run_directory.h"
+#include "fsdp/run/rotation.h"  // remove_own_files
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 namespace fs = std::filesystem;
 
@@ -207,20 +206,20 @@ bool records_job(const RunDirectory& directory, const std::string& job) {
   }
 }
 
-RunIdentity begin_run(const RunDirectory& directory, const FSDPStrategy& strategy, const TrainConfig& c,
+RunIdentity begin_run(const RunDirectory& directory, const Strategy& strategy, const RunStart& start,
                       const std::string& job) {
   RunIdentity id;
   const auto failure = dist::capture([&] {
     if (strategy.global_rank() != 0) return;
     directory.check_own_names();
-    id = RunIdentity{new_run_id(), config_digest(c), false, job};
+    id = RunIdentity{new_run_id(), start.digest, false, job};
     std::optional<RunIdentity> had;
     try {
       had = read_identity(directory);
     } catch (const ConfigError&) {
-      if (!c.overwrite) throw;  // --overwrite replaces a damaged run.json (its checkpoints stay, named)
+      if (!start.overwrite) throw;  // --overwrite replaces a damaged run.json (its checkpoints stay, named)
     }
-    if (c.resume || !c.resume_from.empty()) {
+    if (start.continues) {
       if (had) {
         id.id = had->id;  // the same run; its checkpoints record the configuration that wrote them
         id.legacy = had->legacy;
@@ -231,7 +230,7 @@ RunIdentity begin_run(const RunDirectory& directory, const FSDPStrategy& strateg
       }
       return;
     }
-    if (c.overwrite) {
+    if (start.overwrite) {
       const auto kept = remove_own_files(directory, had);
       if (!kept.empty()) {
         std::string list;
@@ -262,4 +261,4 @@ RunIdentity begin_run(const RunDirectory& directory, const FSDPStrategy& strateg
   return id;
 }
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

@@ -1,4 +1,4 @@
-// src/train/run_start.h — starting a job in a run directory: the run's
+// fsdp/run/run_start.h — starting a job in a run directory: the run's
 // identity in run.json (read, and written by begin_run), what proves that
 // this process belongs to the job that wrote it (job_token), and the
 // decision begin_run makes: continue the run, start over (--overwrite), or
@@ -8,12 +8,11 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/strategy/strategy.h"
-#include "fsdp/train/train_config.h"
-#include "run_directory.h"
-#include "run_identity.h"
+#include "fsdp/strategy/strategy_base.h"
+#include "fsdp/run/run_directory.h"
+#include "fsdp/run/run_identity.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 // [local; rank 0] What proves that this process belongs to the job that
 // started it, across that job's restarts and in no other job; "" when
@@ -42,17 +41,26 @@ std::string job_token();
 // (begin() names it).
 bool records_job(const RunDirectory& directory, const std::string& job);
 
+// How a job starts in its run directory: fsdp-train's --resume /
+// --resume-from (`continues`), --overwrite, and the digest of its
+// configuration (RunIdentity::digest).
+struct RunStart {
+  bool continues = false;
+  bool overwrite = false;
+  std::string digest;
+};
+
 // [collective; call it with rank 0 holding RunLock] The identity of the
 // run about to train, the same on every rank. Rank 0 decides:
-// - config.resume or config.resume_from: the directory's run continues
+// - start.continues: the directory's run continues
 //   (a directory without run.json gets a new id, written there);
-// - config.overwrite: removes what fsdp-train wrote there
+// - start.overwrite: removes what fsdp-train wrote there
 //   (remove_own_files), names on stdout what it kept, and starts a new
 //   run;
 // - otherwise a new run, and ConfigError if the directory already holds
 //   one (holds_run), saying what --resume and --overwrite would do.
 // `job`: job_token() on rank 0, recorded in run.json.
-RunIdentity begin_run(const RunDirectory& directory, const FSDPStrategy& strategy, const TrainConfig& config,
+RunIdentity begin_run(const RunDirectory& directory, const Strategy& strategy, const RunStart& start,
                       const std::string& job = "");
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

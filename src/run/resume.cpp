@@ -1,5 +1,5 @@
-// Where a resumed run continues (src/train/resume.h).
-#include "resume.h"
+// Where a resumed run continues (fsdp/run/resume.h).
+#include "fsdp/run/resume.h"
 
 #include <sys/stat.h>
 
@@ -13,10 +13,9 @@
 #include "fsdp/distributed/rank_errors.h"
 #include "fsdp/error.h"
 #include "out_dir.h"
-#include "run_directory.h"
-#include "run_record.h"
+#include "fsdp/run/run_directory.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 namespace fs = std::filesystem;
 
@@ -30,43 +29,16 @@ std::string problems_text(const std::vector<std::string>& problems) {
   return out;
 }
 
-// [local; prints] Checks that the checkpoint `path` (described by `info`)
-// may be resumed under `c`: ConfigError naming each setting that may not
-// change on resume and differs (the model's shape: fixed_setting_changes).
-// Prints on stdout the flags that differ and apply from its step on
-// (overridden_flags). `saved`: the checkpoint's model (checkpoint_model).
-void check_resumable(const std::string& path, const CheckpointInfo& info, const CheckpointModel& saved,
-                     const TrainConfig& c) {
-  if (const std::string changes = fixed_setting_changes(info, c); !changes.empty()) {
-    throw ConfigError("--resume: " + path + " holds a model of another shape:" + changes);
-  }
-  // A Llama's shapes come from its config.json: compared tensor by tensor.
-  if (saved.llama && trains_llama(c)) {
-    if (const std::string change = llama_shape_change(*saved.llama, llama_config(c)); !change.empty()) {
-      throw ConfigError("--resume: " + path + " holds a model of another shape than --model " + c.model_source +
-                        " (with its LoRA settings): " + change +
-                        ": expected the config.json and LoRA settings the run started with");
-    }
-  }
-  const auto over = overridden_flags(info, c);
-  if (!over.empty()) {
-    std::string msg = "fsdp-train: --resume: these flags differ from the checkpoint's run and apply from its step on:";
-    for (size_t i = 0; i < over.size(); ++i) msg += (i ? "; " : " ") + over[i];
-    std::cout << msg << std::endl;
-  }
-}
-
 }  // namespace
 
-std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& c, const RunIdentity& run,
+std::string resume_checkpoint(const RunDirectory& directory, const ResumeRequest& c, const RunIdentity& run,
                               std::vector<std::string>* set_aside) {
   auto explicit_checkpoint = [&]() -> std::string {
     const std::string& path = c.resume_from;
     CheckpointInfo info;
-    CheckpointModel saved;
     try {
       info = inspect_checkpoint(path);
-      saved = checkpoint_model(info, path);  // checked before anything is compared
+      c.readable(path, info);  // checked before anything is compared
     } catch (const ConfigError& e) {
       throw ConfigError("--resume-from " + path + " is not a checkpoint fsdp-train can resume: " + e.what());
     }
@@ -74,7 +46,7 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
       throw ConfigError("--resume-from " + path + " is damaged: " + problems_text(problems) +
                         ": expected a checkpoint whose every checksum matches");
     }
-    check_resumable(path, info, saved, c);
+    c.resumable(path, info);
     return path;
   };
   if (!c.resume && !c.resume_from.empty()) return explicit_checkpoint();
@@ -111,14 +83,13 @@ std::string resume_checkpoint(const RunDirectory& directory, const TrainConfig& 
       if (set_aside) set_aside->push_back(aside);
       continue;
     }
-    CheckpointModel saved;
     try {
-      saved = checkpoint_model(info, path);  // checked before anything is compared
+      c.readable(path, info);  // checked before anything is compared
     } catch (const ConfigError& e) {
       std::cerr << "fsdp-train: skipping " << path << ": " << e.what() << std::endl;
       continue;
     }
-    check_resumable(path, info, saved, c);
+    c.resumable(path, info);
     return path;
   }
   if (!c.resume_from.empty()) return explicit_checkpoint();
@@ -150,7 +121,7 @@ std::chrono::system_clock::time_point newest_modification(const std::string& pat
 
 }  // namespace
 
-ResumePoint resume_run(const RunDirectory& directory, const FSDPStrategy& strategy, const TrainConfig& c,
+ResumePoint resume_run(const RunDirectory& directory, const Strategy& strategy, const ResumeRequest& c,
                        const RunIdentity& run, CheckpointState& state) {
   ResumePoint point;
   const auto failure = dist::capture([&] {
@@ -167,7 +138,7 @@ ResumePoint resume_run(const RunDirectory& directory, const FSDPStrategy& strate
 }
 
 ResumedPosition resumed_position(const std::string& path, const std::map<std::string, CheckpointValue>& values,
-                                 int64_t step, const TrainConfig& c, int world_now) {
+                                 int64_t step, int64_t steps, int64_t batch, int world_now) {
   constexpr int64_t kMaxSamplesPerStep = int64_t{1} << 40;
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   auto out_of_range = [&](const std::string& name, const std::string& value, const std::string& expected) {
@@ -185,10 +156,10 @@ ResumedPosition resumed_position(const std::string& path, const std::map<std::st
     }
     return std::get<int64_t>(it->second);
   };
-  if (step < 0 || step > c.steps) {
+  if (step < 0 || step > steps) {
     throw out_of_range("step", std::to_string(step),
-                       "0 to --steps " + std::to_string(c.steps) +
-                           (step > c.steps ? " (pass --steps " + std::to_string(step) + " or more to go on from it)" : ""));
+                       "0 to --steps " + std::to_string(steps) +
+                           (step > steps ? " (pass --steps " + std::to_string(step) + " or more to go on from it)" : ""));
   }
   ResumedPosition p;
   p.step = step;
@@ -207,19 +178,19 @@ ResumedPosition resumed_position(const std::string& path, const std::map<std::st
     p.samples = *samples;
   } else {
     const int64_t w = p.world.value_or(world_now);
-    if (c.batch > 0 && step > kMax / c.batch / w) {
+    if (batch > 0 && step > kMax / batch / w) {
       throw out_of_range("step", std::to_string(step), "a step whose samples (step x batch x world) fit in 64 bits");
     }
-    p.samples = step * c.batch * w;
+    p.samples = step * batch * w;
   }
   // The steps still to do must not run the position past 64 bits.
-  const int64_t per_step = c.batch * world_now;
-  if (c.steps > step && (kMax - p.samples) / per_step < c.steps - step) {
+  const int64_t per_step = batch * world_now;
+  if (steps > step && (kMax - p.samples) / per_step < steps - step) {
     throw out_of_range("samples", std::to_string(p.samples),
-                       "a position that " + std::to_string(c.steps - step) + " more steps of " + std::to_string(per_step) +
+                       "a position that " + std::to_string(steps - step) + " more steps of " + std::to_string(per_step) +
                            " samples (--batch x world) take no further than 2^63 - 1");
   }
   return p;
 }
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run

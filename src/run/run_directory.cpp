@@ -1,6 +1,6 @@
 // The run directory's paths and the checks made before it is written
-// (src/train/run_directory.h).
-#include "run_directory.h"
+// (fsdp/run/run_directory.h).
+#include "fsdp/run/run_directory.h"
 
 #include <sys/stat.h>
 
@@ -10,10 +10,11 @@
 #include <sstream>
 #include <string>
 
+#include "fsdp/checkpoint/checkpoint_io.h"  // inspect_checkpoint
 #include "fsdp/error.h"
 #include "out_dir.h"
 
-namespace fsdp::train {
+namespace fsdp::run {
 
 namespace fs = std::filesystem;
 
@@ -90,7 +91,7 @@ void RunDirectory::check_own_names() const {
   }
 }
 
-void RunDirectory::check_saves(const TrainConfig& c, int64_t start) const {
+void RunDirectory::check_saves(int64_t steps, int64_t save_every, int64_t start) const {
   std::error_code ec;
   const fs::path dir = fs::path(root_) / "checkpoints";
   refuse_link(root_, dir.string(), "the run's checkpoints (checkpoints/)");
@@ -102,13 +103,12 @@ void RunDirectory::check_saves(const TrainConfig& c, int64_t start) const {
   if (!fs::is_directory(st)) {
     throw ConfigError("--out " + root_ + ": " + dir.string() + " is " + kind_of(st) +
                       " where fsdp-train keeps the run's checkpoints: every save would fail (the first at step " +
-                      std::to_string(c.save_every > 0 ? std::min(c.steps, (start / c.save_every + 1) * c.save_every)
-                                                      : c.steps) +
+                      std::to_string(save_every > 0 ? std::min(steps, (start / save_every + 1) * save_every) : steps) +
                       "): expected a directory or nothing there; move it away, or pass another --out");
   }
   check_writable_dir(root_, dir.string(), "the run's checkpoints (checkpoints/)");
   for (const auto& [step, path] : checkpoints()) {
-    const bool saved_here = step > start && step <= c.steps && (step == c.steps || (c.save_every > 0 && step % c.save_every == 0));
+    const bool saved_here = step > start && step <= steps && (step == steps || (save_every > 0 && step % save_every == 0));
     if (!saved_here || path != checkpoint_path(step)) continue;
     refuse_link(root_, path, "the checkpoint of step " + std::to_string(step));
     bool checkpoint = true;
@@ -142,4 +142,4 @@ std::vector<std::pair<int64_t, std::string>> RunDirectory::checkpoints() const {
   return out;
 }
 
-}  // namespace fsdp::train
+}  // namespace fsdp::run
