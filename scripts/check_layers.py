@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks that fsdp-cpp's modules include only the modules below them
-(docs/architecture.md).
+"""Checks that fsdp-cpp's modules include only the modules below them, and
+that its files and folders stay under their sizes (docs/architecture.md).
 
 A module is a folder: `include/fsdp/<module>/` holds its public headers and
 `src/<module>/` its implementation and private headers. The one exception is
@@ -15,7 +15,7 @@ are one unit, so file names stay distinct across a module's sub-folders.
 
     scripts/check_layers.py [REPO]     exit status 0: clean; 1: a violation (listed)
 
-Three rules, over every `#include "..."` in include/fsdp/ and src/:
+Five rules, over every `#include "..."` and every file in include/fsdp/ and src/:
 1. A file includes only files of its own module or of a module its module
    may use (LAYERS below, lowest first).
 2. No import runs back up inside a module either: a header and the source
@@ -32,6 +32,13 @@ Three rules, over every `#include "..."` in include/fsdp/ and src/:
    as include/fsdp/core/detail/unit_view.h is made for it), no public header
    includes a private one (a user's build could not find it), and the thin
    mains in tools/, examples/ and bench/ include public headers only.
+5. Files and folders stay small enough to read: every .cpp under src/ has
+   at most MAX_SOURCE_LINES lines, every header under include/fsdp/ and src/
+   at most MAX_HEADER_LINES, and no folder under include/fsdp/ or src/ holds
+   more than MAX_FOLDER_FILES files (those directly in it). Each file or
+   folder over is listed with its count: split it by responsibility (a
+   module's sub-folders, such as src/tokenizers/normalizers/, are part of
+   the module).
 """
 import os
 import re
@@ -87,6 +94,12 @@ FORWARDING_FOLDERS = {"include/fsdp/dist"}
 
 # The thin mains: they may include public headers only (rule 4).
 MAINS = ("tools", "examples", "bench")
+
+# Rule 5: the most lines of a source file under src/ and of a header, and
+# the most files directly in one folder.
+MAX_SOURCE_LINES = 500
+MAX_HEADER_LINES = 300
+MAX_FOLDER_FILES = 25
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 FORWARDING_LINE = re.compile(r'^\s*(//.*|#\s*pragma\b.*|#\s*include\s+[<"][^>"]+[>"]\s*(//.*)?)?$')
@@ -157,6 +170,17 @@ def find_cycles(edges):
     return out
 
 
+def size_problems(path, text):
+    """Rule 5 for one file of include/fsdp/ or src/: its lines against the limit of its kind."""
+    lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    if path.endswith(".h") and lines > MAX_HEADER_LINES:
+        return [f"{path}: {lines} lines, over the {MAX_HEADER_LINES} a header may have (split it by responsibility)"]
+    if path.endswith(".cpp") and path.startswith("src/") and lines > MAX_SOURCE_LINES:
+        return [f"{path}: {lines} lines, over the {MAX_SOURCE_LINES} a source file may have "
+                "(split it by responsibility)"]
+    return []
+
+
 def main(repo):
     names = [name for name, _ in LAYERS]
     allowed = {name: set(deps) | {name} for name, deps in LAYERS}
@@ -173,6 +197,9 @@ def main(repo):
             if rel != top and len(depth) == len(top.split("/")) + 1 and depth[-1] not in names \
                     and rel not in FORWARDING_FOLDERS:
                 problems.append(f"{rel}/: a folder that is no module (add it to LAYERS in scripts/check_layers.py)")
+            if len(fnames) > MAX_FOLDER_FILES:
+                problems.append(f"{rel}/: {len(fnames)} files, over the {MAX_FOLDER_FILES} a folder may hold "
+                                "(split it by responsibility into sub-folders or a module of its own)")
             for n in fnames:
                 if n.endswith((".h", ".cpp")):
                     files.append(os.path.relpath(os.path.join(d, n), repo))
@@ -181,6 +208,7 @@ def main(repo):
         mod, unit = module_of(f)
         with open(os.path.join(repo, f), encoding="utf-8") as fh:
             text = fh.read()
+        problems += size_problems(f, text)
         if mod == "":
             for i, line in enumerate(text.split("\n"), 1):
                 if not FORWARDING_LINE.match(line):
@@ -228,7 +256,9 @@ def main(repo):
     for comp in find_cycles(unit_edges):
         problems.append("import back up (a cycle among units, x.h with x.cpp): " + ", ".join(comp))
     return report("check_layers", problems, f"{len(files)} files in {len(names)} modules, {count} includes: every "
-                  "module includes only those below it, no unit imports back up, and no private header is reached from outside its module")
+                  "module includes only those below it, no unit imports back up, no private header is reached from outside its "
+                  f"module, and no source file is over {MAX_SOURCE_LINES} lines, no header over {MAX_HEADER_LINES}, "
+                  f"no folder over {MAX_FOLDER_FILES} files")
 
 
 def report(tool, problems, summary):

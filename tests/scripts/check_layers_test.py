@@ -27,7 +27,8 @@ def append(path, text):
 
 def main():
     failures = []
-    # (what, the file a line is appended to (made if missing), the line, what the report must say)
+    # (what, the file a line is appended to (made if missing; or a list of
+    # files), the line, what the report must say)
     cases = [
         ("an include that points up", "src/core/utils.cpp", '#include "fsdp/strategy/strategy.h"',
          "src/core/utils.cpp (core) includes include/fsdp/strategy/strategy.h (strategy)"),
@@ -47,15 +48,23 @@ def main():
          "include/fsdp/core/options.h (public) includes src/core/flat_param.h, a private header of core"),
         ("a tool that includes a private header", "tools/fsdp_smoke.cpp", '#include "../src/core/flat_param.h"',
          "tools/fsdp_smoke.cpp includes src/core/flat_param.h, a private header of core"),
+        # The sizes: a new file of exactly one line over its limit (the line
+        # appended, with a newline before and after it, holds the others).
+        ("a source file over 500 lines", "src/text/long.cpp", "\n" * 499,
+         "src/text/long.cpp: 501 lines, over the 500 a source file may have"),
+        ("a header over 300 lines", "include/fsdp/text/long.h", "\n" * 299,
+         "include/fsdp/text/long.h: 301 lines, over the 300 a header may have"),
+        ("a folder of more than 25 files", [f"src/text/many/f{i}.cpp" for i in range(26)], "",
+         "src/text/many/: 26 files, over the 25 a folder may hold"),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for i, (what, path, line, expected) in enumerate([("nothing", None, None, None)] + cases):
             tree = os.path.join(tmp, str(i))
             for top in ("include", "src", "scripts", "tools", "examples", "bench"):
                 shutil.copytree(os.path.join(REPO, top), os.path.join(tree, top))
-            if path:
-                os.makedirs(os.path.dirname(os.path.join(tree, path)), exist_ok=True)
-                append(os.path.join(tree, path), "\n" + line + "\n")
+            for p in [path] if isinstance(path, str) else path or []:  # a case may write several files
+                os.makedirs(os.path.dirname(os.path.join(tree, p)), exist_ok=True)
+                append(os.path.join(tree, p), "\n" + line + "\n")
             rc, out = check(tree)
             if expected is None:
                 if rc != 0:
