@@ -28,6 +28,7 @@
 #include "fsdp/models/gpt.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/observability/profiler.h"
+#include "fsdp/strategy/engine.h"
 #include "fsdp/core/trace_span.h"
 #include "tensor_memory.h"
 
@@ -142,7 +143,7 @@ int main(int argc, char** argv) {
   // The defaults of the FSDP settings are FSDPOptions' (fsdp/core/options.h), the only ones.
   const fsdp::FSDPOptions defaults;
   std::string strategy = fsdp::to_string(defaults.sharding_strategy());
-  std::string engine = "fsdp1";
+  std::string engine = fsdp::to_string(fsdp::Engine::kFsdp1);
   fsdp::models::GPTConfig cfg;
   int64_t batch = 8;
   int steps = 5, warmup = 2;
@@ -154,8 +155,7 @@ int main(int argc, char** argv) {
   app.add_option("--engine", engine,
                  "fsdp1 (FullyShardedDataParallel) or fsdp2 (fully_shard per block and the root; FULL_SHARD, "
                  "SHARD_GRAD_OP: reshard_after_forward false, HYBRID_SHARD: a 2-D mesh)")
-      ->check(CLI::IsMember({"fsdp1", "fsdp2"}))
-      ->capture_default_str();
+      ->capture_default_str();  // parsed by fsdp::parse_engine below: fsdp-train's error for a bad name
   app.add_option("--dim", cfg.dim, "model width")->capture_default_str();
   app.add_option("--layers", cfg.layers, "transformer blocks")->capture_default_str();
   app.add_option("--heads", cfg.heads, "attention heads")->capture_default_str();
@@ -193,6 +193,12 @@ int main(int argc, char** argv) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     if (tensor_memory) bench::TensorMemory::install();
 #endif
+    fsdp::Engine engine_kind = fsdp::Engine::kFsdp1;
+    try {
+      engine_kind = fsdp::parse_engine(engine);  // the one name table (fsdp/strategy/engine.h)
+    } catch (const fsdp::ConfigError& e) {
+      throw fsdp::ConfigError(std::string("--engine: ") + e.what());  // as fsdp-train names it
+    }
     const bool local = strategy == "local";
     auto trace = [&](const std::string& phase) {
       if (trace_memory) std::cerr << "memory: " << phase << ": " << fsdp::resident_memory_mib() << " MiB" << std::endl;
@@ -224,7 +230,7 @@ int main(int argc, char** argv) {
 
     std::vector<fsdp::dist::ProcessGroupPtr> groups{pg};
     std::shared_ptr<fsdp::Unit<fsdp::models::GPTImpl>> model;  // FullyShardedDataParallel or FullyShard
-    const bool fsdp2 = engine == "fsdp2";
+    const bool fsdp2 = engine_kind == fsdp::Engine::kFsdp2;
     std::function<at::Tensor(const at::Tensor&)> forward;
     std::vector<at::Tensor> trainable;
     if (local) {
@@ -350,7 +356,7 @@ int main(int argc, char** argv) {
     if (pg->rank() == 0) {
       std::ostringstream js;
       js << "{\"strategy\":\"" << (local ? "local" : fsdp::to_string(fsdp::parse_sharding_strategy(strategy)))
-         << "\",\"engine\":\"" << (local ? "local" : engine) << "\",\"world\":" << pg->size() << ",\"params\":" << params << ",\"dim\":" << cfg.dim
+         << "\",\"engine\":\"" << (local ? "local" : fsdp::to_string(engine_kind)) << "\",\"world\":" << pg->size() << ",\"params\":" << params << ",\"dim\":" << cfg.dim
          << ",\"layers\":" << cfg.layers << ",\"heads\":" << cfg.heads << ",\"ctx\":" << cfg.context
          << ",\"batch_per_rank\":" << batch << ",\"bf16\":" << (bf16 ? "true" : "false")
          << ",\"activation_checkpointing\":" << (checkpointing ? "true" : "false")

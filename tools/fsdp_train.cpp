@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
       if (given[i] && given[i]->count() > 0) rows[i].set(c, rows[i].is_switch ? (switches[i] ? "true" : "false") : texts[i]);
     }
     if (print_config) {
-      (void)fsdp::train::resolve_model(c);  // a Llama's sizes, from its config.json (train() resolves them itself)
+      (void)fsdp::train::model_spec(c);  // a Llama's config.json read and checked, as train() does
       fsdp::train::validate_settings(c);  // the errors a run gives; nothing is written
       std::cout << fsdp::train::config_json(c) << std::endl;
       return 0;

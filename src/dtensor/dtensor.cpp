@@ -125,9 +125,9 @@ DTensor DTensor::from_full(const at::Tensor& full, Mesh mesh, std::vector<Placem
 
 DTensor DTensor::from_boxes(Mesh mesh, std::vector<int64_t> global_shape, at::ScalarType dtype,
                             std::vector<Shard> boxes) {
+  const std::vector<int64_t> zeros(global_shape.size(), 0);
   for (const auto& b : boxes) {
     std::vector<std::pair<int64_t, int64_t>> unused;
-    const std::vector<int64_t> zeros(global_shape.size(), 0);
     if (b.offsets.size() != global_shape.size() || b.tensor.dim() != static_cast<int64_t>(global_shape.size()) ||
         (b.tensor.numel() > 0 && !detail::intersect(b.offsets, b.tensor.sizes(), zeros, global_shape, unused))) {
       throw ConfigError("DTensor: a box of " + detail::shape_str(b.tensor.sizes()) + " at " +

@@ -23,7 +23,7 @@ std::vector<std::string> remove_dead_temporaries(const RunDirectory& directory) 
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
   // Every writer names its temporary "<final name>.tmp-<save id>"
-  // (src/formats/files.cpp, AtomicFile); none is alive: the caller holds
+  // (src/formats/files/files.cpp, AtomicFile); none is alive: the caller holds
   // the lock. Only regular files of exactly the names a save gives its
   // temporaries go (a user's step-00000001/notes.tmp-1.txt stays).
   static const std::regex full_temporary("step-[0-9]{8}\\.tmp-[0-9a-f]+-[0-9a-f]+");

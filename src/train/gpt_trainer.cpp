@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint_io.h"
@@ -34,6 +35,7 @@
 #include "fsdp/observability/loggers.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/strategy/engine.h"
+#include "fsdp/train/model_spec.h"
 #include "fsdp/train/run_settings.h"
 #include "fsdp/run/rotation.h"
 #include "job_outputs.h"
@@ -47,18 +49,35 @@ namespace fsdp::train {
 
 namespace {
 
+// std::visit's visitor of one lambda per alternative.
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+// The token ids the model of `spec` knows.
+int64_t vocab_size(const ModelSpec& spec) {
+  return std::visit(Overloaded{[](const GptSpec& gpt) { return gpt.config.vocab_size; },
+                               [](const LlamaSpec& llama) { return llama.config.vocab_size; }},
+                    spec);
+}
+
 // The strategy's options of a run: the one place where TrainConfig's
 // settings become FSDPStrategyOptions (make_strategy gives either engine's
 // strategy from them). The unit (and the activation-checkpointed block) is
 // the model's block: the GPT's, or a Llama's decoder layer.
-FSDPStrategyOptions strategy_options(const TrainConfig& c, const dist::ProcessGroupPtr& world) {
+FSDPStrategyOptions strategy_options(const TrainConfig& c, const ModelSpec& spec, const dist::ProcessGroupPtr& world) {
   FSDPStrategyOptions o = c.strategy;
-  if (trains_llama(c)) {
-    o.auto_wrap_module_types<models::LlamaDecoderLayerImpl>();
-    if (activation_checkpointing(c.strategy)) o.activation_checkpointing_module_types<models::LlamaDecoderLayerImpl>();
-  } else {
-    o.auto_wrap_module_types<models::GPTBlockImpl>();
-  }
+  std::visit(Overloaded{[&](const GptSpec&) { o.auto_wrap_module_types<models::GPTBlockImpl>(); },
+                        [&](const LlamaSpec&) {
+                          o.auto_wrap_module_types<models::LlamaDecoderLayerImpl>();
+                          if (activation_checkpointing(c.strategy)) {
+                            o.activation_checkpointing_module_types<models::LlamaDecoderLayerImpl>();
+                          }
+                        }},
+             spec);
   if (world) o.world(world);
   return o;
 }
@@ -80,23 +99,25 @@ Model build(Strategy& strategy, const TrainConfig& c, const Config& config) {
   return strategy.setup_module(net);
 }
 
-// [collective] The run's model: the GPT of c.model, or the Llama of `llama`
-// (its config.json with the run's adapters; an hf: source's weights are
-// loaded later, load_hf_weights).
-Model build_model(Strategy& strategy, const TrainConfig& c, const std::optional<models::LlamaConfig>& llama) {
-  if (llama) return build<models::LlamaImpl>(strategy, c, *llama);
-  return build<models::GPTImpl>(strategy, c, c.model);
+// [collective] The run's model: the GPT or the Llama of `spec` (a Llama's
+// config.json with the run's adapters; an hf: source's weights are loaded
+// later, load_hf_weights).
+Model build_model(Strategy& strategy, const TrainConfig& c, const ModelSpec& spec) {
+  return std::visit(Overloaded{[&](const GptSpec& gpt) { return build<models::GPTImpl>(strategy, c, gpt.config); },
+                               [&](const LlamaSpec& llama) {
+                                 return build<models::LlamaImpl>(strategy, c, llama.config);
+                               }},
+                    spec);
 }
 
 // [collective] --model hf:DIR on a run that starts fresh: the directory's
 // weights into the sharded model, each rank reading only its shards' byte
 // ranges (hf::load_weights; its errors agreed across the ranks). The
 // adapters of a LoRA run keep their initial values.
-void load_hf_weights(const Strategy& strategy, const TrainConfig& c, const models::LlamaConfig& llama,
-                     const Model& model) {
+void load_hf_weights(const Strategy& strategy, const LlamaSpec& llama, const Model& model) {
   const auto t = std::chrono::steady_clock::now();
-  const std::string dir = hf_directory(c);
-  const hf::LoadStats stats = hf::load_weights(dir, llama, model.ptr(), strategy.group());
+  const std::string& dir = llama.hf_directory;
+  const hf::LoadStats stats = hf::load_weights(dir, llama.config, model.ptr(), strategy.group());
   std::ostringstream what;
   what << "fsdp-train: loaded " << dir << " (rank 0 read " << std::fixed << std::setprecision(1)
        << static_cast<double>(stats.bytes_read) / (1 << 20) << " MiB of weights) in "
@@ -141,7 +162,7 @@ struct Job {
   torch::optim::Optimizer& opt;
   Start& start;
   Outputs& out;
-  const std::optional<models::LlamaConfig>& llama;  // a Llama run's model
+  const ModelSpec& spec;  // the model it trains
   int64_t skipped = 0;  // steps skipped for a non-finite loss (rank 0's count)
 };
 
@@ -238,7 +259,9 @@ void save_if_due(Job& job, int64_t done, int64_t position) {
   s.value("data_fingerprint", job.data.fingerprint).value("data_format", job.data.format);
   put_config(s, c, job.identity);
   // A Llama's config.json: what generate, export and a resume build it from.
-  if (job.llama) s.value("config.model.llama", models::llama_config_json(*job.llama, job.llama->dtype));
+  if (const auto* llama = std::get_if<LlamaSpec>(&job.spec)) {
+    s.value("config.model.llama", models::llama_config_json(llama->config, llama->config.dtype));
+  }
   fsdp::run::save_and_rotate(job.run, job.strategy, s, done, c.keep, job.identity);
 }
 
@@ -285,11 +308,12 @@ void finish(const Strategy& strategy, const TrainConfig& c, Outputs& out) {
 
 double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   TrainConfig c = config;
-  std::optional<models::LlamaConfig> llama = resolve_model(c);
+  ModelSpec spec = model_spec(c);
   validate(c);
+  LlamaSpec* llama = std::get_if<LlamaSpec>(&spec);
   // An hf: model's weights are loaded (or a checkpoint's, on resume): not drawn first.
-  if (llama) llama->initialize = hf_directory(c).empty();
-  const std::unique_ptr<Strategy> strategy_ptr = make_strategy(c.engine, strategy_options(c, world));
+  if (llama) llama->config.initialize = llama->hf_directory.empty();
+  const std::unique_ptr<Strategy> strategy_ptr = make_strategy(c.engine, strategy_options(c, spec, world));
   Strategy& strategy = *strategy_ptr;
   strategy.setup_environment();
   warn_about_precision(strategy, c);
@@ -297,15 +321,15 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   std::optional<RunLock> lock;  // rank 0's, until train() returns
   const RunIdentity identity = begin_job(strategy, run, c, lock);
   RunData data;
-  read_data(strategy, c, data);
-  Model model = build_model(strategy, c, llama);
+  read_data(strategy, c, vocab_size(spec), data);
+  Model model = build_model(strategy, c, spec);
   // nanoGPT's betas: beta2 0.95 keeps early steps from overshooting.
   // torch.optim.AdamW's update to the bit (fsdp/optim/adamw.h), so a run
   // continued in PyTorch steps as it would have here.
   optim::AdamW opt(trained_parameters(model), torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}));
   strategy.setup_optimizer(opt);
   Start start = resume_job(strategy, run, c, identity, model, opt, data);
-  if (start.from.path.empty() && !hf_directory(c).empty()) load_hf_weights(strategy, c, *llama, model);
+  if (start.from.path.empty() && llama && !llama->hf_directory.empty()) load_hf_weights(strategy, *llama, model);
   // Before step 1: what every save will need (checkpoints/ usable, the
   // saves' names free), so that a run never trains to lose it at a save.
   dist::agree_from(strategy.group(), 0, dist::capture([&] {
@@ -316,7 +340,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   open_outputs(strategy, run, c, start.step, out);
   StepProfiler profiler(strategy, c, start.step);
   note_resize(strategy, start, out);
-  Job job{strategy, c, run, identity, data, model, opt, start, out, llama};
+  Job job{strategy, c, run, identity, data, model, opt, start, out, spec};
   int64_t position = start.position;
   double mean_loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -332,7 +356,7 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
     save_if_due(job, m.step, position);
     mean_loss = m.loss;
   }
-  if (!c.save_hf.empty()) save_hf(strategy, c, *llama, model, run.checkpoint_path(c.steps));
+  if (!c.save_hf.empty()) save_hf(strategy, c, llama->config, model, run.checkpoint_path(c.steps));
   finish(strategy, c, out);
   return mean_loss;
 }

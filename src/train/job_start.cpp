@@ -127,7 +127,7 @@ RunIdentity begin_job(const Strategy& strategy, const RunDirectory& run, TrainCo
   return fsdp::run::begin_run(run, strategy, how, job);
 }
 
-void read_data(const Strategy& strategy, const TrainConfig& c, RunData& d) {
+void read_data(const Strategy& strategy, const TrainConfig& c, int64_t vocab_size, RunData& d) {
   dist::agree(strategy.group(), dist::capture([&] {
                 Corpus corpus = read_corpus(c);
                 if (trains_llama(c) && corpus.layout().format == "text") {
@@ -141,7 +141,7 @@ void read_data(const Strategy& strategy, const TrainConfig& c, RunData& d) {
                 d.format = corpus.layout().format;
                 d.batches.emplace(std::move(corpus), c.model.context, c.batch, c.strategy.seed(),
                                   strategy.global_rank(), strategy.world_size(), strategy.root_device(),
-                                  c.model.vocab_size);
+                                  vocab_size);
               }),
               "reading --data");
   d.evaluates = c.eval_every > 0 && d.batches->has_held_out();

@@ -58,8 +58,9 @@ struct RunData {
 
 // [collective] Reads the run's text on every rank (a file one rank cannot
 // map stops every rank with its error, not a hang) and says so when it is
-// too short to hold any text out.
-void read_data(const Strategy& strategy, const TrainConfig& c, RunData& d);
+// too short to hold any text out. Token ids at or beyond `vocab_size` (the
+// model's vocabulary) stop the run at the first batch that holds one.
+void read_data(const Strategy& strategy, const TrainConfig& c, int64_t vocab_size, RunData& d);
 
 // Where this job starts: the step done, the sample stream's position, the
 // checkpoint it resumed from (empty path: none), and the resize, if the

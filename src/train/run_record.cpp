@@ -219,20 +219,16 @@ std::vector<const RunSetting*> recorded_rows() {
 
 }  // namespace
 
-namespace {
-constexpr int kFirstDigestPlaces = 16;  // the places of the settings before --model
-}  // namespace
-
 std::string config_digest(const TrainConfig& c) {
   std::ostringstream os;
   os << std::setprecision(17) << std::boolalpha;
   bool first = true;
   for (const RunSetting* row : recorded_rows()) {
     if (row->digest_place == 0) continue;
-    // Places after the first sixteen (the model's source, LoRA) join the
-    // digest only where the run sets them: earlier configurations keep
+    // The settings added to the digest later (the model's source, LoRA)
+    // join it only where the run sets them: earlier configurations keep
     // their digests.
-    if (row->digest_place > kFirstDigestPlaces && setting_text(row->get(c)) == setting_text(row->get(TrainConfig()))) {
+    if (row->digest_when_set && setting_text(row->get(c)) == setting_text(row->get(TrainConfig()))) {
       continue;
     }
     os << (first ? "" : " ") << row->digest_label << " ";

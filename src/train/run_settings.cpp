@@ -17,6 +17,7 @@
 #include "fsdp/text/bytes_json.h"
 #include "fsdp/observability/profiler.h"  // parse_step_range
 #include "fsdp/train/batches.h"  // check_data_format
+#include "fsdp/train/model_spec.h"  // model_sizes
 #include "run_settings_impl.h"  // Row: how a row is built
 
 namespace fsdp::train {
@@ -43,8 +44,11 @@ void refuse_system_directory(const std::string& out) {
   }
 }
 
-// The table, in --print-config's order; each row's flag, parser and range
-// check together.
+// The table, in --print-config's and --help's order; each row's flag,
+// parser and range check together. Its order is also the configuration
+// digest's (number_digest): the rows in the digest (.digest) keep their
+// order, and a new one goes after the last of its kind (.digest_when_set:
+// after model.lora_targets), or a run directory's digest would change.
 std::vector<RunSetting> make_table() {
   std::vector<RunSetting> t;
   auto add = [&](Row&& row) { t.push_back(std::move(row).done()); };
@@ -59,45 +63,49 @@ std::vector<RunSetting> make_table() {
   add(Row("model.vocab", "--vocab",
           "token ids the model knows (256: bytes; a --data file of token ids needs its tokenizer's vocabulary)")
           .of(&C::model, &models::GPTConfig::vocab_size)
+          .get([](const C& c) -> V { return model_sizes(c).vocab; })  // a Llama's: its config.json's
           .positive()
           .at_most(double(int64_t{1} << 31))  // what checkpoint_model_config takes back
           .fixed_on_resume()
           .record("model.vocab")
-          .digest(1, "vocab"));
+          .digest("vocab"));
   add(Row("model.context", "--context", "tokens per sample (overrides the preset)")
           .of(&C::model, &models::GPTConfig::context)
           .positive()
           .default_in_words()
           .fixed_on_resume()
           .record("model.context")
-          .digest(2, "context")
+          .digest("context")
           .hyperparameter()
           .title());
   add(Row("model.dim", "--dim", "model width (overrides the preset)")
           .of(&C::model, &models::GPTConfig::dim)
+          .get([](const C& c) -> V { return model_sizes(c).dim; })  // a Llama's: its config.json's
           .positive()
           .default_in_words()
           .fixed_on_resume()
           .record("model.dim")
-          .digest(3, "dim")
+          .digest("dim")
           .hyperparameter()
           .title());
   add(Row("model.layers", "--layers", "transformer blocks (overrides the preset)")
           .of(&C::model, &models::GPTConfig::layers)
+          .get([](const C& c) -> V { return model_sizes(c).layers; })  // a Llama's: its config.json's
           .positive()
           .default_in_words()
           .fixed_on_resume()
           .record("model.layers")
-          .digest(4, "layers")
+          .digest("layers")
           .hyperparameter()
           .title());
   add(Row("model.heads", "--heads", "attention heads (overrides the preset)")
           .of(&C::model, &models::GPTConfig::heads)
+          .get([](const C& c) -> V { return model_sizes(c).heads; })  // a Llama's: its config.json's
           .positive()
           .default_in_words()
           .fixed_on_resume()
           .record("model.heads")
-          .digest(5, "heads")
+          .digest("heads")
           .hyperparameter());
   add(Row("model.source", "--model",
           "gpt (the byte-level GPT of --preset), llama (a Llama-family decoder from --config, initialised from --seed) "
@@ -106,13 +114,13 @@ std::vector<RunSetting> make_table() {
           .of(&C::model_source)
           .fixed_on_resume()
           .record("model.source")
-          .digest(17, "model")
+          .digest_when_set("model")
           .hyperparameter());
   add(Row("model.config", "--config", "the config.json of --model llama (Hugging Face's)")
           .of(&C::model_config)
           .default_in_words()
           .record("model.config")
-          .digest(18, "config")
+          .digest_when_set("config")
           .hyperparameter()
           .empty_text("(none)"));
   add(Row("model.lora_rank", "--lora-rank",
@@ -121,13 +129,13 @@ std::vector<RunSetting> make_table() {
           .of(&C::lora, &models::LoraConfig::rank)
           .fixed_on_resume()
           .record("model.lora_rank")
-          .digest(19, "lora_rank")
+          .digest_when_set("lora_rank")
           .hyperparameter());
   add(Row("model.lora_alpha", "--lora-alpha", "LoRA's alpha: the adapters' output is scaled by alpha / rank")
           .of(&C::lora, &models::LoraConfig::alpha)
           .fixed_on_resume()
           .record("model.lora_alpha")
-          .digest(20, "lora_alpha")
+          .digest_when_set("lora_alpha")
           .hyperparameter());
   add(Row("model.lora_targets", "--lora-targets",
           "the projections that get adapters, comma-separated: of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
@@ -136,7 +144,7 @@ std::vector<RunSetting> make_table() {
           .set([](C& c, const std::string& t) { c.lora.targets = models::parse_lora_targets(t); })
           .fixed_on_resume()
           .record("model.lora_targets")
-          .digest(21, "lora_targets")
+          .digest_when_set("lora_targets")
           .hyperparameter());
   add(Row("save_hf", "--save-hf",
           "at the end, the model as a Hugging Face directory DIR that transformers loads (with --lora-rank: the "
@@ -144,15 +152,6 @@ std::vector<RunSetting> make_table() {
           .of(&C::save_hf)
           .default_in_words()
           .empty_text("(none)"));
-  add(Row("steps", "--steps", "training steps").of(&C::steps).positive().record("run.steps").digest(9, "steps")
-          .hyperparameter());
-  add(Row("batch", "--batch", "sequences per rank per step")
-          .of(&C::batch)
-          .positive()
-          .record("run.batch")
-          .digest(10, "batch")
-          .hyperparameter()
-          .title());
   add(Row("lr", "--lr", "AdamW's peak learning rate (on --resume: applies from the resumed step)")
           .of(&C::lr)
           .check([](const C& c) {
@@ -161,17 +160,9 @@ std::vector<RunSetting> make_table() {
             }
           })
           .record("run.lr")
-          .digest(6, "lr")
+          .digest("lr")
           .hyperparameter()
           .title());
-  add(Row("warmup_steps", "--warmup-steps", "steps of linear warm-up to --lr; default (-1): a fifth of --steps")
-          .of(&C::warmup_steps)
-          .get([](const C& c) -> V { return warmup_steps(c); })  // -1 resolved
-          .at_least(-1, "0 or positive (or -1: a fifth of --steps)")
-          .default_in_words()
-          .record("run.warmup_steps")
-          .digest(8, "warmup")
-          .hyperparameter());
   add(Row("min_lr", "--min-lr",
           "learning rate at the last step (cosine decay from --lr); default (-1): a tenth of --lr")
           .of(&C::min_lr)
@@ -184,8 +175,25 @@ std::vector<RunSetting> make_table() {
           })
           .default_in_words()
           .record("run.min_lr")
-          .digest(7, "min_lr")
+          .digest("min_lr")
           .hyperparameter());
+  add(Row("warmup_steps", "--warmup-steps", "steps of linear warm-up to --lr; default (-1): a fifth of --steps")
+          .of(&C::warmup_steps)
+          .get([](const C& c) -> V { return warmup_steps(c); })  // -1 resolved
+          .at_least(-1, "0 or positive (or -1: a fifth of --steps)")
+          .default_in_words()
+          .record("run.warmup_steps")
+          .digest("warmup")
+          .hyperparameter());
+  add(Row("steps", "--steps", "training steps").of(&C::steps).positive().record("run.steps").digest("steps")
+          .hyperparameter());
+  add(Row("batch", "--batch", "sequences per rank per step")
+          .of(&C::batch)
+          .positive()
+          .record("run.batch")
+          .digest("batch")
+          .hyperparameter()
+          .title());
   add(Row("on_nonfinite_loss", "--on-nonfinite-loss",
           "a step whose loss is NaN or inf: stop (before updating the weights; --resume continues from the last "
           "checkpoint) or skip its optimizer step and go on")
@@ -197,6 +205,12 @@ std::vector<RunSetting> make_table() {
     if (c.out.empty()) throw ConfigError("--out is empty: expected the run directory (e.g. runs/latest)");
     refuse_system_directory(c.out);
   }));
+  add(Row("strategy.seed", "--seed", "data and initialisation seed")
+          .get([](const C& c) -> V { return S(c).seed(); })
+          .set([](C& c, const std::string& t) { c.strategy.seed(whole<uint64_t>("--seed", t)); })
+          .record("run.seed")
+          .digest("seed")
+          .hyperparameter());
   add(Row("data", "--data", "data file to train on: text, or token ids (--data-format; default: a generated corpus)")
           .of(&C::data)
           .check([](const C& c) {
@@ -212,7 +226,7 @@ std::vector<RunSetting> make_table() {
           })
           .default_in_words()
           .record("run.data")
-          .digest(12, "data")
+          .digest("data")
           .hyperparameter()
           .empty_text("(the generated corpus)"));
   add(Row("data_format", "--data-format",
@@ -291,13 +305,22 @@ std::vector<RunSetting> make_table() {
           .get([](const C& c) -> V { return std::string(to_string(c.engine)); })
           .set([](C& c, const std::string& t) { named("--engine", [&] { c.engine = parse_engine(t); }); })
           .hyperparameter());
+  add(Row("strategy.precision", "--precision",
+          "32-true, bf16-mixed, bf16-true, 16-mixed, 16-true (16-*: made for CUDA; on CPU only with LibTorch 2.x, with "
+          "a warning)")
+          .get([](const C& c) -> V { return S(c).precision(); })
+          .set([](C& c, const std::string& t) { named("--precision", [&] { c.strategy.precision(t); }); })
+          .record("run.precision")
+          .digest("precision")
+          .hyperparameter()
+          .title());
   add(Row("strategy.sharding_strategy", "--sharding-strategy", "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
           .get([](const C& c) -> V { return std::string(to_string(S(c).sharding_strategy())); })
           .set([](C& c, const std::string& t) {
             named("--sharding-strategy", [&] { c.strategy.sharding_strategy(parse_sharding_strategy(t)); });
           })
           .record("run.sharding_strategy")
-          .digest(14, "sharding")
+          .digest("sharding")
           .hyperparameter()
           .title());
   add(Row("strategy.state_dict_type", "--state-dict-type", "checkpoint format: full or sharded")
@@ -306,27 +329,12 @@ std::vector<RunSetting> make_table() {
             named("--state-dict-type", [&] { c.strategy.state_dict_type(parse_checkpoint_format(t)); });
           })
           .record("run.state_dict_type")
-          .digest(15, "format"));
-  add(Row("strategy.precision", "--precision",
-          "32-true, bf16-mixed, bf16-true, 16-mixed, 16-true (16-*: made for CUDA; on CPU only with LibTorch 2.x, with "
-          "a warning)")
-          .get([](const C& c) -> V { return S(c).precision(); })
-          .set([](C& c, const std::string& t) { named("--precision", [&] { c.strategy.precision(t); }); })
-          .record("run.precision")
-          .digest(13, "precision")
-          .hyperparameter()
-          .title());
+          .digest("format"));
   add(Row("strategy.cpu_offload", "--cpu-offload", "keep shards on CPU (no-op on CPU builds)")
           .get([](const C& c) -> V { return S(c).cpu_offload().offload_params; })
           .set([](C& c, const std::string& t) { c.strategy.cpu_offload(t == "true"); })
           .switch_flag()
           .default_in_words());
-  add(Row("strategy.seed", "--seed", "data and initialisation seed")
-          .get([](const C& c) -> V { return S(c).seed(); })
-          .set([](C& c, const std::string& t) { c.strategy.seed(whole<uint64_t>("--seed", t)); })
-          .record("run.seed")
-          .digest(11, "seed")
-          .hyperparameter());
   add(Row("strategy.activation_checkpointing", "--activation-checkpointing",
           "recompute each block's activations in backward")
           .get([](const C& c) -> V { return activation_checkpointing(S(c)); })
@@ -344,7 +352,7 @@ std::vector<RunSetting> make_table() {
           })
           .default_in_words()
           .record("run.mesh")
-          .digest(16, "mesh")
+          .digest("mesh")
           .empty_text("(none)"));
   add(Row("strategy.use_orig_params", "", "").get([](const C& c) -> V { return S(c).use_orig_params(); })
           .default_in_words());
@@ -392,8 +400,24 @@ std::string setting_text(const SettingValue& v) {
   return os.str();
 }
 
+namespace {
+
+// The digest's places, from the table's order: first the rows always in the
+// digest, then those that join it only when set.
+std::vector<RunSetting> number_digest(std::vector<RunSetting> table) {
+  int place = 0;
+  for (const bool when_set : {false, true}) {
+    for (auto& row : table) {
+      if (row.digest_label && row.digest_when_set == when_set) row.digest_place = ++place;
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
 const std::vector<RunSetting>& run_settings() {
-  static const std::vector<RunSetting> table = make_table();
+  static const std::vector<RunSetting> table = number_digest(make_table());
   return table;
 }
 

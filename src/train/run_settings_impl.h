@@ -100,8 +100,9 @@ class Row {
     r_.help_shows_default = true;
     r_.may_change_on_resume = true;
     r_.record = nullptr;
-    r_.digest_place = 0;
     r_.digest_label = nullptr;
+    r_.digest_when_set = false;
+    r_.digest_place = 0;  // numbered by run_settings(), in the table's order
     r_.hyperparameter = false;
     r_.in_title = false;
     r_.empty_text = nullptr;
@@ -151,9 +152,16 @@ class Row {
     r_.record = key;
     return std::move(*this);
   }
-  Row&& digest(int place, const char* label) && {
-    r_.digest_place = place;
+  // In the configuration digest as "<label> <value>", at the row's place
+  // in the table (RunSetting::digest_place); digest_when_set: only where a
+  // run sets it away from its default (a setting added to the digest later).
+  Row&& digest(const char* label) && {
     r_.digest_label = label;
+    return std::move(*this);
+  }
+  Row&& digest_when_set(const char* label) && {
+    r_.digest_label = label;
+    r_.digest_when_set = true;
     return std::move(*this);
   }
   Row&& hyperparameter() && {

@@ -16,11 +16,13 @@
 #include <iostream>
 #include <string>
 #include <system_error>
+#include <variant>
 
 #include "fsdp/error.h"
 #include "fsdp/hf/hf_model.h"  // read_config, check_weights
 #include "fsdp/models/llama.h"  // the sizes (check_llama_memory, byte_text, ...)
 #include "fsdp/train/batches.h"  // kGeneratedCorpusBytes, read_data_layout
+#include "fsdp/train/model_spec.h"
 #include "fsdp/observability/profiler.h"  // parse_step_range
 #include "fsdp/text/enum_names.h"
 #include "hf_destination.h"
@@ -193,15 +195,16 @@ models::LlamaConfig llama_config(const TrainConfig& c) {
   return config;
 }
 
-std::optional<models::LlamaConfig> resolve_model(TrainConfig& c) {
+ModelSpec model_spec(const TrainConfig& c) {
   check_model_source(c);
-  if (!trains_llama(c)) return std::nullopt;
-  models::LlamaConfig config = llama_config(c);
+  if (!trains_llama(c)) return GptSpec{c.model};
+  LlamaSpec spec{hf_directory(c), llama_config(c)};
+  const models::LlamaConfig& config = spec.config;
   // Before anything is built: an hf: directory's weights against its
   // config.json (headers only: a num_hidden_layers or vocab_size the weights
   // do not have is refused by key), then the model and its adapters against
   // this machine's memory (--model llama has no weights to check against).
-  if (const std::string dir = hf_directory(c); !dir.empty()) hf::check_weights(HfStorageReader(dir), config);
+  if (!spec.hf_directory.empty()) hf::check_weights(HfStorageReader(spec.hf_directory), config);
   std::string precision;
   try {
     precision = parse_precision(c.strategy.precision()).name;
@@ -215,11 +218,24 @@ std::optional<models::LlamaConfig> resolve_model(TrainConfig& c) {
       std::cerr << "fsdp-train: WARNING: " << w << std::endl;
     }
   }
-  c.model.vocab_size = config.vocab_size;
-  c.model.dim = config.hidden_size;
-  c.model.layers = config.num_hidden_layers;
-  c.model.heads = config.num_attention_heads;
-  return config;
+  return spec;
+}
+
+ModelSizes model_sizes(const TrainConfig& c) {
+  if (!trains_llama(c)) return {c.model.vocab_size, c.model.context, c.model.dim, c.model.layers, c.model.heads};
+  const models::LlamaConfig llama = llama_config(c);
+  return {llama.vocab_size, c.model.context, llama.hidden_size, llama.num_hidden_layers, llama.num_attention_heads};
+}
+
+std::optional<models::LlamaConfig> resolve_model(TrainConfig& c) {
+  const ModelSpec spec = model_spec(c);
+  const auto* llama = std::get_if<LlamaSpec>(&spec);
+  if (!llama) return std::nullopt;
+  c.model.vocab_size = llama->config.vocab_size;
+  c.model.dim = llama->config.hidden_size;
+  c.model.layers = llama->config.num_hidden_layers;
+  c.model.heads = llama->config.num_attention_heads;
+  return llama->config;
 }
 
 namespace {
@@ -297,7 +313,7 @@ void check_data_context(const TrainConfig& c) {
 void check_data_tokenizer_of_model(const TrainConfig& c) {
   if (c.data.empty()) return;
   // An hf: run's file against its tokenizer (issue 50 item 15).
-  check_data_tokenizer(c.data, hf_directory(c), c.allow_tokenizer_change, c.model.vocab_size);
+  check_data_tokenizer(c.data, hf_directory(c), c.allow_tokenizer_change, model_sizes(c).vocab);
 }
 
 void check_overwrite_resume(const TrainConfig& c) {

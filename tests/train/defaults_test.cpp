@@ -117,3 +117,16 @@ TEST(Defaults, FsdpBenchRunsWithFsdpOptionsDefaults) {
   EXPECT_EQ(j["runtime"]["use_orig_params"], fsdp.use_orig_params());
   EXPECT_EQ(j["runtime"]["max_reductions_in_flight"], fsdp.max_reductions_in_flight());
 }
+
+// fsdp-bench reads --engine through fsdp::Engine's one name table, as
+// fsdp-train does: a name that is not an engine is the same error, naming
+// the flag, before anything starts.
+TEST(Defaults, FsdpBenchAndFsdpTrainRefuseABadEngineAlike) {
+  const std::string error = "--engine: 'fsdp3' is not an engine: expected fsdp1 or fsdp2";
+  const auto bench = run_program({FSDP_BENCH_PATH, "--engine", "fsdp3"}, std::chrono::seconds(60));
+  EXPECT_NE(bench.exit_code(), 0);
+  EXPECT_NE(bench.output.find("fsdp-bench: " + error), std::string::npos) << bench.output;
+  const auto train = run_program({FSDP_TRAIN_PATH, "--print-config", "--engine", "fsdp3"}, std::chrono::seconds(60));
+  EXPECT_NE(train.exit_code(), 0);
+  EXPECT_NE(train.output.find(error), std::string::npos) << train.output;
+}

@@ -14,9 +14,12 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <iomanip>
 #include <set>
 #include <sstream>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "../support/errors.h"
 #include "../support/models.h"
@@ -36,6 +39,43 @@ namespace {
 
 void train_one_rank(const train::TrainConfig& c) {
   run_ranks(1, [&](dist::ProcessGroup& pg) { train::train(c, borrow(pg)); });
+}
+
+// FNV-1a (64 bits) of `text` as 16 hex digits: the configuration digest of
+// the text fsdp-train hashes ("vocab 256 context 32 ...").
+std::string fnv1a_hex(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  std::ostringstream hex;
+  hex << std::hex << std::setw(16) << std::setfill('0') << h;
+  return hex.str();
+}
+
+// A tiny Llama's config.json (vocabulary 300, width 32, 2 layers, 4 heads)
+// and a file of 2048 uint16 token ids in `dir`, and a one-step run of it
+// into dir/run.
+train::TrainConfig tiny_llama_run(const std::string& dir) {
+  const std::string config = dir + "/config.json", data = dir + "/tokens.bin";
+  std::ofstream(config) << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6})";
+  std::ofstream ids(data, std::ios::binary);
+  for (int i = 0; i < 2048; ++i) {
+    const int id = i % 300;
+    const char le[2] = {static_cast<char>(id & 0xff), static_cast<char>(id >> 8)};
+    ids.write(le, 2);
+  }
+  train::TrainConfig c = tiny_train_config(dir + "/run", 1, 2);
+  c.eval_every = 0;
+  c.loggers = "none";
+  c.model_source = "llama";
+  c.model_config = config;
+  c.data = data;
+  c.data_format = "uint16";
+  return c;
 }
 
 std::string digest_of_run(const std::string& out) {
@@ -71,6 +111,85 @@ TEST(RunSettings, ConfigDigestOfAFixedConfigIsPinned) {
   d.strategy.sharding_strategy(ShardingStrategy::kHybridShard).device_mesh(1, 1);
   train_one_rank(d);
   EXPECT_EQ(digest_of_run(b.path()), "24f18bcaf9094e12");
+}
+
+// A Llama run's digest (the model's source and config.json's sizes, its
+// LoRA settings: the places that join only when set), as fsdp-train wrote
+// it before the digest's order came from the table.
+TEST(RunSettings, ConfigDigestOfALlamaRunIsPinned) {
+  TempDir dir;
+  train::TrainConfig c = tiny_llama_run(dir.path());
+  c.engine = Engine::kFsdp2;
+  c.lora.rank = 2;
+  c.lora.alpha = 4;
+  train_one_rank(c);
+  // Its input in the order and form fsdp-train has hashed it since --model
+  // came: the first sixteen places always, then those a run sets (the
+  // default --lora-targets is left out).
+  EXPECT_EQ(digest_of_run(c.out),
+            fnv1a_hex("vocab 300 context 32 dim 32 layers 2 heads 4 lr 0.0030000000000000001 min_lr "
+                      "0.00030000000000000003 warmup 0 steps 1 batch 2 seed 0 data " + c.data +
+                      " precision 32-true sharding FULL_SHARD format sharded mesh  model llama config " + c.model_config +
+                      " lora_rank 2 lora_alpha 4"));
+  // Its recorded sizes are config.json's, not the preset's.
+  const CheckpointInfo info = inspect_checkpoint(c.out + "/checkpoints/step-00000001");
+  EXPECT_EQ(info.values.at("config.model.vocab"), "300");
+  EXPECT_EQ(info.values.at("config.model.dim"), "32");
+  EXPECT_EQ(info.values.at("config.model.context"), "32");
+}
+
+// The digest's places are not written by hand: the table's order gives
+// them, first the rows always in the digest, then those that join it when
+// set; every recorded row of the model's shape and schedule is in it.
+TEST(RunSettings, DigestPlacesComeFromTheTablesOrder) {
+  std::vector<int> always, when_set;
+  for (const auto& row : train::run_settings()) {
+    if (!row.digest_label) {
+      EXPECT_EQ(row.digest_place, 0) << row.name;
+      continue;
+    }
+    EXPECT_NE(row.record, nullptr) << row.name << " is in the digest but not recorded";
+    (row.digest_when_set ? when_set : always).push_back(row.digest_place);
+  }
+  std::vector<int> places = always;
+  places.insert(places.end(), when_set.begin(), when_set.end());
+  ASSERT_EQ(places.size(), 21u);
+  for (size_t i = 0; i < places.size(); ++i) EXPECT_EQ(places[i], static_cast<int>(i + 1));
+  EXPECT_EQ(always.size(), 16u);  // the model's shape, the schedule, batch, seed, data, precision, sharding, format, mesh
+}
+
+// The model a run trains is one of a GPT spec and a Llama spec: a Llama's
+// holds its config.json's sizes and no GPT's, and the GPT flags given with
+// it change nothing the run builds, prints or records (they are not
+// refused: the preset sets them all the same). The config is not changed.
+TEST(RunSettings, ALlamaRunsSpecHoldsItsConfigJsonAndNoGptSizes) {
+  TempDir dir;
+  train::TrainConfig c = tiny_llama_run(dir.path());
+  train::find_setting("model.dim")->set(c, "48");
+  train::find_setting("model.layers")->set(c, "3");
+  const train::TrainConfig before = c;
+  const train::ModelSpec spec = train::model_spec(c);
+  ASSERT_TRUE(std::holds_alternative<train::LlamaSpec>(spec));
+  const auto& llama = std::get<train::LlamaSpec>(spec);
+  EXPECT_EQ(llama.hf_directory, "");
+  EXPECT_EQ(llama.config.vocab_size, 300);
+  EXPECT_EQ(llama.config.hidden_size, 32);
+  EXPECT_EQ(llama.config.num_hidden_layers, 2);
+  EXPECT_EQ(c.model.dim, 48);  // the flags' value, as it was
+  EXPECT_EQ(train::config_json(c), train::config_json(before));
+  EXPECT_NO_THROW(train::validate_settings(c));
+  const Json printed = Json::parse(train::config_json(c));
+  EXPECT_EQ(printed.at("model").at("vocab"), 300);
+  EXPECT_EQ(printed.at("model").at("dim"), 32);
+  EXPECT_EQ(printed.at("model").at("layers"), 2);
+  EXPECT_EQ(printed.at("model").at("heads"), 4);
+  EXPECT_EQ(printed.at("model").at("context"), 32);  // the run's sequence length: --context's
+  // A GPT run's spec: the flags' sizes.
+  train::TrainConfig g = tiny_train_config(dir.path() + "/gpt", 1, 2);
+  g.model.dim = 48;
+  const train::ModelSpec gpt = train::model_spec(g);
+  ASSERT_TRUE(std::holds_alternative<train::GptSpec>(gpt));
+  EXPECT_EQ(std::get<train::GptSpec>(gpt).config.dim, 48);
 }
 
 // Each row shows where it says it does, by its name or flag.

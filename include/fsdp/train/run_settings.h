@@ -54,11 +54,20 @@ struct RunSetting {
   // Its key among a checkpoint's values ("run.lr", stored as "config.run.lr"),
   // nullptr when checkpoints do not record it.
   const char* record;
-  // Its place and label in the configuration digest's input ("lr", "warmup");
-  // 0 / nullptr when not in it. Frozen: a run's digest must stay the same
-  // across versions, so a new recorded setting takes the next place.
-  int digest_place;
+  // Its label in the configuration digest's input ("lr", "warmup"; nullptr
+  // when not in it), and whether it joins the digest only where a run sets
+  // it away from its default (the settings added after the digest was
+  // first frozen: earlier configurations keep their digests).
   const char* digest_label;
+  bool digest_when_set;
+  // Its place in the digest's input, 1-based (0: not in it). Derived, never
+  // written by hand: run_settings() numbers the digest's rows in the
+  // table's order, first those always in it, then those that join when set.
+  // A run's digest must stay the same across versions: a new row of the
+  // digest is added after the table's last row of its kind, and the
+  // table's digest rows are never reordered (tests/train/run_settings_test.cpp
+  // pins the digests of fixed configurations).
+  int digest_place;
   bool hyperparameter;  // the loggers get it (TensorBoard's HPARAMS, hparams.yaml)
   bool in_title;        // the loss curve's title names it
   // The value of `config` (the default: of TrainConfig()); resolved where
@@ -77,9 +86,11 @@ struct RunSetting {
   std::function<void(const TrainConfig&)> check;
 };
 
-// The table, in --print-config's order. --preset comes before the model's
-// sizes: setting it sets them (to the preset's), and a size's flag
-// overrides it after.
+// The table, in --print-config's and --help's order, which is also the
+// configuration digest's (RunSetting::digest_place). --preset comes before
+// the model's sizes: setting it sets them (to the preset's), and a size's
+// flag overrides it after; --mesh comes after --sharding-strategy, which
+// it sets to HYBRID_SHARD.
 const std::vector<RunSetting>& run_settings();
 
 // The row named `name`; nullptr when none is.

@@ -14,6 +14,7 @@
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/strategy/engine.h"
+#include "fsdp/train/model_spec.h"  // ModelSpec: the model a run trains
 #include "fsdp/strategy/strategy.h"
 
 namespace fsdp::train {
@@ -37,16 +38,18 @@ NonfiniteLoss parse_nonfinite_loss(const std::string& name);  // ConfigError nam
 
 struct TrainConfig {
   std::string preset = "default";  // tiny, default, 100m
-  models::GPTConfig model;          // filled from the preset (flags may override)
+  models::GPTConfig model;          // the GPT's, filled from the preset (flags may override); context: any model's
   // --model: which model the run trains. "gpt": the preset's byte-level GPT
   // (fsdp/models/gpt.h). "llama": a Llama-family decoder
   // (fsdp/models/llama.h) built from `model_config` (--config, a Hugging
   // Face config.json) and initialised from the seed. "hf:DIR": the Hugging
   // Face model directory DIR: its config.json, and its weights, loaded into
   // the sharded model with each rank reading only its shards' byte ranges
-  // (fsdp/hf/hf_model.h); a resume loads the checkpoint instead. With a
-  // Llama, the model's sizes come from its config.json (resolve_model: the
-  // preset and --dim, --layers, --heads, --vocab do not apply), each decoder
+  // (fsdp/hf/hf_model.h); a resume loads the checkpoint instead. The model
+  // a run trains is model_spec(config) (fsdp/train/model_spec.h): a GPT of
+  // `model`, or a Llama. With a Llama, the model's sizes come from its
+  // config.json (the preset and --dim, --layers, --heads, --vocab do not
+  // apply: `model` keeps what they say), each decoder
   // layer is the unit (and the activation-checkpointed block), and --data
   // must hold token ids of its tokenizer (`fsdp-train prepare`).
   std::string model_source = "gpt";
@@ -170,12 +173,12 @@ bool trains_llama(const TrainConfig& config);
 // The DIR of --model hf:DIR; "" for the other models.
 std::string hf_directory(const TrainConfig& config);
 
-// [local; reads config.json] For a Llama run, sets config.model's vocab,
-// dim, layers and heads to its config.json's (the run settings then record
-// and print the model's own sizes; --context stays the run's sequence
-// length) and returns its llama_config. Nothing for a GPT run. ConfigError
-// as llama_config, and for --model, --config and LoRA flags that do not fit
-// together.
+// Deprecated (kept for one release): model_spec (fsdp/train/model_spec.h)
+// gives the model a run trains without changing its config, and the run
+// settings print and record a Llama's own sizes (model_sizes). [local;
+// reads config.json] As model_spec; for a Llama run also sets config.model's
+// vocab, dim, layers and heads to its config.json's and returns its
+// llama_config. Nothing for a GPT run.
 std::optional<models::LlamaConfig> resolve_model(TrainConfig& config);
 
 // The model sizes of a preset: "tiny" (tests), "default" (a couple of minutes
@@ -205,7 +208,7 @@ struct CrossSettingRule {
   void (*check)(const TrainConfig& config);
 };
 // The rules between settings, in the order validate_settings checks them;
-// resolve_model checks the first four (the model's) before it reads a
+// model_spec checks the first four (the model's) before it reads a
 // config.json.
 const std::vector<CrossSettingRule>& cross_setting_rules();
 
