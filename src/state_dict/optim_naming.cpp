@@ -1,6 +1,8 @@
 // The model's names for an optimizer's tensors (optim_naming.h).
 #include "optim_naming.h"
 
+#include <unordered_set>
+
 #include "fsdp/core/utils.h"
 #include "fsdp/dtensor/detail/boxes.h"
 #include "fsdp/error.h"
@@ -10,12 +12,22 @@ namespace fsdp::detail {
 Naming::Naming(const std::shared_ptr<torch::nn::Module>& model) : idx(index_model(model)) {
   std::vector<Item> items;
   walk(*model, "", idx, StateDictType::kFull, items);
+  std::unordered_set<const c10::TensorImpl*> params;  // buffers are no optimizer's
+  for (const auto& p : model->parameters()) params.insert(p.unsafeGetTensorImpl());
+  std::unordered_map<const c10::TensorImpl*, std::string> first;  // each parameter's first name
   for (const auto& item : items) {
     position.emplace(item.key, position.size());
-    if (item.kind == Item::kOwned) owned.emplace(item.param, item.key);
-    if (item.kind == Item::kParam) plain.emplace(item.tensor.unsafeGetTensorImpl(), item.key);
-    if (item.kind == Item::kRows) {
-      rows.emplace(item.rows->param.unsafeGetTensorImpl(), std::make_pair(item.key, item.rows));
+    if (item.full || (item.tensor.defined() && params.count(item.tensor.unsafeGetTensorImpl()))) {
+      first.emplace(item.tensor.unsafeGetTensorImpl(), item.key);
+    }
+  }
+  for (const auto& [impl, key] : first) {
+    if (auto it = idx.by_impl.find(impl); it != idx.by_impl.end()) {
+      owned.emplace(it->second.param, key);
+    } else if (auto r = idx.rows.find(impl); r != idx.rows.end()) {
+      rows.emplace(impl, std::make_pair(key, &r->second));
+    } else {
+      plain.emplace(impl, key);
     }
   }
   for (const auto& u : idx.units) flat[u->flat_shard().unsafeGetTensorImpl()] = u.get();

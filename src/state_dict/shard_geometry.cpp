@@ -75,6 +75,24 @@ ShardedTensor local_flat(const UnitView& u) {
   return st;
 }
 
+std::vector<Shard> value_boxes(const StateValue& v) {
+  if (std::holds_alternative<ShardedTensor>(v)) return std::get<ShardedTensor>(v).local_shards;
+  const at::Tensor& t = std::get<at::Tensor>(v);
+  return {Shard{std::vector<int64_t>(static_cast<size_t>(t.dim()), 0), t}};
+}
+
+int64_t held(const Shard& dst, const std::vector<Shard>& src) {
+  int64_t n = 0;
+  std::vector<std::pair<int64_t, int64_t>> common;
+  for (const auto& s : src) {
+    if (!intersect(dst.offsets, dst.tensor.sizes(), s.offsets, s.tensor.sizes(), common)) continue;
+    int64_t k = 1;
+    for (const auto& [a, b] : common) k *= b - a;
+    n += k;
+  }
+  return n;
+}
+
 std::vector<int64_t> value_shape(const StateValue& v) {
   if (std::holds_alternative<at::Tensor>(v)) return std::get<at::Tensor>(v).sizes().vec();
   return std::get<ShardedTensor>(v).global_shape;

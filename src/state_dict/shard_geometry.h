@@ -40,6 +40,12 @@ Mesh unit_mesh(const UnitView& u);
 // views of the shard, or of `shard_like` (laid out like it).
 DTensor param_dtensor(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like = {});
 
+// The pieces a state dict value holds: a ShardedTensor's, or a tensor as
+// one box at the origin (views, no copy).
+std::vector<Shard> value_boxes(const StateValue& v);
+// How many elements of box `dst` the pieces `src` hold (box arithmetic
+// only; pieces never overlap).
+int64_t held(const Shard& dst, const std::vector<Shard>& src);
 // The global shape of a state dict value.
 std::vector<int64_t> value_shape(const StateValue& v);
 // Copies what `value` holds of elements [lo, hi) of the tensor of `shape`
