@@ -86,7 +86,8 @@ void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx
     const UnitView& u = *unit->second;
     Item flat;
     flat.key = prefix + "flat_param";
-    flat.value = DTensor::from_boxes(unit_mesh(u), {u.numel()}, u.flat_shard().scalar_type(), local_flat(u).local_shards);
+    flat.value =
+        DTensor::from_boxes(unit_mesh(u), {u.numel()}, u.flat_shard().scalar_type(), local_flat(u).local_shards);
     flat.exact = true;
     out.push_back(std::move(flat));
   }
@@ -194,15 +195,6 @@ std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx) {
   if (idx.rows.empty()) return {};  // no FSDP2 parameter either
   const Mesh& mesh = idx.rows.begin()->second.mesh;
   return {mesh.shard_group(), mesh.replicate_group()};
-}
-
-ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t) { return p.dtensor(t).sharded(); }
-
-std::pair<int64_t, int64_t> rows_range(const ShardedParam& p) {
-  const DTensor d = p.dtensor();
-  if (d.local_shards().empty()) return {0, 0};
-  const int64_t first = d.local_shards()[0].offsets[0] * d.stride()[0];
-  return {first, first + p.local.numel()};
 }
 
 at::Tensor offload(const at::Tensor& t, bool to_cpu) { return to_cpu ? t.cpu() : t; }

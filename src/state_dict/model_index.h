@@ -106,13 +106,6 @@ int world_rank(const ModelIndex& idx);
 // for a model without units or groups.
 std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx);
 
-// FSDP2: `t` (shaped like the parameter's local rows: the rows themselves
-// or an optimizer's state of them) as this rank's piece of the whole.
-ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t);
-// FSDP2: the parameter's elements this rank holds, [lo, hi) of the
-// row-major whole (one contiguous range).
-std::pair<int64_t, int64_t> rows_range(const ShardedParam& p);
-
 // `t`, or a CPU copy of it with to_cpu.
 at::Tensor offload(const at::Tensor& t, bool to_cpu);
 // The config's offload_to_cpu.
