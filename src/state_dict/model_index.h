@@ -1,8 +1,9 @@
 // src/state_dict/model_index.h — a wrapped model seen from its state: where every
 // unit, original parameter and cast buffer is, and the walk that lists the
-// keys of its state dict in PyTorch's order. Model and optimizer state dicts
-// and the checkpoint loaders share it. Private to the library; local (no
-// collective).
+// keys of its state dict in PyTorch's order, each one Item of one kind (a
+// DTensor of this rank's boxes, whatever engine sharded it). Model and
+// optimizer state dicts and the checkpoint loaders share it. Private to the
+// library; local (no collective) except FullGather::gather.
 #pragma once
 
 #include <functional>
