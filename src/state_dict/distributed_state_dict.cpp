@@ -109,17 +109,16 @@ at::Tensor broadcast_tensor(const Route& r, const at::Tensor& t, at::ScalarType 
 // This rank's part of the whole tensor `full` of `item` (a copy: `full` is
 // dropped after), or `full` itself where every rank holds all of it.
 StateValue keep_mine(const Item* item, const at::Tensor& full) {
-  if (item && item->kind == Item::kRows && full.sizes().vec() == item->rows->global_shape) {
-    const ShardedParam& p = *item->rows;
-    return rows_value(*item->rows, full.narrow(0, p.row_offset, p.local.size(0)).clone());
+  if (!item || item->whole() || full.sizes().vec() != item->value.shape()) return full;
+  ShardedTensor out{item->value.shape(), full.scalar_type(), {}};
+  for (const auto& box : item->value.local_shards()) {
+    at::Tensor piece = full;
+    for (size_t d = 0; d < box.offsets.size(); ++d) {
+      piece = piece.narrow(static_cast<int64_t>(d), box.offsets[d], box.tensor.size(static_cast<int64_t>(d)));
+    }
+    out.local_shards.push_back(Shard{box.offsets, piece.clone()});
   }
-  if (item && item->kind == Item::kOwned && full.sizes().vec() == item->param->shape) {
-    auto [lo, hi] = local_range(*item->unit, *item->param);
-    ShardedTensor out{item->param->shape, full.scalar_type(), {}};
-    if (hi > lo) out.local_shards = range_pieces(item->param->shape, lo, hi, full.reshape({-1}).narrow(0, lo, hi - lo).clone());
-    return out;
-  }
-  return full;
+  return out;
 }
 
 // [collective] Rank 0's `state` (whole tensors) as every rank's state dict of

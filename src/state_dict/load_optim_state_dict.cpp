@@ -70,43 +70,28 @@ class Planner {
   Staged stage(const OptParam& op) {
     auto st = kind_.make();
     bool any = false;
-    std::vector<const ParamInfo*> ps;
-    if (op.unit && !op.param) {
-      for (const auto& q : op.unit->params()) ps.push_back(&q);
-    } else {
-      ps.push_back(op.param);  // null for a parameter outside every unit
-    }
-    auto name_of = [&](const ParamInfo* p) { return p ? naming_.owned.at(p) : op.name; };
     for (const auto& f : kind_.fields) {
       bool present = false;
-      for (const ParamInfo* p : ps) {
-        expected_.insert(name_of(p) + "." + f);
-        present |= state_.state.contains(name_of(p) + "." + f);
+      for (const Item* item : op.items) {
+        expected_.insert(item->key + "." + f);
+        present |= state_.state.contains(item->key + "." + f);
       }
       if (!present) continue;
       at::Tensor dst = at::zeros_like(op.tensor.detach());
-      for (const ParamInfo* p : ps) {
-        const std::string key = name_of(p) + "." + f;
+      for (size_t i = 0; i < op.items.size(); ++i) {
+        const std::string key = op.items[i]->key + "." + f;
         if (!state_.state.contains(key)) {
           errors_.push_back("missing " + key + " (other parameters of its flat parameter have '" + f + "')");
-        } else if (op.rows) {
-          auto [lo, hi] = rows_range(*op.rows);
-          fill(key, op.rows->global_shape, lo, hi, dst.view({-1}));
-        } else if (!p) {
-          fill(key, op.tensor.sizes().vec(), 0, op.tensor.numel(), dst.view({-1}));
         } else {
-          auto [lo, hi] = local_range(*op.unit, *p);
-          at::Tensor slot =
-              op.param ? dst.view({-1}) : dst.narrow(0, hi > lo ? shard_index(*op.unit, *p, lo) : 0, hi - lo);
-          fill(key, p->shape, lo, hi, slot);
+          fill(key, *op.items[i], cut(*op.items[i], dst.view({-1}), op.at[i]));
         }
       }
       kind_.set(*st, f, dst);
       any = true;
     }
     if (kind_.has_step) {
-      for (const ParamInfo* p : ps) {
-        const std::string key = name_of(p) + ".step";
+      for (const Item* item : op.items) {
+        const std::string key = item->key + ".step";
         expected_.insert(key);
         if (any && state_.state.contains(key)) set_step(key, *st);
       }
@@ -124,16 +109,25 @@ class Planner {
   }
 
  private:
-  // This rank's elements [lo, hi) of the state tensor at `key` into `dst`.
-  void fill(const std::string& key, const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& dst) {
+  // The state tensor at `key` into `boxes` (the item's boxes, views of the
+  // new state), box to box.
+  void fill(const std::string& key, const Item& item, std::vector<Shard> boxes) {
     const StateValue& v = state_.state.at(key);
-    if (value_shape(v) != shape) {
+    if (value_shape(v) != item.value.shape()) {
       errors_.push_back("size mismatch for " + key + ": " + shape_str(value_shape(v)) + " in the state, " +
-                        shape_str(shape) + " in the model");
-    } else if (hi > lo && !copy_range(v, shape, lo, hi, dst)) {
-      errors_.push_back("the ShardedTensor at '" + key + "' does not hold the elements [" + std::to_string(lo) +
-                        ", " + std::to_string(hi) + ") this rank needs (saved with another sharding: gather it first)");
+                        shape_str(item.value.shape()) + " in the model");
+      return;
     }
+    const std::vector<Shard> from = value_boxes(v);
+    for (auto& box : boxes) {
+      if (held(box, from) != box.tensor.numel()) {
+        auto [lo, hi] = flat_span(item.value.shape(), boxes);
+        errors_.push_back("the ShardedTensor at '" + key + "' does not hold the elements [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + ") this rank needs (saved with another sharding: gather it first)");
+        return;
+      }
+    }
+    for (auto& box : boxes) copy_overlap(box.tensor, box.offsets, from);
   }
 
   void set_step(const std::string& key, OptimizerParamState& st) {

@@ -5,9 +5,56 @@
 #include <torch/nn/module.h>
 
 #include "fsdp/error.h"
+#include "shard_geometry.h"
 #include "state_dict_settings.h"
 
 namespace fsdp::detail {
+
+namespace {
+
+// FSDP1: a unit's flat parameter gathered once, each original parameter a
+// view of it.
+class UnitGather final : public FullGather {
+ public:
+  explicit UnitGather(const UnitView* u) : u_(u) {}
+  std::vector<at::Tensor> gather() const override {
+    const at::Tensor flat = u_->gather_master();  // [collective] one all-gather per unit
+    std::vector<at::Tensor> out;
+    for (const auto& p : u_->params()) out.push_back(param_view(flat, p));
+    return out;
+  }
+  bool views() const override { return true; }
+
+ private:
+  const UnitView* u_;
+};
+
+// FSDP2: one parameter gathered from its rows.
+class RowsGather final : public FullGather {
+ public:
+  explicit RowsGather(const ShardedParam* p) : p_(p) {}
+  std::vector<at::Tensor> gather() const override { return {p_->full_tensor()}; }  // [collective]
+  bool views() const override { return false; }
+
+ private:
+  const ShardedParam* p_;
+};
+
+// A tensor every rank holds whole: a DTensor on a mesh of no dimension.
+DTensor whole_value(const at::Tensor& t) { return DTensor::from_local(t, Mesh{}, {}, t.sizes().vec()); }
+
+Item owned_item(std::string key, const Owned& o, const ModelIndex& idx) {
+  Item item;
+  item.key = std::move(key);
+  item.value = param_dtensor(*o.unit, *o.param);
+  item.tensor = o.param->param;
+  item.frozen = !o.param->requires_grad;
+  item.full = idx.unit_gather.at(o.unit);
+  item.member = static_cast<size_t>(o.param - o.unit->params().data());
+  return item;
+}
+
+}  // namespace
 
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
   ModelIndex idx;
@@ -21,6 +68,7 @@ ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
   idx.units = detail::unit_views_of(model);
   for (auto& u : idx.units) {
     idx.unit_at[u->module()] = u.get();
+    idx.unit_gather[u.get()] = std::make_shared<UnitGather>(u.get());
     idx.flat_impls.insert(u->flat_shard().unsafeGetTensorImpl());
     for (const auto& p : u->params()) {
       idx.by_impl[p.param.unsafeGetTensorImpl()] = Owned{u.get(), &p};
@@ -35,44 +83,63 @@ void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx
           std::vector<Item>& out) {
   auto unit = idx.unit_at.find(&m);
   if (type == StateDictType::kLocal && unit != idx.unit_at.end() && !unit->second->params().empty()) {
-    out.push_back({Item::kFlat, prefix + "flat_param", unit->second, nullptr, {}});
+    const UnitView& u = *unit->second;
+    Item flat;
+    flat.key = prefix + "flat_param";
+    flat.value =
+        DTensor::from_boxes(unit_mesh(u), {u.numel()}, u.flat_shard().scalar_type(), local_flat(u).local_shards);
+    flat.exact = true;
+    out.push_back(std::move(flat));
   }
   std::unordered_set<std::string> registered;
-  for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-    const auto* impl = item.value().unsafeGetTensorImpl();
-    registered.insert(item.key());
+  for (const auto& param : m.named_parameters(/*recurse=*/false)) {
+    const auto* impl = param.value().unsafeGetTensorImpl();
+    registered.insert(param.key());
     if (idx.flat_impls.count(impl)) continue;
     auto owned = idx.by_impl.find(impl);
     if (owned != idx.by_impl.end()) {
-      if (type != StateDictType::kLocal) {
-        out.push_back({Item::kOwned, prefix + item.key(), owned->second.unit, owned->second.param, {}, nullptr,
-                       !owned->second.param->requires_grad});
-      }
+      if (type != StateDictType::kLocal) out.push_back(owned_item(prefix + param.key(), owned->second, idx));
       continue;
     }
+    Item item;
+    item.key = prefix + param.key();
+    item.tensor = param.value();
+    item.frozen = !param.value().requires_grad();
     auto rows = idx.rows.find(impl);
     if (rows != idx.rows.end()) {
-      out.push_back({Item::kRows, prefix + item.key(), nullptr, nullptr, {}, &rows->second,
-                     !item.value().requires_grad()});
-      continue;
+      item.value = rows->second.dtensor(rows->second.local.detach());
+      item.full = std::make_shared<RowsGather>(&rows->second);  // one gather per key, as before
+    } else {
+      item.value = whole_value(param.value().detach());
     }
-    out.push_back({Item::kParam, prefix + item.key(), nullptr, nullptr, item.value(), nullptr,
-                   !item.value().requires_grad()});
+    out.push_back(std::move(item));
   }
   auto owned = idx.owned.find(&m);
   if (owned != idx.owned.end() && type != StateDictType::kLocal) {
     for (const auto& [key, o] : owned->second) {
-      if (!registered.count(key)) {
-        out.push_back({Item::kOwned, prefix + key, o.unit, o.param, {}, nullptr, !o.param->requires_grad});
-      }
+      if (!registered.count(key)) out.push_back(owned_item(prefix + key, o, idx));
     }
   }
   for (const auto& b : m.named_buffers(/*recurse=*/false)) {
-    if (is_persistent(m, b.key())) out.push_back({Item::kBuffer, prefix + b.key(), nullptr, nullptr, b.value()});
+    if (!is_persistent(m, b.key())) continue;
+    Item item;
+    item.key = prefix + b.key();
+    item.tensor = b.value();
+    item.value = whole_value(b.value());
+    auto cast = idx.cast_buffers.find(b.value().unsafeGetTensorImpl());
+    if (cast != idx.cast_buffers.end()) item.saved_dtype = cast->second;
+    out.push_back(std::move(item));
   }
   for (const auto& child : m.named_children()) walk(*child.value(), prefix + child.key() + ".", idx, type, out);
 }
 
+std::pair<int64_t, int64_t> flat_span(const std::vector<int64_t>& shape, const std::vector<Shard>& boxes) {
+  if (boxes.empty()) return {0, 0};
+  int64_t lo = 0, n = 0;
+  for (size_t d = 0; d < shape.size(); ++d) lo = lo * shape[d] + boxes.front().offsets[d];
+  for (const auto& b : boxes) n += b.tensor.numel();
+  return {lo, lo + n};
+}
 
 // The one state dict type of the model's units or groups (FULL for a plain
 // model; SHARDED for an FSDP2 model outside every guard, as torch's
@@ -128,15 +195,6 @@ std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx) {
   if (idx.rows.empty()) return {};  // no FSDP2 parameter either
   const Mesh& mesh = idx.rows.begin()->second.mesh;
   return {mesh.shard_group(), mesh.replicate_group()};
-}
-
-ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t) { return p.dtensor(t).sharded(); }
-
-std::pair<int64_t, int64_t> rows_range(const ShardedParam& p) {
-  const DTensor d = p.dtensor();
-  if (d.local_shards().empty()) return {0, 0};
-  const int64_t first = d.local_shards()[0].offsets[0] * d.stride()[0];
-  return {first, first + p.local.numel()};
 }
 
 at::Tensor offload(const at::Tensor& t, bool to_cpu) { return to_cpu ? t.cpu() : t; }

@@ -1,8 +1,9 @@
 // src/state_dict/model_index.h — a wrapped model seen from its state: where every
 // unit, original parameter and cast buffer is, and the walk that lists the
-// keys of its state dict in PyTorch's order. Model and optimizer state dicts
-// and the checkpoint loaders share it. Private to the library; local (no
-// collective).
+// keys of its state dict in PyTorch's order, each one Item of one kind (a
+// DTensor of this rank's boxes, whatever engine sharded it). Model and
+// optimizer state dicts and the checkpoint loaders share it. Private to the
+// library; local (no collective) except FullGather::gather.
 #pragma once
 
 #include <functional>
@@ -18,8 +19,11 @@
 #include "fsdp/state_dict/sharded_tensor.h"
 #include "fsdp/state_dict/state_dict_options.h"
 #include "fsdp/core/detail/unit_view.h"
+#include "fsdp/dtensor/dtensor.h"
 
 namespace fsdp::detail {
+
+class FullGather;
 
 // A parameter owned by an FSDP unit.
 struct Owned {
@@ -40,19 +44,49 @@ struct ModelIndex {
   std::unordered_set<const c10::TensorImpl*> flat_impls;      // flat parameters
   std::unordered_map<const torch::nn::Module*, const UnitView*> unit_at;
   std::unordered_map<const c10::TensorImpl*, at::ScalarType> cast_buffers;  // original dtypes
+  std::unordered_map<const UnitView*, std::shared_ptr<const FullGather>> unit_gather;  // FSDP1: per unit
 };
 // One pass over the model's units and their parameters.
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model);
 
-// One key of a state dict.
+// An engine's way to make the whole tensors of a group of items with one
+// collective: FSDP1 gathers a unit's flat parameter once for all the
+// parameters it owns; FSDP2 gathers one parameter. Items share the object
+// of their group.
+class FullGather {
+ public:
+  virtual ~FullGather() = default;
+  // [collective over the engine's shard group; allocates the whole tensors]
+  // Every member's whole tensor, by member index.
+  virtual std::vector<at::Tensor> gather() const = 0;
+  // Whether gather()'s tensors are views of one buffer (cloned where the
+  // caller keeps them apart) rather than tensors of their own.
+  virtual bool views() const = 0;
+};
+
+// One key of a state dict: a DTensor whose boxes are views of the model's
+// live storage (FSDP1's original parameters: of the unit's flat shard;
+// FSDP2's: the local rows; LOCAL's flat entry: the unpadded flat shard, one
+// box), or, on a mesh of no dimension, a tensor every rank holds whole
+// (plain parameters and buffers).
 struct Item {
-  enum Kind { kFlat, kOwned, kParam, kBuffer, kRows } kind;
   std::string key;
-  const UnitView* unit = nullptr;   // kFlat, kOwned
-  const ParamInfo* param = nullptr;  // kOwned
-  at::Tensor tensor;                 // kParam, kBuffer
-  const ShardedParam* rows = nullptr;  // kRows
-  bool frozen = false;               // a parameter with requires_grad false
+  DTensor value;
+  at::Tensor tensor;  // the parameter or buffer object the key names (undefined: LOCAL's flat entry)
+  bool frozen = false;  // a parameter with requires_grad false
+  // The dtype the state dict holds (a buffer mixed precision cast keeps its
+  // original one); Undefined: value's.
+  at::ScalarType saved_dtype = at::ScalarType::Undefined;
+  // Loads only from a ShardedTensor of exactly this rank's boxes (a LOCAL
+  // state dict is one rank's shard).
+  bool exact = false;
+  // FULL: the engine's gather of the item's group and its member index
+  // (null for a tensor every rank holds whole).
+  std::shared_ptr<const FullGather> full;
+  size_t member = 0;
+
+  // Every rank holds the whole tensor (the state dict holds it as a tensor).
+  bool whole() const { return value.mesh().ndim() == 0; }
 };
 // Every key of `m`'s state dict under `type`, in PyTorch's order.
 void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx, StateDictType type,
@@ -62,6 +96,9 @@ void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx
 std::pair<StateDictType, StateDictConfig> model_type(const ModelIndex& idx);
 // ConfigError naming `what` if a unit is inside summon_full_params.
 void check_idle(const ModelIndex& idx, const char* what);
+// The flat range [lo, hi) of a tensor of `shape` that `boxes` cover
+// (row-major; boxes in flat order, one range); [0, 0) for none.
+std::pair<int64_t, int64_t> flat_span(const std::vector<int64_t>& shape, const std::vector<Shard>& boxes);
 // The rank of this process in the model's whole world (replicate rank *
 // shard size + shard rank; 0 for a model without units or groups).
 int world_rank(const ModelIndex& idx);
@@ -69,13 +106,6 @@ int world_rank(const ModelIndex& idx);
 // rank: the shard group, then the replicate group (null when none). Empty
 // for a model without units or groups.
 std::vector<dist::ProcessGroupPtr> broadcast_groups(const ModelIndex& idx);
-
-// FSDP2: `t` (shaped like the parameter's local rows: the rows themselves
-// or an optimizer's state of them) as this rank's piece of the whole.
-ShardedTensor rows_value(const ShardedParam& p, const at::Tensor& t);
-// FSDP2: the parameter's elements this rank holds, [lo, hi) of the
-// row-major whole (one contiguous range).
-std::pair<int64_t, int64_t> rows_range(const ShardedParam& p);
 
 // `t`, or a CPU copy of it with to_cpu.
 at::Tensor offload(const at::Tensor& t, bool to_cpu);

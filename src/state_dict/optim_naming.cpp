@@ -1,61 +1,81 @@
 // The model's names for an optimizer's tensors (optim_naming.h).
 #include "optim_naming.h"
 
+#include <unordered_set>
+
 #include "fsdp/core/utils.h"
 #include "fsdp/dtensor/detail/boxes.h"
 #include "fsdp/error.h"
+#include "shard_geometry.h"
 
 namespace fsdp::detail {
 
 Naming::Naming(const std::shared_ptr<torch::nn::Module>& model) : idx(index_model(model)) {
-  std::vector<Item> items;
   walk(*model, "", idx, StateDictType::kFull, items);
+  std::unordered_set<const c10::TensorImpl*> params;  // buffers are no optimizer's
+  for (const auto& p : model->parameters()) params.insert(p.unsafeGetTensorImpl());
   for (const auto& item : items) {
     position.emplace(item.key, position.size());
-    if (item.kind == Item::kOwned) owned.emplace(item.param, item.key);
-    if (item.kind == Item::kParam) plain.emplace(item.tensor.unsafeGetTensorImpl(), item.key);
-    if (item.kind == Item::kRows) {
-      rows.emplace(item.rows->param.unsafeGetTensorImpl(), std::make_pair(item.key, item.rows));
+    if (item.full || params.count(item.tensor.unsafeGetTensorImpl())) {
+      first.emplace(item.tensor.unsafeGetTensorImpl(), &item);
     }
   }
   for (const auto& u : idx.units) flat[u->flat_shard().unsafeGetTensorImpl()] = u.get();
+  for (const auto& [impl, o] : idx.by_impl) {
+    if (auto it = first.find(impl); it != first.end()) owned.emplace(o.param, it->second->key);
+  }
 }
 
 OptParam Naming::classify(const at::Tensor& t) const {
   const auto* impl = t.unsafeGetTensorImpl();
   OptParam p;
   p.tensor = t;
-  if (auto it = flat.find(impl); it != flat.end()) {
-    p.unit = it->second;
+  if (auto f = flat.find(impl); f != flat.end()) {
+    p.unit = f->second;
+    for (const auto& q : p.unit->params()) {  // each original parameter at its place in the shard
+      auto [lo, hi] = local_range(*p.unit, q);
+      p.items.push_back(first.at(q.param.unsafeGetTensorImpl()));
+      p.at.push_back(hi > lo ? shard_index(*p.unit, q, lo) : 0);
+    }
     return p;
   }
-  if (auto it = idx.by_impl.find(impl); it != idx.by_impl.end()) {
-    p.unit = it->second.unit;
-    p.param = it->second.param;
-    p.name = owned.at(p.param);
-    return p;
+  auto it = first.find(impl);
+  if (it == first.end()) {
+    throw ConfigError("optim_state_dict: the optimizer steps a tensor of shape " + shape_str(t.sizes()) +
+                      " that is not a parameter of the model (build the optimizer on model->parameters() after "
+                      "wrapping)");
   }
-  if (auto it = plain.find(impl); it != plain.end()) {
-    p.name = it->second;
-    return p;
+  p.items = {it->second};
+  p.at = {0};
+  if (auto o = idx.by_impl.find(impl); o != idx.by_impl.end()) {
+    p.unit = o->second.unit;
+    p.param = o->second.param;
+  } else if (auto r = idx.rows.find(impl); r != idx.rows.end()) {
+    p.rows = &r->second;
   }
-  if (auto it = rows.find(impl); it != rows.end()) {
-    p.name = it->second.first;
-    p.rows = it->second.second;
-    return p;
-  }
-  throw ConfigError("optim_state_dict: the optimizer steps a tensor of shape " + shape_str(t.sizes()) +
-                    " that is not a parameter of the model (build the optimizer on model->parameters() after "
-                    "wrapping)");
+  return p;
 }
 
 std::vector<std::string> Naming::names(const OptParam& p) const {
-  if (p.unit && !p.param) {
-    std::vector<std::string> out;
-    for (const auto& q : p.unit->params()) out.push_back(owned.at(&q));
-    return out;
+  std::vector<std::string> out;
+  for (const Item* item : p.items) out.push_back(item->key);
+  return out;
+}
+
+std::vector<Shard> cut(const Item& item, const at::Tensor& elements, int64_t at) {
+  std::vector<Shard> out;
+  for (const auto& box : item.value.local_shards()) {
+    const int64_t n = box.tensor.numel();
+    out.push_back(Shard{box.offsets, elements.narrow(0, at, n).view(box.tensor.sizes())});
+    at += n;
   }
-  return {p.name};
+  return out;
+}
+
+int64_t local_numel(const Item& item) {
+  int64_t n = 0;
+  for (const auto& box : item.value.local_shards()) n += box.tensor.numel();
+  return n;
 }
 
 std::vector<std::vector<OptParam>> classify_all(const std::shared_ptr<torch::nn::Module>& model, const Naming& naming,

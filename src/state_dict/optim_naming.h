@@ -18,30 +18,44 @@
 
 namespace fsdp::detail {
 
-// One tensor the optimizer steps, and what it is in the model.
+// One tensor the optimizer steps, and the state dict keys it stands for.
 struct OptParam {
   at::Tensor tensor;
-  const UnitView* unit = nullptr;    // a unit's flat shard (param null) or an original parameter's shard
-  const ParamInfo* param = nullptr;  // the original parameter (use_orig_params)
-  const ShardedParam* rows = nullptr;  // a parameter that fully_shard sharded (FSDP2)
-  std::string name;                  // plain, original and FSDP2 parameters
+  // The keys (one, or every original parameter of a unit for its flat
+  // shard), and where each one's local elements begin in `tensor` (flat;
+  // they lie there in the order of the item's boxes).
+  std::vector<const Item*> items;
+  std::vector<int64_t> at;
+  // FULL: what an engine gathers the state over (a unit's flat shard or an
+  // original parameter of it; an FSDP2 parameter). Null: whole everywhere.
+  const UnitView* unit = nullptr;
+  const ParamInfo* param = nullptr;
+  const ShardedParam* rows = nullptr;
 };
 
 // The model's names for the optimizer's tensors.
 struct Naming {
   ModelIndex idx;
+  std::vector<Item> items;                                      // FULL keys, in the model's order
+  std::unordered_map<const c10::TensorImpl*, const Item*> first;  // each parameter's first key
   std::unordered_map<const ParamInfo*, std::string> owned;      // first name of each original parameter
-  std::unordered_map<const c10::TensorImpl*, std::string> plain;  // parameters outside units
-  std::unordered_map<const c10::TensorImpl*, std::pair<std::string, const ShardedParam*>> rows;  // FSDP2 parameters
   std::unordered_map<const c10::TensorImpl*, const UnitView*> flat;  // flat shards
   std::unordered_map<std::string, size_t> position;             // keys in the model's state-dict order
 
   explicit Naming(const std::shared_ptr<torch::nn::Module>& model);
+  Naming(const Naming&) = delete;  // `first` points into `items`
+  Naming& operator=(const Naming&) = delete;
   // What `t` is; ConfigError for a tensor that is not the model's.
   OptParam classify(const at::Tensor& t) const;
   // The parameter names an optimizer tensor stands for.
   std::vector<std::string> names(const OptParam& p) const;
 };
+
+// The item's boxes (their offsets and sizes) cut from `elements`, its local
+// elements in box order: views of `elements`, from `at` on.
+std::vector<Shard> cut(const Item& item, const at::Tensor& elements, int64_t at = 0);
+// The number of elements of the item on this rank.
+int64_t local_numel(const Item& item);
 
 // Refuses a tensor listed twice (it would step twice, and its state would
 // fill one key twice), then classifies each, group by group.

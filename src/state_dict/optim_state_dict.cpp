@@ -116,8 +116,8 @@ void gather_rows(const Kind& kind, const torch::optim::Optimizer& opt, const std
   const auto& group = ps.front().rows->mesh.shard_group();
   for (const auto& op : ps) {
     if (op.rows->mesh.shard_group() != group) {
-      throw ConfigError("optim_state_dict: the fully_shard parameters " + ps.front().name + " and " + op.name +
-                        " are sharded over different meshes; a FULL optimizer state dict needs one mesh");
+      throw ConfigError("optim_state_dict: the fully_shard parameters " + ps.front().items[0]->key + " and " +
+                        op.items[0]->key + " are sharded over different meshes; a FULL optimizer state dict needs one mesh");
     }
   }
   const size_t nf = kind.fields.size();
@@ -144,50 +144,36 @@ void gather_rows(const Kind& kind, const torch::optim::Optimizer& opt, const std
       at::Tensor t = st ? kind.get(*st, kind.fields[f]) : at::Tensor();
       if (!t.defined()) t = at::zeros_like(op.rows->local);
       at::Tensor full = op.rows->gather(t.detach());  // [collective]
-      if (emit) out(op.name + "." + kind.fields[f], offload(full, to_cpu));
+      if (emit) out(op.items[0]->key + "." + kind.fields[f], offload(full, to_cpu));
     }
     if (emit && kind.has_step && flags[base + width - 1] > 0) {
-      out(op.name + ".step", step_tensor(static_cast<int64_t>(flags[base + width - 1]) - 1));
+      out(op.items[0]->key + ".step", step_tensor(static_cast<int64_t>(flags[base + width - 1]) - 1));
     }
   }
 }
 
-// SHARDED, or FULL for a parameter outside every unit: this rank's state of one optimizer tensor.
-void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, const OptParam& op,
-                 bool full, bool to_cpu, const StateSink& out) {
+// SHARDED, or FULL for a parameter outside every unit: this rank's state of
+// one optimizer tensor, for each key it stands for: its boxes cut from the
+// state tensor (a tensor whole on every rank as it is).
+void local_state(const Kind& kind, const torch::optim::Optimizer& opt, const OptParam& op, bool full, bool to_cpu,
+                 const StateSink& out) {
   OptimizerParamState* st = state_of(opt, op.tensor);
   if (!st) return;
-  std::vector<const ParamInfo*> ps;
-  if (op.unit && !op.param) {
-    for (const auto& q : op.unit->params()) ps.push_back(&q);
-  } else {
-    ps.push_back(op.param);  // null for a plain parameter
-  }
-  for (const ParamInfo* p : ps) {
-    const std::string name = p ? naming.owned.at(p) : op.name;
+  for (size_t i = 0; i < op.items.size(); ++i) {
+    const Item& item = *op.items[i];
     for (const auto& f : kind.fields) {
       at::Tensor t = kind.get(*st, f);
       if (!t.defined()) continue;
       t = t.detach();
-      if (op.rows) {  // this rank's rows, as the parameter's
-        out(name + "." + f, rows_value(*op.rows, offload(t, to_cpu)));
+      if (item.whole()) {
+        out(item.key + "." + f, offload(full ? t.clone() : t, to_cpu));
         continue;
       }
-      if (!op.unit) {  // whole on every rank
-        out(name + "." + f, offload(full ? t.clone() : t, to_cpu));
-        continue;
-      }
-      ShardedTensor value{p->shape, t.scalar_type(), {}};
-      if (!op.param) {
-        value.local_shards = local_shards(*op.unit, *p, t);
-      } else {
-        auto [lo, hi] = local_range(*op.unit, *p);
-        value.local_shards = range_pieces(p->shape, lo, hi, t.reshape({-1}));
-      }
+      ShardedTensor value{item.value.shape(), t.scalar_type(), cut(item, t.reshape({-1}), op.at[i])};
       for (auto& s : value.local_shards) s.tensor = offload(s.tensor, to_cpu);
-      out(name + "." + f, std::move(value));
+      out(item.key + "." + f, std::move(value));
     }
-    if (kind.has_step) out(name + ".step", step_tensor(kind.get_step(*st)));
+    if (kind.has_step) out(item.key + ".step", step_tensor(kind.get_step(*st)));
   }
 }
 
@@ -230,7 +216,7 @@ std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch:
     for (const auto& op : group) {
       if (full && op.rows) continue;
       if (!full || !op.unit) {
-        if (emit || !full) local_state(kind, optimizer, naming, op, full, to_cpu, sink);
+        if (emit || !full) local_state(kind, optimizer, op, full, to_cpu, sink);
         continue;
       }
       if (!done.insert(op.unit).second) continue;

@@ -25,7 +25,10 @@ int64_t shard_index(const UnitView& u, const ParamInfo& p, int64_t rel) {
 }
 
 
-// The boxes of elements [lo, hi) of a tensor of `shape`, cut from `flat`.
+namespace {
+
+// The boxes of elements [lo, hi) of a tensor of `shape`, cut from `flat`
+// (which holds exactly those elements, in order): views of `flat`.
 std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& flat) {
   std::vector<Shard> out;
   int64_t cursor = 0;
@@ -37,11 +40,13 @@ std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, i
   return out;
 }
 
+}  // namespace
+
 // This rank's pieces of p: views of the shard.
-std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like) {
+std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p) {
   auto [lo, hi] = local_range(u, p);
   if (hi <= lo) return {};  // no element of p on this rank
-  const at::Tensor flat = (shard_like.defined() ? shard_like : u.flat_shard()).detach();
+  const at::Tensor flat = u.flat_shard().detach();
   const int64_t first = shard_index(u, p, lo);
   return range_pieces(p.shape, lo, hi, flat.narrow(0, first, hi - lo));
 }
@@ -55,9 +60,8 @@ Mesh unit_mesh(const UnitView& u) {
   return Mesh::of(u.shard_group());
 }
 
-DTensor param_dtensor(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like) {
-  const at::Tensor& like = shard_like.defined() ? shard_like : u.flat_shard();
-  return DTensor::from_boxes(unit_mesh(u), p.shape, like.scalar_type(), local_shards(u, p, shard_like));
+DTensor param_dtensor(const UnitView& u, const ParamInfo& p) {
+  return DTensor::from_boxes(unit_mesh(u), p.shape, u.flat_shard().scalar_type(), local_shards(u, p));
 }
 
 // The unpadded part of the unit's flat shard, as a sharded flat parameter.
@@ -75,45 +79,27 @@ ShardedTensor local_flat(const UnitView& u) {
   return st;
 }
 
+std::vector<Shard> value_boxes(const StateValue& v) {
+  if (std::holds_alternative<ShardedTensor>(v)) return std::get<ShardedTensor>(v).local_shards;
+  const at::Tensor& t = std::get<at::Tensor>(v);
+  return {Shard{std::vector<int64_t>(static_cast<size_t>(t.dim()), 0), t}};
+}
+
+int64_t held(const Shard& dst, const std::vector<Shard>& src) {
+  int64_t n = 0;
+  std::vector<std::pair<int64_t, int64_t>> common;
+  for (const auto& s : src) {
+    if (!intersect(dst.offsets, dst.tensor.sizes(), s.offsets, s.tensor.sizes(), common)) continue;
+    int64_t k = 1;
+    for (const auto& [a, b] : common) k *= b - a;
+    n += k;
+  }
+  return n;
+}
+
 std::vector<int64_t> value_shape(const StateValue& v) {
   if (std::holds_alternative<at::Tensor>(v)) return std::get<at::Tensor>(v).sizes().vec();
   return std::get<ShardedTensor>(v).global_shape;
-}
-
-// Copies what `value` holds of the global tensor's elements [lo, hi) (flat,
-// relative to the tensor of `shape`) into `dst` (those elements, flat).
-// Returns false if `value` does not hold all of them.
-bool copy_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi, at::Tensor dst) {
-  if (hi <= lo) return true;
-  if (std::holds_alternative<at::Tensor>(value)) {
-    dst.copy_(std::get<at::Tensor>(value).reshape({-1}).narrow(0, lo, hi - lo));
-    return true;
-  }
-  const auto& st = std::get<ShardedTensor>(value);
-  int64_t cursor = 0, copied = 0;
-  for (auto& [offsets, sizes] : flat_range_boxes(shape, lo, hi)) {
-    const int64_t n = product(sizes);
-    at::Tensor target = dst.narrow(0, cursor, n).view(sizes);
-    copied += copy_overlap(target, offsets, st.local_shards);
-    cursor += n;
-  }
-  return copied == hi - lo;
-}
-
-bool holds_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi) {
-  if (hi <= lo || std::holds_alternative<at::Tensor>(value)) return true;
-  const auto& shards = std::get<ShardedTensor>(value).local_shards;
-  int64_t held = 0;
-  std::vector<std::pair<int64_t, int64_t>> common;
-  for (auto& [offsets, sizes] : flat_range_boxes(shape, lo, hi)) {
-    for (const auto& s : shards) {
-      if (!intersect(offsets, sizes, s.offsets, s.tensor.sizes(), common)) continue;
-      int64_t n = 1;
-      for (const auto& [a, b] : common) n *= b - a;
-      held += n;
-    }
-  }
-  return held == hi - lo;
 }
 
 }  // namespace fsdp::detail

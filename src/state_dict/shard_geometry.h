@@ -24,12 +24,8 @@ struct ParamInfo;
 std::pair<int64_t, int64_t> local_range(const UnitView& u, const ParamInfo& p);
 // Where p's element `rel` lives in the unit's flat shard.
 int64_t shard_index(const UnitView& u, const ParamInfo& p, int64_t rel);
-// The boxes of elements [lo, hi) of a tensor of `shape`, cut from `flat`
-// (which holds exactly those elements, in order): views of `flat`.
-std::vector<Shard> range_pieces(const std::vector<int64_t>& shape, int64_t lo, int64_t hi, const at::Tensor& flat);
-// This rank's pieces of p: views of the shard (or of `shard_like`, a tensor
-// laid out like it, e.g. optimizer state of the flat parameter).
-std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like = {});
+// This rank's pieces of p: views of the unit's flat shard.
+std::vector<Shard> local_shards(const UnitView& u, const ParamInfo& p);
 // The unpadded part of the unit's flat shard, as a sharded flat parameter.
 ShardedTensor local_flat(const UnitView& u);
 
@@ -37,16 +33,15 @@ ShardedTensor local_flat(const UnitView& u);
 Mesh unit_mesh(const UnitView& u);
 // p as a DTensor of boxes (FSDP1's original parameters: a rank's range of
 // the flat shard cuts up to 2·ndim−1 boxes, which placements cannot say):
-// views of the shard, or of `shard_like` (laid out like it).
-DTensor param_dtensor(const UnitView& u, const ParamInfo& p, const at::Tensor& shard_like = {});
+// views of the shard.
+DTensor param_dtensor(const UnitView& u, const ParamInfo& p);
 
+// The pieces a state dict value holds: a ShardedTensor's, or a tensor as
+// one box at the origin (views, no copy).
+std::vector<Shard> value_boxes(const StateValue& v);
+// How many elements of box `dst` the pieces `src` hold (box arithmetic
+// only; pieces never overlap).
+int64_t held(const Shard& dst, const std::vector<Shard>& src);
 // The global shape of a state dict value.
 std::vector<int64_t> value_shape(const StateValue& v);
-// Copies what `value` holds of elements [lo, hi) of the tensor of `shape`
-// (flat) into `dst` (those elements, flat); false if it does not hold all.
-bool copy_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi, at::Tensor dst);
-// Whether `value` holds all of elements [lo, hi) of the tensor of `shape`
-// (what copy_range would copy), without copying: box arithmetic only.
-bool holds_range(const StateValue& value, const std::vector<int64_t>& shape, int64_t lo, int64_t hi);
-
 }  // namespace fsdp::detail

@@ -116,70 +116,44 @@ std::vector<std::string> visit_state_dict(const std::shared_ptr<torch::nn::Modul
   }
 
   std::vector<std::string> keys;
-  // FULL: a unit is gathered when its first key comes up, and all its keys
-  // are handed over then, so that one unit is alive at a time.
-  std::unordered_map<const UnitView*, std::vector<const Item*>> unit_items;
-  for (const auto& item : items) {
-    if (item.kind == Item::kOwned) unit_items[item.unit].push_back(&item);
+  // FULL: a group (an FSDP1 unit, an FSDP2 parameter) is gathered when its
+  // first key comes up, and all its keys are handed over then, so that one
+  // unit is alive at a time.
+  std::unordered_map<const FullGather*, std::vector<const Item*>> group_items;
+  if (type == StateDictType::kFull) {
+    for (const auto& item : items) {
+      if (item.full) group_items[item.full.get()].push_back(&item);
+    }
   }
-  std::unordered_set<const UnitView*> done;
+  std::unordered_set<const FullGather*> done;
   at::NoGradGuard no_grad;
   for (const auto& item : items) {
-    switch (item.kind) {
-      case Item::kFlat: {
-        ShardedTensor st = local_flat(*item.unit);
-        for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
-        sink(item.key, std::move(st));
-        break;
-      }
-      case Item::kOwned: {
-        const UnitView& u = *item.unit;
-        const ParamInfo& p = *item.param;
-        if (type == StateDictType::kSharded) {
-          ShardedTensor st = param_dtensor(u, p).sharded();
-          for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
-          sink(item.key, std::move(st));
-          break;
-        }
-        if (!done.insert(&u).second) break;  // handed over with the unit's first key
-        at::Tensor flat = u.gather_master();  // [collective] one all-gather per unit
-        if (!emit_units) break;
-        std::unordered_map<const ParamInfo*, at::Tensor> full;  // tied parameters: one tensor, every name
-        for (const Item* it : unit_items.at(&u)) {
-          auto f = full.find(it->param);
-          if (f == full.end()) {
-            at::Tensor view = param_view(flat, *it->param);
-            f = full.emplace(it->param, offload(copy ? view.clone() : view, to_cpu)).first;
+    const bool gathered = type == StateDictType::kFull && item.full;
+    const bool emit = gathered ? emit_units : item.whole() ? emit_plain : true;
+    if (gathered) {
+      if (done.insert(item.full.get()).second) {
+        const std::vector<at::Tensor> full = item.full->gather();  // [collective] one per group
+        std::unordered_map<size_t, at::Tensor> kept;  // tied parameters: one tensor, every name
+        for (const Item* it : emit ? group_items.at(item.full.get()) : std::vector<const Item*>{}) {
+          auto f = kept.find(it->member);
+          if (f == kept.end()) {
+            const at::Tensor& t = full.at(it->member);
+            f = kept.emplace(it->member, offload(copy && item.full->views() ? t.clone() : t, to_cpu)).first;
           }
           sink(it->key, f->second);
         }
-        break;
       }
-      case Item::kRows: {
-        const ShardedParam& p = *item.rows;
-        if (type == StateDictType::kSharded) {
-          sink(item.key, rows_value(*item.rows, offload(p.local.detach(), to_cpu)));
-        } else {
-          at::Tensor full = p.full_tensor();  // [collective] one all-gather per parameter
-          if (emit_units) sink(item.key, offload(full, to_cpu));
-        }
-        break;
+    } else if (item.whole()) {
+      if (emit) {
+        const at::Tensor& t = item.value.to_local();
+        sink(item.key, offload(item.saved_dtype == at::ScalarType::Undefined ? t : t.to(item.saved_dtype), to_cpu));
       }
-      case Item::kParam:
-        if (emit_plain) sink(item.key, offload(item.tensor.detach(), to_cpu));
-        break;
-      case Item::kBuffer: {
-        if (!emit_plain) break;
-        auto cast = idx.cast_buffers.find(item.tensor.unsafeGetTensorImpl());
-        at::Tensor b = cast == idx.cast_buffers.end() ? item.tensor : item.tensor.to(cast->second);
-        sink(item.key, offload(b, to_cpu));
-        break;
-      }
+    } else {
+      ShardedTensor st = item.value.sharded();
+      for (auto& s : st.local_shards) s.tensor = offload(s.tensor, to_cpu);
+      sink(item.key, std::move(st));
     }
-    const bool emitted = item.kind == Item::kOwned || (item.kind == Item::kRows && type == StateDictType::kFull)
-                             ? emit_units
-                             : item.kind == Item::kFlat || item.kind == Item::kRows || emit_plain;
-    if (emitted) keys.push_back(item.key);
+    if (emit) keys.push_back(item.key);
   }
   return keys;
 }
@@ -223,18 +197,12 @@ void validate(const std::vector<Item>& items, const StateDict& state, bool stric
       continue;
     }
     const StateValue& v = state.at(item.key);
-    std::vector<int64_t> want;
-    switch (item.kind) {
-      case Item::kFlat: want = {item.unit->numel()}; break;
-      case Item::kOwned: want = item.param->shape; break;
-      case Item::kRows: want = item.rows->global_shape; break;
-      default: want = item.tensor.sizes().vec();
-    }
+    const std::vector<int64_t>& want = item.value.shape();
     if (value_shape(v) != want) {
       mismatched.push_back("size mismatch for " + item.key + ": copying a param with shape " +
                            shape_str(value_shape(v)) + " from checkpoint, the shape in current model is " +
                            shape_str(want) + ".");
-    } else if (item.kind == Item::kFlat && !std::holds_alternative<ShardedTensor>(v)) {
+    } else if (item.exact && !std::holds_alternative<ShardedTensor>(v)) {
       mismatched.push_back("'" + item.key + "' must be the ShardedTensor of a LOCAL_STATE_DICT");
     }
   }
@@ -258,15 +226,11 @@ void validate(const std::vector<Item>& items, const StateDict& state, bool stric
   throw ConfigError(msg);
 }
 
-// One copy of a load: elements [lo, hi) of the tensor of `shape` that
-// `value` holds, into `dst` (those elements, flat); `whole`: a plain tensor
-// copied as it is into `dst` (the model's tensor, in shape).
+// One item's load: the pieces of its value, copied box to box into the
+// item's boxes (views of the model's storage).
 struct Copy {
-  const StateValue* value;
-  std::vector<int64_t> shape;
-  int64_t lo = 0, hi = 0;
-  at::Tensor dst;
-  bool whole = false;
+  const Item* item;
+  std::vector<Shard> from;
 };
 
 ConfigError not_covered(const std::string& key, int64_t lo, int64_t hi) {
@@ -294,52 +258,27 @@ std::vector<Copy> plan(const std::vector<Item>& items, const StateDict& state) {
   std::vector<Copy> copies;
   for (const auto& item : items) {
     if (!state.contains(item.key)) continue;
-    const StateValue* v = &state.at(item.key);
-    const size_t first = copies.size();
-    switch (item.kind) {
-      case Item::kFlat: {
-        ShardedTensor mine = local_flat(*item.unit);
-        const auto& theirs = std::get<ShardedTensor>(*v).local_shards;
-        if (flat_boxes(theirs) != flat_boxes(mine.local_shards)) {
-          throw ConfigError("load_state_dict: the LOCAL_STATE_DICT entry '" + item.key + "' holds the elements " +
-                            flat_boxes(theirs) + " of the flat parameter, but this rank's shard is " +
-                            flat_boxes(mine.local_shards) +
-                            ": it was saved with another sharding (world size or rank); a LOCAL state dict loads "
-                            "only where it was saved — gather it (gather_state_dict) or load a FULL_STATE_DICT or "
-                            "SHARDED_STATE_DICT");
-        }
-        for (auto& s : mine.local_shards) {
-          copies.push_back({v, {item.unit->numel()}, s.offsets[0], s.offsets[0] + s.tensor.numel(), s.tensor});
-        }
-        break;
-      }
-      case Item::kOwned: {
-        const UnitView& u = *item.unit;
-        const ParamInfo& p = *item.param;
-        auto [lo, hi] = local_range(u, p);
-        if (hi <= lo) break;  // no element of it on this rank
-        copies.push_back({v, p.shape, lo, hi, u.flat_shard().detach().narrow(0, shard_index(u, p, lo), hi - lo)});
-        break;
-      }
-      case Item::kRows: {
-        auto [lo, hi] = rows_range(*item.rows);
-        const at::Tensor& local = item.rows->local;
-        if (hi > lo) copies.push_back({v, item.rows->global_shape, lo, hi, local.detach().view({-1})});
-        break;
-      }
-      default: {
-        const at::Tensor t = item.tensor.detach();
-        if (std::holds_alternative<at::Tensor>(*v)) {
-          copies.push_back({v, t.sizes().vec(), 0, t.numel(), t, /*whole=*/true});
-        } else if (t.numel() > 0) {
-          copies.push_back({v, t.sizes().vec(), 0, t.numel(), t.view({-1})});
-        }
+    const StateValue& v = state.at(item.key);
+    const std::vector<Shard>& mine = item.value.local_shards();
+    if (item.exact) {
+      const auto& theirs = std::get<ShardedTensor>(v).local_shards;
+      if (flat_boxes(theirs) != flat_boxes(mine)) {
+        throw ConfigError("load_state_dict: the LOCAL_STATE_DICT entry '" + item.key + "' holds the elements " +
+                          flat_boxes(theirs) + " of the flat parameter, but this rank's shard is " +
+                          flat_boxes(mine) +
+                          ": it was saved with another sharding (world size or rank); a LOCAL state dict loads "
+                          "only where it was saved — gather it (gather_state_dict) or load a FULL_STATE_DICT or "
+                          "SHARDED_STATE_DICT");
       }
     }
-    for (size_t i = first; i < copies.size(); ++i) {
-      const Copy& c = copies[i];
-      if (!c.whole && !holds_range(*c.value, c.shape, c.lo, c.hi)) throw not_covered(item.key, c.lo, c.hi);
+    Copy c{&item, value_boxes(v)};
+    for (const auto& box : mine) {
+      if (held(box, c.from) != box.tensor.numel()) {
+        auto [lo, hi] = flat_span(item.value.shape(), mine);
+        throw not_covered(item.key, lo, hi);
+      }
     }
+    copies.push_back(std::move(c));
   }
   return copies;
 }
@@ -348,10 +287,9 @@ std::vector<Copy> plan(const std::vector<Item>& items, const StateDict& state) {
 void apply(const std::vector<Copy>& copies) {
   at::NoGradGuard no_grad;
   for (const auto& c : copies) {
-    if (c.whole) {
-      c.dst.copy_(std::get<at::Tensor>(*c.value));
-    } else {
-      copy_range(*c.value, c.shape, c.lo, c.hi, c.dst);
+    for (const auto& box : c.item->value.local_shards()) {
+      at::Tensor dst = box.tensor;
+      copy_overlap(dst, box.offsets, c.from);
     }
   }
 }
