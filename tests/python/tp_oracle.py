@@ -39,7 +39,7 @@ Options:
                        Shard(1) (with --sp) DTensors instead of local tensors.
   --trace              record in facts["trace"] every DTensor redistribution of
                        step 0 (phase forward/backward/clip/step, from, to,
-                       global shape, and the op that asked for it, if implicit):
+                       global shape, local dtype):
                        the collectives and their order that fsdp-cpp must issue.
   --no-fsdp            skip fully_shard (the experiment: SP norm gradients stay
                        Partial). Needs --world == --tp.
@@ -295,7 +295,8 @@ def install_trace():
     def traced(local_tensor, current_spec, target_spec, **kw):
         if TRACE["on"] and current_spec.placements != target_spec.placements:
             TRACE["log"].append((TRACE["phase"], tuple(str(x) for x in current_spec.placements),
-                                 tuple(str(x) for x in target_spec.placements), tuple(current_spec.shape)))
+                                 tuple(str(x) for x in target_spec.placements), tuple(current_spec.shape),
+                                 str(local_tensor.dtype).replace("torch.", "")))
         return orig(local_tensor, current_spec, target_spec, **kw)
 
     for mod in (api, dispatch, redis):
@@ -304,8 +305,12 @@ def install_trace():
 
 def describe(p):
     if isinstance(p, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+        # torch_offset: what DCP records for this rank's chunk (ChunkStorageMetadata).
         return {"mesh": tuple(p.device_mesh.mesh_dim_names or ()), "placements": tuple(str(x) for x in p.placements),
-                "local_shape": tuple(p.to_local().shape), "global_shape": tuple(p.shape)}
+                "local_shape": tuple(p.to_local().shape), "global_shape": tuple(p.shape),
+                "torch_shape": tuple(shape), "torch_offset": tuple(offset)}
     return {"plain": tuple(p.shape)}
 
 
@@ -343,7 +348,8 @@ def run(rank, args):
         if args.loss_parallel:
             with loss_parallel():
                 logits = model(tokens)
-                loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+                # TorchTitan's cross_entropy_loss: .float() on the Shard(-1) DTensor logits.
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
                 TRACE["phase"] = "backward"
                 loss.backward()
         else:
