@@ -41,6 +41,12 @@ Options:
                        step 0 (phase forward/backward/clip/step, from, to,
                        global shape, local dtype):
                        the collectives and their order that fsdp-cpp must issue.
+  --check-clip         before each clip, also compute the total norm by hand in
+                       the order docs/tensor-parallel.md gives (and in the other
+                       mesh-dim order): facts["clip_by_hand"] (needs fully_shard).
+  --check-ops          first, check on mesh["tp"] the local formulas of the design
+                       against DTensor's results, to the bit (Rowwise Linear with
+                       bias, Rowwise Embedding, loss_parallel): facts["check_ops"].
   --no-fsdp            skip fully_shard (the experiment: SP norm gradients stay
                        Partial). Needs --world == --tp.
 """
@@ -303,6 +309,142 @@ def install_trace():
         mod.redistribute_local_tensor = traced
 
 
+def clip_norm_by_hand(model, mesh, norm_type=2.0):
+    """The total gradient norm computed as docs/tensor-parallel.md says torch
+    computes it, with plain tensors and plain all-reduces: a norm per local
+    gradient; divided by tp^(1/p) where the gradient is Replicate on tp; stacked;
+    then the dp and the tp reductions, each x^p -> all-reduce sum -> x^(1/p)
+    (`order` gives which mesh dim first); then the norm of the stack. Returns
+    {"dp,tp": value, "tp,dp": value} (the other order, to see whether it matters)."""
+    norms = []
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        g = p.grad
+        n = torch.linalg.vector_norm(g.to_local(), norm_type)
+        if isinstance(g.placements[mesh.mesh_dim_names.index("tp")], Replicate):
+            n = n / math.pow(mesh["tp"].size(), 1 / norm_type)
+        norms.append(n)
+    out = {}
+    for order in (("dp", "tp"), ("tp", "dp")):
+        x = torch.stack(norms)
+        for name in order:
+            x = x ** norm_type
+            dist.all_reduce(x, group=mesh[name].get_group())
+            x = x ** (1.0 / norm_type)
+        out[",".join(order)] = torch.linalg.vector_norm(x, norm_type).item()
+    return out
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Partial -> Replicate: all-reduce forward, identity backward (a
+    Partial target becomes Replicate in _redistribute_backward)."""
+
+    @staticmethod
+    def forward(ctx, t, group):
+        out = t.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _PartitionReplicate(torch.autograd.Function):
+    """Replicate -> Partial inside an op's dispatch: t / n forward, the
+    gradient passes undivided (no autograd node in torch)."""
+
+    @staticmethod
+    def forward(ctx, t, n):
+        return t / n
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def check_ops(tp_mesh):
+    """The local formulas docs/tensor-parallel.md gives, against DTensor's own
+    results, to the bit: {check: True/False}."""
+    tp, j, group = tp_mesh.size(), tp_mesh.get_local_rank(), tp_mesh.get_group()
+    same = lambda a, b: bool(torch.equal(a.detach(), b.detach()))
+    local = lambda t: t.to_local() if isinstance(t, DTensor) else t
+    out = {}
+    # 1. RowwiseParallel Linear with bias: addmm(bias / tp) then all-reduce; bias grad undivided.
+    lin = nn.Linear(4 * tp, 6)
+    with torch.no_grad():
+        lin.weight.copy_(values_of([6, 4 * tp], 0.31, 0.1))
+        lin.bias.copy_(values_of([6], 0.7, 0.3))
+    W, b = lin.weight.detach().clone(), lin.bias.detach().clone()
+    x = values_of([2, 3, 4 * tp], 0.53, 0.2)
+    xl = x.chunk(tp, dim=-1)[j].contiguous()
+    up = values_of([2, 3, 6], 0.11, 0.4)
+    parallelize_module(lin, tp_mesh, RowwiseParallel())
+    y = lin(xl)
+    (y * up).sum().backward()
+    Wl = W.chunk(tp, dim=1)[j].clone().requires_grad_()
+    bl = b.clone().requires_grad_()
+    yh = _AllReduceSum.apply(F.linear(xl, Wl, _PartitionReplicate.apply(bl, tp)), group)
+    (yh * up).sum().backward()
+    out["rowwise_bias_forward"] = same(y, yh)
+    out["rowwise_bias_weight_grad"] = same(local(lin.weight.grad), Wl.grad)
+    out["rowwise_bias_bias_grad"] = same(local(lin.bias.grad), bl.grad)
+    # 2. RowwiseParallel Embedding: masked ids, zeroed rows, all-reduce; full-vocabulary backward.
+    V, D = 5 * tp, 4
+    emb = nn.Embedding(V, D)
+    with torch.no_grad():
+        emb.weight.copy_(values_of([V, D], 0.23, 0.5))
+    E = emb.weight.detach().clone()
+    ids = (torch.arange(12).reshape(2, 6) * 7 + 3) % V
+    up = values_of([2, 6, D], 0.17, 0.6)
+    parallelize_module(emb, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+    y = emb(ids)
+    (y * up).sum().backward()
+    n = V // tp
+    lo = j * n
+    mask = (ids < lo) | (ids >= lo + n)
+    m = ids.clone() - lo
+    m[mask] = 0
+    yl = F.embedding(E.chunk(tp, dim=0)[j], m)
+    yl[mask] = 0.0
+    yh = _AllReduceSum.apply(yl, group)
+    g_full = torch.ops.aten.embedding_dense_backward(up, ids, V, -1, False)
+    out["embedding_forward"] = same(y, yh)
+    out["embedding_grad_full_vocab"] = same(local(emb.weight.grad), g_full)  # torch's grad is Replicate [V, D]
+    # 3. loss_parallel: log_softmax + nll on Shard(-1) logits, and its fused backward.
+    N, Vl = 6, 3
+    logits = values_of([N, Vl * tp], 0.41, 0.7) * 4
+    target = torch.tensor([0, 5, 2 * tp, Vl * tp - 1, 1, 3]) % (Vl * tp)
+    xl = logits.chunk(tp, dim=-1)[j].contiguous()
+    leaf = xl.clone().requires_grad_()
+    xd = DTensor.from_local(leaf, tp_mesh, [Shard(-1)], run_check=False)
+    with loss_parallel():
+        loss = F.cross_entropy(xd, target)
+        loss.backward()
+    xg = leaf.grad
+    xh = xl.clone()
+    mx = torch.amax(xh, -1, keepdim=True)
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX, group=group)
+    shifted = xh - mx
+    se = torch.sum(torch.exp(shifted), -1, keepdim=True)
+    dist.all_reduce(se, group=group)
+    logp = shifted - torch.log(se)
+    tmask = (target < j * Vl) | (target >= (j + 1) * Vl)
+    t = target.clone() - j * Vl
+    t[tmask] = 0
+    picked = torch.gather(logp, 1, t.unsqueeze(1))
+    picked[tmask.unsqueeze(1)] = 0.0
+    dist.all_reduce(picked, group=group)
+    lh = (-picked.squeeze(1)).sum() / torch.tensor(float(N))
+    gi = torch.zeros_like(logp)
+    gi[torch.arange(N), t] = tmask.to(gi.dtype) - 1.0
+    gh = (gi + torch.exp(logp)) * (torch.ones(()) / torch.tensor(float(N)))
+    out["loss_parallel_loss"] = same(local(loss), lh)
+    out["loss_parallel_grad"] = xg is not None and same(xg, gh)
+    return out
+
+
 def describe(p):
     if isinstance(p, DTensor):
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -318,10 +460,13 @@ def run(rank, args):
     dp = args.world // args.tp
     mesh = init_device_mesh("cpu", (dp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh["dp"].get_local_rank()
+    facts = {}
+    if args.check_ops:
+        facts["check_ops"] = check_ops(mesh["tp"])
     model = make_model()
     full_init = {n: p.detach().clone() for n, p in model.named_parameters()}
     parallelize_module(model, mesh["tp"], tp_plan(args.sp, args.loss_parallel, args.dtensor_residual))
-    facts = {"after_tp": {n: describe(p) for n, p in model.named_parameters()}}
+    facts["after_tp"] = {n: describe(p) for n, p in model.named_parameters()}
     if not args.no_fsdp:
         kwargs = {"mesh": mesh["dp"]}
         if args.bf16:
@@ -366,11 +511,17 @@ def run(rank, args):
         lv = lv.detach().float().clone()
         dist.all_reduce(lv, group=mesh["dp"].get_group())
         losses.append((lv / dp).item())
+        if args.check_clip:
+            TRACE["on"] = False
+            by_hand = clip_norm_by_hand(model, mesh)
+            TRACE["on"] = args.trace and step == 0
         TRACE["phase"] = "clip"
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=MAX_NORM)
         if step == 0:
             facts["norm"] = describe(norm)
         norms.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).item())
+        if args.check_clip:
+            facts.setdefault("clip_by_hand", []).append({"torch": norms[-1], **by_hand})
         TRACE["phase"] = "step"
         opt.step()
     TRACE["on"] = False
@@ -413,10 +564,14 @@ def main():
     ap.add_argument("--dtensor-residual", action="store_true")
     ap.add_argument("--no-fsdp", action="store_true")
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--check-clip", action="store_true")
+    ap.add_argument("--check-ops", action="store_true")
     ap.add_argument("--steps", type=int, default=STEPS)
     args = ap.parse_args()
     if args.world % args.tp:
         raise SystemExit(f"tp_oracle.py: --tp {args.tp} does not divide --world {args.world}")
+    if args.check_clip and args.no_fsdp:
+        raise SystemExit("tp_oracle.py: --check-clip needs fully_shard (without it the norm gradients are Partial)")
     if args.no_fsdp and args.world != args.tp:
         raise SystemExit("tp_oracle.py: --no-fsdp needs --world == --tp (no dp dimension to reduce over)")
     for size, name in ((HEADS, "heads"), (KV_HEADS, "kv heads"), (VOCAB, "vocab"), (INTER, "intermediate"),
