@@ -406,7 +406,7 @@ def check_ops(tp_mesh):
     mask = (ids < lo) | (ids >= lo + n)
     m = ids.clone() - lo
     m[mask] = 0
-    yl = F.embedding(E.chunk(tp, dim=0)[j], m)
+    yl = F.embedding(m, E.chunk(tp, dim=0)[j])
     yl[mask] = 0.0
     yh = _AllReduceSum.apply(yl, group)
     g_full = torch.ops.aten.embedding_dense_backward(up, ids, V, -1, False)
