@@ -47,6 +47,8 @@ Options:
   --check-ops          first, check on mesh["tp"] the local formulas of the design
                        against DTensor's results, to the bit (Rowwise Linear with
                        bias, Rowwise Embedding, loss_parallel): facts["check_ops"].
+  --tied               lm_head.weight re-tied to embed_tokens.weight after
+                       parallelize_module (both Shard(0) on tp).
   --no-fsdp            skip fully_shard (the experiment: SP norm gradients stay
                        Partial). Needs --world == --tp.
 """
@@ -466,6 +468,10 @@ def run(rank, args):
     model = make_model()
     full_init = {n: p.detach().clone() for n, p in model.named_parameters()}
     parallelize_module(model, mesh["tp"], tp_plan(args.sp, args.loss_parallel, args.dtensor_residual))
+    if args.tied:
+        # parallelize_module re-registered both weights (a tie would be broken):
+        # re-tie after it, as a user does; named_parameters then lists it once.
+        model.lm_head.weight = model.model.embed_tokens.weight
     facts["after_tp"] = {n: describe(p) for n, p in model.named_parameters()}
     if not args.no_fsdp:
         kwargs = {"mesh": mesh["dp"]}
@@ -566,6 +572,7 @@ def main():
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--check-clip", action="store_true")
     ap.add_argument("--check-ops", action="store_true")
+    ap.add_argument("--tied", action="store_true")
     ap.add_argument("--steps", type=int, default=STEPS)
     args = ap.parse_args()
     if args.world % args.tp:
