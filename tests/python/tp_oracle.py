@@ -23,6 +23,8 @@ the DTensor gradients. Rank 0 writes OUT.pt (torch.save) with:
   facts: what each rank saw of the layouts (placements, local shapes, which
   global rows a rank's local tensor holds, the placements of the gradients
   after the first backward) — the facts docs/tensor-parallel.md relies on.
+Beside it, OUT-without-.pt + ".safetensors": loss, grad_norm (float32) and
+param./exp_avg./exp_avg_sq.NAME full tensors, for the C++ side.
 
 Options:
   --sp / --no-sp       sequence parallel on the norms (TorchTitan: SequenceParallel
@@ -546,6 +548,17 @@ def run(rank, args):
     out["facts"] = all_facts
     if rank == 0:
         torch.save(out, args.out)
+        # The same numbers as one flat safetensors file for the C++ tests
+        # (fsdp/formats/safetensors.h): float32 "loss" and "grad_norm" [steps],
+        # then "param.NAME", "exp_avg.NAME", "exp_avg_sq.NAME" (full tensors).
+        from safetensors.torch import save_file
+        flat = {"loss": torch.tensor(losses, dtype=torch.float32),
+                "grad_norm": torch.tensor(norms, dtype=torch.float32)}
+        for key in ("params", "exp_avg", "exp_avg_sq"):
+            prefix = "param." if key == "params" else key + "."
+            for n, t in out[key].items():
+                flat[prefix + n] = t.contiguous()
+        save_file(flat, os.path.splitext(args.out)[0] + ".safetensors")
 
 
 def worker(rank, args):
