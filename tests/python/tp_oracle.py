@@ -51,6 +51,10 @@ Options:
                        bias, Rowwise Embedding, loss_parallel): facts["check_ops"].
   --tied               lm_head.weight re-tied to embed_tokens.weight after
                        parallelize_module (both Shard(0) on tp).
+  --cases A,B,...      several cases in one launch (CI: one launch per world),
+                       each flags joined by '+': sp nosp lp bf16 resid tied
+                       nofsdp trace clip ops (e.g. "sp+lp,nosp+lp,sp+lp+bf16");
+                       OUT is then a prefix: OUT.CASE.pt (+ .safetensors).
   --no-fsdp            skip fully_shard (the experiment: SP norm gradients stay
                        Partial). Needs --world == --tp.
 """
@@ -491,8 +495,10 @@ def run(rank, args):
         facts["after_fsdp"][n] = d
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     losses, norms = [], []
-    if args.trace:
+    TRACE["log"] = []
+    if args.trace and not TRACE.get("installed"):
         install_trace()
+        TRACE["installed"] = True
     for step in range(args.steps):
         TRACE["on"] = args.trace and step == 0
         opt.zero_grad()
@@ -561,15 +567,48 @@ def run(rank, args):
         save_file(flat, os.path.splitext(args.out)[0] + ".safetensors")
 
 
-def worker(rank, args):
+def worker(rank, args, cases):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     store = args.out + ".store"
     dist.init_process_group("gloo", rank=rank, world_size=args.world, init_method="file://" + os.path.abspath(store))
     try:
-        run(rank, args)
+        for case in cases:
+            run(rank, case)
     finally:
         dist.destroy_process_group()
+
+
+CASE_FLAGS = {"sp": ("sp", True), "nosp": ("sp", False), "lp": ("loss_parallel", True), "bf16": ("bf16", True),
+              "resid": ("dtensor_residual", True), "tied": ("tied", True), "nofsdp": ("no_fsdp", True),
+              "trace": ("trace", True), "clip": ("check_clip", True), "ops": ("check_ops", True)}
+
+
+def cases_of(args):
+    """--cases "sp+lp,nosp": one Namespace per case (the other flags at their
+    defaults), writing OUT.CASE.pt; without --cases, the flags given."""
+    if not args.cases:
+        return [args]
+    out = []
+    for case in args.cases.split(","):
+        c = argparse.Namespace(**vars(args))
+        for attr, _ in CASE_FLAGS.values():
+            setattr(c, attr, attr == "sp")  # the defaults: SP on, every other flag off
+        for flag in case.split("+"):
+            if flag not in CASE_FLAGS:
+                raise SystemExit(f"tp_oracle.py: unknown case flag {flag!r} in {case!r}; known: {sorted(CASE_FLAGS)}")
+            attr, value = CASE_FLAGS[flag]
+            setattr(c, attr, value)
+        c.out = f"{args.out}.{case}.pt"
+        out.append(c)
+    return out
+
+
+def check_case(args):
+    if args.check_clip and args.no_fsdp:
+        raise SystemExit("tp_oracle.py: --check-clip needs fully_shard (without it the norm gradients are Partial)")
+    if args.no_fsdp and args.world != args.tp:
+        raise SystemExit("tp_oracle.py: --no-fsdp needs --world == --tp (no dp dimension to reduce over)")
 
 
 def main():
@@ -587,13 +626,14 @@ def main():
     ap.add_argument("--check-ops", action="store_true")
     ap.add_argument("--tied", action="store_true")
     ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--cases", default="", help="comma-separated cases run in one launch, each flags joined by '+' "
+                    f"from {sorted(CASE_FLAGS)}; OUT is then a prefix (OUT.CASE.pt)")
     args = ap.parse_args()
     if args.world % args.tp:
         raise SystemExit(f"tp_oracle.py: --tp {args.tp} does not divide --world {args.world}")
-    if args.check_clip and args.no_fsdp:
-        raise SystemExit("tp_oracle.py: --check-clip needs fully_shard (without it the norm gradients are Partial)")
-    if args.no_fsdp and args.world != args.tp:
-        raise SystemExit("tp_oracle.py: --no-fsdp needs --world == --tp (no dp dimension to reduce over)")
+    cases = cases_of(args)
+    for case in cases:
+        check_case(case)
     for size, name in ((HEADS, "heads"), (KV_HEADS, "kv heads"), (VOCAB, "vocab"), (INTER, "intermediate"),
                        (HIDDEN, "hidden"), (SEQ, "sequence")):
         if size % args.tp:
@@ -602,7 +642,7 @@ def main():
         raise SystemExit(f"tp_oracle.py: dp {args.world // args.tp} does not divide the batch {GLOBAL_BATCH}")
     if os.path.exists(args.out + ".store"):
         os.remove(args.out + ".store")
-    mp.spawn(worker, args=(args,), nprocs=args.world, join=True)
+    mp.spawn(worker, args=(args, cases), nprocs=args.world, join=True)
     if os.path.exists(args.out + ".store"):
         os.remove(args.out + ".store")
 
