@@ -31,6 +31,7 @@
 #include "fsdp/hf/export.h"
 #include "fsdp/hf/hf_model.h"
 #include "fsdp/hf/peft.h"
+#include "fsdp/peft/lora.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/strategy/engine.h"
@@ -76,15 +77,21 @@ Model build(Strategy& strategy, const TrainConfig& c, const Config& config) {
   {
     auto deferred = strategy.module_init_context(c.empty_init);
     net = std::make_shared<Net>(config);
+    // LoRA's adapter pass on the built model, before the engine shards it.
+    if (c.lora.rank > 0) peft::inject_lora(*net, c.lora);
   }
   return strategy.setup_module(net);
 }
 
 // [collective] The run's model: the GPT of c.model, or the Llama of `llama`
-// (its config.json with the run's adapters; an hf: source's weights are
-// loaded later, load_hf_weights).
+// (its config.json; with --lora-rank, the run's adapters injected; an hf:
+// source's weights are loaded later, load_hf_weights).
 Model build_model(Strategy& strategy, const TrainConfig& c, const std::optional<models::LlamaConfig>& llama) {
-  if (llama) return build<models::LlamaImpl>(strategy, c, *llama);
+  if (llama) {
+    models::LlamaConfig base = *llama;
+    base.lora = {};  // the adapters come from peft::inject_lora (build), not the builder
+    return build<models::LlamaImpl>(strategy, c, base);
+  }
   return build<models::GPTImpl>(strategy, c, c.model);
 }
 
