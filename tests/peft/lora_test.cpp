@@ -78,8 +78,8 @@ TEST(Lora, InjectsIntoTheGptsLinearLayersAndStartsAsTheBase) {
   }
   EXPECT_EQ(trained, 2 * 4);
   const auto params = net->named_parameters();
-  EXPECT_EQ(params["blocks.0.qkv.lora_A.weight"].sizes(), (std::vector<int64_t>{2, 16}));
-  EXPECT_EQ(params["blocks.0.qkv.lora_B.weight"].sizes(), (std::vector<int64_t>{48, 2}));
+  EXPECT_EQ(params["blocks.0.qkv.lora_A.weight"].sizes().vec(), (std::vector<int64_t>{2, 16}));
+  EXPECT_EQ(params["blocks.0.qkv.lora_B.weight"].sizes().vec(), (std::vector<int64_t>{48, 2}));
   EXPECT_TRUE(params["blocks.0.qkv.lora_B.weight"].eq(0).all().item<bool>());
   EXPECT_FALSE(params["blocks.0.qkv.lora_A.weight"].eq(0).all().item<bool>());
   for (const auto& p : base->named_parameters()) EXPECT_TRUE(p.value().equal(params[p.key()])) << p.key();
