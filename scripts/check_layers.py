@@ -65,6 +65,10 @@ LAYERS = [
     # Optimizers equal to torch.optim's, bit for bit (LibTorch's own differ):
     # LibTorch only.
     ("optim", ["error"]),
+    # LoRA as PEFT applies it: LoraConfig, the seam a linear module inherits,
+    # inject_lora's pass over a built model. LibTorch's modules only; its
+    # files (PEFT's adapter directory) are hf's.
+    ("peft", ["error"]),
     ("distributed", ["error", "text", "launch"]),
     # DTensor's contract: the N-D mesh, placements, a tensor laid out over a
     # mesh (or its boxes), and box arithmetic; below both engines, the state
@@ -78,14 +82,14 @@ LAYERS = [
     ("checkpoint", ["error", "fault_points", "text", "formats", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict"]),
     ("strategy", ["error", "fault_points", "text", "formats", "launch", "observability", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint"]),
     # config.json is read through formats' regular-file check (no FIFO waits).
-    ("models", ["error", "formats", "launch", "distributed", "dtensor", "core"]),
+    ("models", ["error", "formats", "peft", "launch", "distributed", "dtensor", "core"]),
     # Hugging Face model directories in and out (config, weights, export) for
     # the models: on the checkpoint storage seam.
-    ("hf", ["error", "text", "formats", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "models"]),
+    ("hf", ["error", "text", "formats", "peft", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "models"]),
     # fsdp-train's run directory: its lock, the run's identity (run.json),
     # the job's start, where a resume continues, the checkpoints' rotation.
     ("run", ["error", "text", "launch", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "strategy"]),
-    ("train", ["error", "text", "formats", "optim", "launch", "observability", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models", "hf", "tokenizers", "run"]),
+    ("train", ["error", "text", "formats", "optim", "peft", "launch", "observability", "distributed", "dtensor", "core", "fsdp2", "state_dict", "checkpoint", "strategy", "models", "hf", "tokenizers", "run"]),
 ]
 TOP_LEVEL_MODULES = {"include/fsdp/error.h": "error"}
 # Folders of deprecated forwarding headers (old paths of a renamed module):

@@ -22,11 +22,11 @@ GPTBlockImpl::GPTBlockImpl(const GPTConfig& c) : config_(c) {
     throw ConfigError("GPT: heads=" + std::to_string(c.heads) + " must divide dim=" + std::to_string(c.dim));
   }
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
-  qkv_ = register_module("qkv", torch::nn::Linear(c.dim, 3 * c.dim));
-  proj_ = register_module("proj", torch::nn::Linear(c.dim, c.dim));
+  qkv_ = register_module("qkv", peft::Linear(c.dim, 3 * c.dim));
+  proj_ = register_module("proj", peft::Linear(c.dim, c.dim));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
-  fc_ = register_module("fc", torch::nn::Linear(c.dim, 4 * c.dim));
-  fc_proj_ = register_module("fc_proj", torch::nn::Linear(4 * c.dim, c.dim));
+  fc_ = register_module("fc", peft::Linear(c.dim, 4 * c.dim));
+  fc_proj_ = register_module("fc_proj", peft::Linear(4 * c.dim, c.dim));
   // GPT-2's initialisation: N(0, 0.02), residual projections scaled down.
   torch::NoGradGuard no_grad;
   for (auto* l : {&qkv_, &proj_, &fc_, &fc_proj_}) {

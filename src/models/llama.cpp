@@ -36,11 +36,9 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-// A projection of layer config `c`, with adapters when LoRA targets `name`.
-LlamaLinear projection(const LlamaConfig& c, const std::string& name, int64_t in, int64_t out, bool bias) {
-  const auto& t = c.lora.targets;
-  const bool adapted = c.lora.rank > 0 && std::find(t.begin(), t.end(), name) != t.end();
-  return LlamaLinear(in, out, bias, c.initialize ? c.initializer_range : -1.0, adapted ? c.lora.rank : 0, c.lora.alpha);
+// A projection of layer config `c`.
+LlamaLinear projection(const LlamaConfig& c, int64_t in, int64_t out, bool bias) {
+  return LlamaLinear(in, out, bias, c.initialize ? c.initializer_range : -1.0);
 }
 
 // transformers' _init_weights: normal(0, initializer_range), zero biases.
@@ -93,22 +91,10 @@ LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool with_bias, double
     torch::nn::init::normal_(weight, 0.0, init_std);
     if (bias.defined()) bias.zero_();
   }
-  if (lora_rank > 0) {
-    // PEFT's reset_lora_parameters: A Kaiming-uniform (a = sqrt(5)), B zeros.
-    lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in, lora_rank).bias(false)));
-    lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(lora_rank, out).bias(false)));
-    torch::NoGradGuard no_grad;
-    torch::nn::init::kaiming_uniform_(lora_A->weight, std::sqrt(5.0));
-    lora_B->weight.zero_();
-    scaling = lora_alpha / static_cast<double>(lora_rank);
-  }
+  if (lora_rank > 0) peft::add_lora(*this, lora_rank, lora_alpha);
 }
 
-at::Tensor LlamaLinearImpl::forward(const at::Tensor& x) {
-  auto y = F::linear(x, weight, bias);
-  if (lora_A) y = y + lora_B(lora_A(x)) * scaling;
-  return y;
-}
+at::Tensor LlamaLinearImpl::forward(const at::Tensor& x) { return with_lora(x, F::linear(x, weight, bias)); }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", at::ones({dim}));
@@ -129,10 +115,10 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
       window_(layer < static_cast<int64_t>(c.layer_windows.size()) ? c.layer_windows[layer] : 0),
       dropout_(c.attention_dropout) {
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
-  q_proj = register_module("q_proj", projection(c, "q_proj", c.hidden_size, heads_ * head_dim_, qkv_bias));
-  k_proj = register_module("k_proj", projection(c, "k_proj", c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
-  v_proj = register_module("v_proj", projection(c, "v_proj", c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
-  o_proj = register_module("o_proj", projection(c, "o_proj", heads_ * head_dim_, c.hidden_size, c.attention_bias));
+  q_proj = register_module("q_proj", projection(c, c.hidden_size, heads_ * head_dim_, qkv_bias));
+  k_proj = register_module("k_proj", projection(c, c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  v_proj = register_module("v_proj", projection(c, c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  o_proj = register_module("o_proj", projection(c, heads_ * head_dim_, c.hidden_size, c.attention_bias));
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -188,9 +174,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
-  gate_proj = register_module("gate_proj", projection(c, "gate_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));
-  up_proj = register_module("up_proj", projection(c, "up_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));
-  down_proj = register_module("down_proj", projection(c, "down_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
+  gate_proj = register_module("gate_proj", projection(c, c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj = register_module("up_proj", projection(c, c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj = register_module("down_proj", projection(c, c.intermediate_size, c.hidden_size, c.mlp_bias));
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj(F::silu(gate_proj(x)) * up_proj(x)); }
@@ -200,13 +186,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
   mlp = register_module("mlp", LlamaMLP(c));
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  if (c.lora.rank > 0) {
-    for (auto& p : named_parameters()) {
-      if (p.key().find(".lora_A.") == std::string::npos && p.key().find(".lora_B.") == std::string::npos) {
-        p.value().requires_grad_(false);
-      }
-    }
-  }
+  // Deprecated path (LlamaConfig::lora): the layer's adapters, added as it
+  // is built, so that a deferred layer's rebuild has them too.
+  if (c.lora.rank > 0) peft::inject_lora(*this, c.lora);
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, LlamaKVCache* cache) {
@@ -281,15 +263,10 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
     lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
     init_linear(lm_head, c.initializer_range);
   }
-  if (c.lora.rank > 0) {
-    // Only the adapters train (the decoder layers' own parameters froze as
-    // they were built, so a deferred rebuild keeps it).
-    for (auto& p : named_parameters()) {
-      if (p.key().find(".lora_A.") == std::string::npos && p.key().find(".lora_B.") == std::string::npos) {
-        p.value().requires_grad_(false);
-      }
-    }
-  }
+  // Deprecated path (LlamaConfig::lora): only the adapters train (the
+  // decoder layers' own parameters froze as they were built, so a deferred
+  // rebuild keeps it).
+  if (c.lora.rank > 0) peft::mark_only_lora_trainable(*this);
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& tokens, LlamaKVCache* cache) {

@@ -32,6 +32,7 @@
 #include "fsdp/hf/export.h"
 #include "fsdp/hf/hf_model.h"
 #include "fsdp/hf/peft.h"
+#include "fsdp/peft/lora.h"
 #include "fsdp/observability/loggers.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/strategy/engine.h"
@@ -95,17 +96,22 @@ Model build(Strategy& strategy, const TrainConfig& c, const Config& config) {
   {
     auto deferred = strategy.module_init_context(c.empty_init);
     net = std::make_shared<Net>(config);
+    // LoRA's adapter pass on the built model, before the engine shards it.
+    if (c.lora.rank > 0) peft::inject_lora(*net, c.lora);
   }
   return strategy.setup_module(net);
 }
 
 // [collective] The run's model: the GPT or the Llama of `spec` (a Llama's
-// config.json with the run's adapters; an hf: source's weights are loaded
-// later, load_hf_weights).
+// config.json; with --lora-rank, the run's adapters injected by
+// peft::inject_lora in build; an hf: source's weights are loaded later,
+// load_hf_weights).
 Model build_model(Strategy& strategy, const TrainConfig& c, const ModelSpec& spec) {
   return std::visit(Overloaded{[&](const GptSpec& gpt) { return build<models::GPTImpl>(strategy, c, gpt.config); },
                                [&](const LlamaSpec& llama) {
-                                 return build<models::LlamaImpl>(strategy, c, llama.config);
+                                 models::LlamaConfig base = llama.config;
+                                 base.lora = {};  // the adapters come from peft::inject_lora (build), not the builder
+                                 return build<models::LlamaImpl>(strategy, c, base);
                                }},
                     spec);
 }

@@ -2,7 +2,8 @@
 // by default), the model of fsdp-bench and the trainer. Blocks sit in a
 // torch::nn::Sequential, so FSDP auto-wraps them (transformer policy on
 // GPTBlockImpl) with no change; the output projection is tied to the token
-// embedding. Pure LibTorch; no collectives.
+// embedding. Its linear layers take LoRA adapters (fsdp::peft::inject_lora).
+// Pure LibTorch; no collectives.
 #pragma once
 
 #include <string>
@@ -15,6 +16,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
+
+#include "fsdp/peft/lora.h"
 
 namespace fsdp::models {
 
@@ -37,7 +40,9 @@ class GPTBlockImpl : public torch::nn::Module {
  private:
   GPTConfig config_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};
+  // LibTorch's Linear with LoRA's seam: fsdp::peft::inject_lora can adapt them
+  // ("blocks.<i>.qkv", "proj", "fc", "fc_proj").
+  peft::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc_proj_{nullptr};
 };
 TORCH_MODULE(GPTBlock);
 

@@ -49,6 +49,7 @@
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/llama_config_json.h"
 #include "fsdp/models/llama_sizes.h"
+#include "fsdp/peft/lora.h"
 
 namespace fsdp::models {
 
@@ -66,17 +67,18 @@ class RMSNormImpl : public torch::nn::Module {
 TORCH_MODULE(RMSNorm);
 
 // A projection of the decoder (q/k/v/o_proj, gate/up/down_proj):
-// transformers' nn.Linear ("weight", "bias"), with, when LoRA targets it,
-// PEFT's adapters "lora_A" and "lora_B" (Linear modules without bias):
+// transformers' nn.Linear ("weight", "bias"), with LoRA's seam
+// (peft::LoraLayer): fsdp::peft::inject_lora gives it PEFT's adapters
+// "lora_A" and "lora_B" (Linear modules without bias), and then
 // y = x W^T + b + lora_B(lora_A(x)) * scaling, in PEFT's order.
-class LlamaLinearImpl : public torch::nn::Module {
+class LlamaLinearImpl : public torch::nn::Module, public peft::LoraLayer {
  public:
   // init_std < 0: the weight is left uninitialised (LlamaConfig::initialize).
+  // lora_rank > 0 (deprecated: use peft::inject_lora) adds the adapters
+  // at once (peft::add_lora).
   LlamaLinearImpl(int64_t in, int64_t out, bool bias, double init_std, int64_t lora_rank = 0, double lora_alpha = 0);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;
-  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
-  double scaling = 0;  // alpha / rank
 };
 TORCH_MODULE(LlamaLinear);
 
@@ -148,8 +150,9 @@ TORCH_MODULE(LlamaModel);
 // (absent when tie_word_embeddings: the embedding projects). Parameters are
 // initialised as transformers initialises them (normal(0,
 // initializer_range), zero biases, unit norms), from LibTorch's generator.
-// With config.lora.rank > 0 the targeted projections carry adapters and
-// only the adapters require gradients.
+// Adapters: fsdp::peft::inject_lora on the built model. (Deprecated, for one
+// release: with config.lora.rank > 0 the builder injects them itself, each
+// decoder layer as it is built, and only the adapters require gradients.)
 class LlamaImpl : public torch::nn::Module {
  public:
   explicit LlamaImpl(const LlamaConfig& config);

@@ -1,7 +1,8 @@
 // fsdp/models/llama_config.h — the settings of a Llama-family model
 // (fsdp/models/llama.h): LlamaConfig, what a model's config.json holds as
-// transformers reads it, and the LoRA adapters a run adds. Plain values; no
-// LibTorch, no collectives. config.json is read and written by
+// transformers reads it (and, deprecated, the LoRA adapters a run adds:
+// fsdp/peft/lora.h is their place now). Plain values; no LibTorch, no
+// collectives. config.json is read and written by
 // fsdp/models/llama_config_json.h, and a config's bytes are checked against
 // memory by fsdp/models/llama_sizes.h; fsdp/models/llama.h includes both.
 #pragma once
@@ -11,25 +12,18 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/peft/lora_config.h"  // LoraConfig, forwarded below for one release
+
 namespace fsdp::models {
 
-// LoRA adapters (PEFT's LoraConfig, for the decoder's projections): each
-// targeted projection W gets A [rank, in] and B [out, rank] and computes
-// W x + (B (A x)) * alpha / rank; every other parameter is frozen
-// (requires_grad false). A starts as PEFT's (Kaiming-uniform, a = sqrt(5)),
-// B as zeros, so the adapted model starts as the base model.
-struct LoraConfig {
-  int64_t rank = 0;  // 0: no adapters
-  double alpha = 16;
-  // Of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
-  std::vector<std::string> targets = {"q_proj", "v_proj"};
-};
-// The projections LoRA can target.
+// LoRA moved to its own pass, fsdp/peft/lora.h (fsdp::peft::inject_lora on
+// a built model). These names stay here for one release, forwarding to it.
+using peft::LoraConfig;
+using peft::lora_targets_text;
+using peft::parse_lora_targets;
+// The projections of the decoder LoRA can target.
 const std::vector<std::string>& lora_target_names();
-// LoraConfig::targets as comma-separated text ("q_proj,v_proj"), and back
-// (every piece kept, empty ones too: check_lora refuses those).
-std::string lora_targets_text(const std::vector<std::string>& targets);
-std::vector<std::string> parse_lora_targets(const std::string& text);
+// peft::check_lora_config with the targets limited to lora_target_names():
 // ConfigError naming the setting for a rank below 0, alpha not positive, an
 // unknown or repeated target, or no targets with a rank.
 void check_lora(const LoraConfig& lora);
@@ -68,7 +62,13 @@ struct LlamaConfig {
   // The config.json text this was read from (kept for export; empty when
   // built in code).
   std::string source_json;
-  // Not of config.json: adapters the run adds (rank 0: none).
+  // DEPRECATED (kept for one release; not of config.json): adapters the
+  // model gets as it is built (rank 0: none). Build the model without them
+  // and call fsdp::peft::inject_lora(*model, lora) before sharding it
+  // instead. With rank > 0 the Llama's builder still does it for you: each
+  // decoder layer is adapted as it is built (inject_lora on the layer, so a
+  // deferred layer is rebuilt with its adapters), and every other parameter
+  // is frozen.
   LoraConfig lora;
   // Not of config.json: false builds the decoder's parameters uninitialised
   // (at::empty: no time spent drawing values), as transformers'
