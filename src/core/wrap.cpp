@@ -12,6 +12,7 @@
 #include "fsdp/error.h"
 #include "fsdp/core/fully_sharded_data_parallel.h"
 #include "fsdp/core/utils.h"
+#include "fsdp/core/detail/engine.h"
 #include "empty_init.h"
 #include "unit.h"
 
@@ -325,6 +326,12 @@ void refuse_torch_serialize(const torch::nn::Module& module, bool saving) {
                     "fsdp::load_checkpoint (either checkpoint format), or fsdp::load_state_dict");
 }
 
+void refuse_two_engines(const std::string& who, const torch::nn::Module& sharded, const torch::nn::Module& model) {
+  throw ConfigError(who + ": module " + sharded.name() + (&sharded == &model ? "" : " (under " + model.name() + ")") +
+                    " is sharded by fully_shard (FSDP2); one model takes one engine: FullyShardedDataParallel "
+                    "or fully_shard, not both");
+}
+
 void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options) {
   if (!module) throw ConfigError("FSDP: cannot wrap a null module");
   auto slot = slot_for(module.get());
@@ -334,11 +341,7 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
   }
   for (const auto& m : module->modules(/*include_self=*/true)) {
     auto s = find_slot(m.get());
-    if (s && s->hooks) {
-      throw ConfigError("FSDP: module " + m->name() + (m.get() == module.get() ? "" : " (under " + module->name() + ")") +
-                        " is sharded by fully_shard (FSDP2); one model takes one engine: FullyShardedDataParallel "
-                        "or fully_shard, not both");
-    }
+    if (s && s->hooks) refuse_two_engines("FSDP", *m, *module);
   }
   WrapContext ctx{options, resolve_groups(options), {}, {}};
   for (const auto& m : options.ignored_modules()) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <unordered_set>
 
+#include "fsdp/core/detail/engine.h"
 #include "fsdp/error.h"
 #include "fsdp_state.h"
 
@@ -300,8 +301,10 @@ std::optional<FSDPModule> fsdp_module_of(const torch::nn::Module& module) {
   return FSDPModule(g);
 }
 
-at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_type) {
-  FSDPParamGroup& r = checked(root.group());
+namespace detail {
+
+// torch.nn.utils.clip_grad_norm_ over the DTensor gradients of the groups under `root`.
+at::Tensor clip_grad_norm_of(FSDPParamGroup& r, double max_norm, double norm_type, bool error_if_nonfinite) {
   std::unordered_set<const void*> managed_here;
   for (const auto& g : groups_under(r, /*recurse=*/true)) {
     if (g->unsharded()) {
@@ -347,10 +350,21 @@ at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_
     }
   }
   const at::Tensor total = at::linalg_vector_norm(stacked, norm_type);
+  if (error_if_nonfinite) check_finite_norm(total, norm_type);
   // torch: max_norm / (total + 1e-6), which Python computes as reciprocal() * max_norm.
   const at::Tensor coef = at::clamp((total + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
   for (auto& g : grads) g.mul_(coef);
   return total;
+}
+
+at::Tensor ModuleHooks::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  return clip_grad_norm_of(*state->group(), max_norm, norm_type, error_if_nonfinite);
+}
+
+}  // namespace detail
+
+at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_type) {
+  return detail::clip_grad_norm_of(checked(root.group()), max_norm, norm_type, /*error_if_nonfinite=*/false);
 }
 
 torch::nn::Module& FSDPModule::module() const { return *checked(group_).module(); }
