@@ -10,13 +10,6 @@
 
 namespace fsdp::detail {
 
-namespace {
-
-// How many unit forwards are running on this thread (0 at the root's forward: a new iteration).
-thread_local int tl_forward_depth = 0;
-
-}  // namespace
-
 const char* to_string(TrainingState s) {
   switch (s) {
     case TrainingState::kIdle: return "idle";
@@ -179,7 +172,7 @@ void UnitState::pre_forward() {
   // unit re-run in backward (activation checkpointing) already has one.
   if (!is_root_ && root_.expired()) {
     auto outer = outer_.lock();
-    if (outer && tl_forward_depth == 0 && outer->root_.expired()) {
+    if (outer && outer->forward_depth() == 0 && outer->root_.expired()) {
       // Before this check: LibTorch's "weight should have at least three
       // dimensions" (or another shape error) from the outer module's own
       // layers, which ran on their 1-D shards.
@@ -194,7 +187,7 @@ void UnitState::pre_forward() {
     lazy_init_root();
   }
   if (!root_.expired()) {
-    if (is_root_ && tl_forward_depth == 0) shared_->begin_iteration();  // a new iteration
+    if (is_root_ && shared_->forward_depth == 0) shared_->begin_iteration();  // a new iteration
     shared_->order.push_back(weak_from_this());
   }
   // A forward re-run by activation checkpointing inside the unit's backward
@@ -339,14 +332,24 @@ void explain_forward_error(UnitState& unit, const std::string& what) {
                     "fsdp::Unit holder gathers the parameters first. LibTorch's error: " + what);
 }
 
+void UnitState::enter_forward() {
+  depth_counter_ = shared_;
+  if (depth_counter_) ++depth_counter_->forward_depth;
+}
+
+void UnitState::leave_forward() {
+  if (depth_counter_) --depth_counter_->forward_depth;
+  depth_counter_.reset();
+}
+
 ForwardScope::ForwardScope(UnitState& unit) : unit_(unit) {
   unit_.pre_forward();
-  ++tl_forward_depth;
+  unit_.enter_forward();
 }
 
 ForwardScope::~ForwardScope() {
   if (!finished_) {
-    --tl_forward_depth;
+    unit_.leave_forward();
     unit_.forward_failed();
   }
 }
@@ -361,7 +364,7 @@ at::Tensor ForwardScope::cast_tensor(const at::Tensor& t) const {
 
 void ForwardScope::finish(const std::vector<at::Tensor>& outputs) {
   finished_ = true;
-  --tl_forward_depth;
+  unit_.leave_forward();
   unit_.post_forward(outputs);
 }
 

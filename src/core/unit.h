@@ -83,6 +83,13 @@ class UnitState final : public UnitView, public RootMember, public std::enable_s
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs);
   void forward_failed();
+  // Count this unit's forward in its tree's forward depth (RootState::
+  // forward_depth), after pre_forward; and stop counting it, before
+  // post_forward or forward_failed.
+  void enter_forward();
+  void leave_forward();
+  // How many forwards of this unit's tree run now (0 before its root's first forward).
+  int forward_depth() const { return shared_ ? shared_->forward_depth : 0; }
   void pre_backward();
   void on_grad_ready();
   // [collective] Issues the reduction of the full gradient (waited at the
@@ -191,6 +198,8 @@ class UnitState final : public UnitView, public RootMember, public std::enable_s
   std::weak_ptr<UnitState> root_;
   std::weak_ptr<UnitState> outer_;
   std::shared_ptr<RootState> shared_;
+  // The tree whose forward depth counts this unit's running forward.
+  std::shared_ptr<RootState> depth_counter_;
 
   // Profiler spans (trace_span.h): the unit's path in its root ("(root)"
   // for the root; set at the root's lazy init), and its forward and
