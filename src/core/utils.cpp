@@ -210,13 +210,13 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
   for (const auto& m : model->modules(/*include_self=*/true)) {
     auto slot = detail::find_slot(m.get());
     if (!slot) continue;
-    fsdp1 |= slot->unit != nullptr;
-    if (slot->hooks && !fully_sharded) fully_sharded = m.get();
+    fsdp1 |= detail::unit_of(*slot) != nullptr;
+    if (detail::is_fully_shard(*slot) && !fully_sharded) fully_sharded = m.get();
   }
   if (!fully_sharded) return clip_fsdp1(model, max_norm, norm_type, error_if_nonfinite);
   if (fsdp1) detail::refuse_two_engines("clip_grad_norm_", *fully_sharded, *model);
   auto slot = detail::find_slot(model.get());
-  auto* root = slot ? dynamic_cast<detail::RootEngine*>(slot->hooks.get()) : nullptr;
+  auto* root = slot ? dynamic_cast<detail::RootEngine*>(slot->engine.get()) : nullptr;
   if (!root) {
     throw ConfigError("clip_grad_norm_: module " + fully_sharded->name() + " under " + model->name() +
                       " is sharded by fully_shard, but " + model->name() +
@@ -288,7 +288,7 @@ void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& mode
     // FSDP2: the parameter objects stay the module's own (each holds its rows).
     for (const auto& m : model ? model->modules(/*include_self=*/true) : std::vector<std::shared_ptr<torch::nn::Module>>{}) {
       auto slot = detail::find_slot(m.get());
-      if (!slot || !slot->hooks) continue;
+      if (!slot || !detail::is_fully_shard(*slot)) continue;
       sharded = true;
       for (const auto& p : m->parameters()) fsdp_params.insert(p.unsafeGetTensorImpl());
     }
@@ -377,7 +377,7 @@ void reset_runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
 MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module) {
   MemoryStats s;
   for (auto& [path, m] : fsdp_modules(module)) {
-    auto unit = detail::find_slot(m.get())->unit;
+    auto unit = detail::unit_of(*detail::find_slot(m.get()));
     const int64_t item = unit->flat_shard().element_size();
     s.sharded_param_bytes += unit->flat_shard().numel() * item;
     s.unsharded_param_bytes += unit->live_full_param_bytes();

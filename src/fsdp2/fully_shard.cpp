@@ -161,11 +161,11 @@ std::shared_ptr<detail::Slot> checked_slot(const std::shared_ptr<torch::nn::Modu
                       "hooks): register it as fsdp::Unit<" + name + "Impl> and call it as m(x), or hold the root "
                       "in fsdp::FullyShard");
   }
-  if (slot->unit) {
+  if (detail::unit_of(*slot)) {
     throw ConfigError("fully_shard: module " + name +
                       " is already wrapped by FullyShardedDataParallel; one model takes one engine");
   }
-  if (slot->hooks) throw ConfigError("fully_shard: module " + name + " is already sharded by fully_shard; shard each module once");
+  if (detail::is_fully_shard(*slot)) throw ConfigError("fully_shard: module " + name + " is already sharded by fully_shard; shard each module once");
   return slot;
 }
 
@@ -205,11 +205,11 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
   std::function<void(const std::string&, torch::nn::Module&)> dfs = [&](const std::string& path, torch::nn::Module& m) {
     if (!root_set.count(&m)) {
       auto s = detail::find_slot(&m);
-      if (s && s->unit) {
+      if (s && detail::unit_of(*s)) {
         throw ConfigError("fully_shard: module " + name + " holds module " + path +
                           ", which FullyShardedDataParallel wrapped; one model takes one engine");
       }
-      if (s && s->hooks) return;  // a nested fully_shard module: its parameters are its own
+      if (s && detail::is_fully_shard(*s)) return;  // a nested fully_shard module: its parameters are its own
     }
     visited.insert(&m);
     for (const auto& child : m.named_children()) {
@@ -250,7 +250,7 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
   group->reshard_after_forward = raf;
   if (post_size > 0) group->post_forward_group = post_forward_group(options.mesh().shard_group(), post_size);
   auto state = std::make_shared<detail::FSDPState>(group);
-  for (size_t i = 0; i < roots.size(); ++i) slots[i]->hooks = std::make_shared<detail::ModuleHooks>(state, roots[i].get());
+  for (size_t i = 0; i < roots.size(); ++i) slots[i]->engine = std::make_shared<detail::ModuleHooks>(state, roots[i].get());
   return FSDPModule(group);
 }
 
