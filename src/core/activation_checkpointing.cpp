@@ -195,7 +195,7 @@ int apply_activation_checkpointing(const std::shared_ptr<torch::nn::Module>& mod
     // An FSDP root is PyTorch's FSDP(module): the module is the wrapper's
     // child there, and checkpointing it gives FSDP(CheckpointWrapper(module)).
     auto slot = detail::find_slot(model.get());
-    if (!slot || !slot->unit) {
+    if (!slot || !detail::unit_of(*slot)) {
       throw ConfigError("apply_activation_checkpointing: check_fn selects the root module (" + model->name() +
                         "): checkpoint its submodules, or wrap the root in fsdp::CheckpointWrapper yourself");
     }

@@ -95,6 +95,10 @@ class RootState {
   std::shared_ptr<BufferPool> pool;
   RuntimeStats stats;
   std::deque<PendingReduction> pending;  // in issue order, the same on every rank
+  // How many forwards of the tree's units run now (0 at the root's forward:
+  // a new iteration). Per tree, as FSDP2 counts per state: a model run
+  // inside another model's forward starts its own iterations.
+  int forward_depth = 0;
   // True from a forward that will be differentiated until its backward ends.
   bool awaiting_backward = false;
   // The end-of-backward callback is queued on the autograd engine.

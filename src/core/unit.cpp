@@ -10,13 +10,6 @@
 
 namespace fsdp::detail {
 
-namespace {
-
-// How many unit forwards are running on this thread (0 at the root's forward: a new iteration).
-thread_local int tl_forward_depth = 0;
-
-}  // namespace
-
 const char* to_string(TrainingState s) {
   switch (s) {
     case TrainingState::kIdle: return "idle";
@@ -157,9 +150,10 @@ void UnitState::lazy_init_root() {
     if (std::find(seen.begin(), seen.end(), m.get()) != seen.end()) continue;
     seen.push_back(m.get());
     auto slot = find_slot(m.get());
-    if (!slot || !slot->unit) continue;
-    shared_->tree.push_back(slot->unit);
-    UnitState& u = *slot->unit;
+    auto unit = slot ? unit_of(*slot) : nullptr;
+    if (!unit) continue;
+    shared_->tree.push_back(unit);
+    UnitState& u = *unit;
     u.path_ = item.key().empty() ? "(root)" : item.key();
     u.shared_ = shared_;
     u.handle_.set_pool(shared_->pool);
@@ -170,7 +164,7 @@ void UnitState::lazy_init_root() {
   }
 }
 
-void UnitState::pre_forward() {
+void UnitState::begin_forward() {
   if (state_ == TrainingState::kSummoned) {
     throw ConfigError("FSDP: forward of the unit at module " + module_->name() +
                       " inside summon_full_params: leave the SummonFullParams scope first");
@@ -179,7 +173,7 @@ void UnitState::pre_forward() {
   // unit re-run in backward (activation checkpointing) already has one.
   if (!is_root_ && root_.expired()) {
     auto outer = outer_.lock();
-    if (outer && tl_forward_depth == 0 && outer->root_.expired()) {
+    if (outer && outer->forward_depth() == 0 && outer->root_.expired()) {
       // Before this check: LibTorch's "weight should have at least three
       // dimensions" (or another shape error) from the outer module's own
       // layers, which ran on their 1-D shards.
@@ -194,7 +188,7 @@ void UnitState::pre_forward() {
     lazy_init_root();
   }
   if (!root_.expired()) {
-    if (is_root_ && tl_forward_depth == 0) shared_->begin_iteration();  // a new iteration
+    if (is_root_ && shared_->forward_depth == 0) shared_->begin_iteration();  // a new iteration
     shared_->order.push_back(weak_from_this());
   }
   // A forward re-run by activation checkpointing inside the unit's backward
@@ -205,7 +199,7 @@ void UnitState::pre_forward() {
   if (config_.forward_prefetch) prefetch(+1);
 }
 
-void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
+void UnitState::end_forward(const std::vector<at::Tensor>& outputs) {
   forward_span_.end();
   if (state_ == TrainingState::kPreBackward) {  // a re-run inside this unit's own backward
     if (at::GradMode::is_enabled()) hook_accumulators();
@@ -257,7 +251,7 @@ void UnitState::post_forward(const std::vector<at::Tensor>& outputs) {
   if (s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard) reshard();
 }
 
-void UnitState::forward_failed() {
+void UnitState::undo_forward() {
   forward_span_.end();
   if (state_ == TrainingState::kForward) {
     state_ = TrainingState::kIdle;
@@ -316,53 +310,72 @@ void UnitState::unsummon(const SummonOptions& o) {
 
 // ---------------------------------------------------------------------------
 
-void explain_forward_error(UnitState& unit, const std::string& what) {
+std::shared_ptr<UnitState> unit_of(const Slot& slot) { return std::dynamic_pointer_cast<UnitState>(slot.engine); }
+
+// The engines are two: an engine that is not FSDP1's unit is fully_shard's hooks.
+bool is_fully_shard(const Slot& slot) { return slot.engine && !unit_of(slot); }
+
+void UnitState::explain_forward_error(const std::string& what) {
   std::set<const RootMember*> ran;
-  if (auto root = unit.root()) {
+  if (auto root = this->root()) {
     for (const auto& w : root->forward_order()) {
       if (auto u = w.lock()) ran.insert(u.get());
     }
   }
   std::string names;
-  for (const auto& item : unit.module()->named_modules("", /*include_self=*/false)) {
+  for (const auto& item : module_->named_modules("", /*include_self=*/false)) {
     auto slot = find_slot(item.value().get());
-    if (!slot || !slot->unit) continue;
-    const UnitState& u = *slot->unit;
+    auto unit = slot ? unit_of(*slot) : nullptr;
+    if (!unit) continue;
+    const UnitState& u = *unit;
     if (ran.count(&u) || u.is_unsharded() || u.training_state() != TrainingState::kIdle) continue;
     names += (names.empty() ? "'" : ", '") + item.key() + "'";
   }
   if (names.empty()) return;
-  throw ConfigError("FSDP: the forward of the unit at module " + unit.module()->name() +
+  throw ConfigError("FSDP: the forward of the unit at module " + module_->name() +
                     " failed while FSDP unit(s) " + names +
                     " below it held only their shards (their forward had not run through their holder). If the "
                     "model calls such a unit's module directly, as unit->forward(x), call unit(x) instead: the "
                     "fsdp::Unit holder gathers the parameters first. LibTorch's error: " + what);
 }
 
-ForwardScope::ForwardScope(UnitState& unit) : unit_(unit) {
-  unit_.pre_forward();
-  ++tl_forward_depth;
+void UnitState::enter_forward() {
+  depth_counter_ = shared_;
+  if (depth_counter_) ++depth_counter_->forward_depth;
 }
 
-ForwardScope::~ForwardScope() {
-  if (!finished_) {
-    --tl_forward_depth;
-    unit_.forward_failed();
+void UnitState::leave_forward() {
+  if (depth_counter_) --depth_counter_->forward_depth;
+  depth_counter_.reset();
+}
+
+void UnitState::pre_forward(std::vector<at::Tensor>& inputs) {
+  begin_forward();
+  enter_forward();
+  if (!config_.param_dtype) return;
+  try {  // the floating-point inputs in the compute dtype
+    for (auto& t : inputs) {
+      if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != compute_dtype()) {
+        t = t.to(compute_dtype());
+      }
+    }
+  } catch (...) {
+    forward_failed();
+    throw;
   }
 }
 
-at::Tensor ForwardScope::cast_tensor(const at::Tensor& t) const {
-  if (!unit_.config().param_dtype || !t.defined() || !at::isFloatingType(t.scalar_type()) ||
-      t.scalar_type() == unit_.compute_dtype()) {
-    return t;
-  }
-  return t.to(unit_.compute_dtype());
+void UnitState::post_forward(std::vector<at::Tensor>& outputs) {
+  leave_forward();
+  end_forward(outputs);
 }
 
-void ForwardScope::finish(const std::vector<at::Tensor>& outputs) {
-  finished_ = true;
-  --tl_forward_depth;
-  unit_.post_forward(outputs);
+void UnitState::forward_failed() noexcept {
+  leave_forward();
+  try {
+    undo_forward();
+  } catch (...) {  // already unwinding the forward's error
+  }
 }
 
 std::vector<std::shared_ptr<UnitView>> unit_views_of(const std::shared_ptr<torch::nn::Module>& model) {
@@ -372,7 +385,7 @@ std::vector<std::shared_ptr<UnitView>> unit_views_of(const std::shared_ptr<torch
 
 std::shared_ptr<UnitView> unit_view_at(const torch::nn::Module& module) {
   auto slot = find_slot(&module);
-  return slot ? slot->unit : nullptr;
+  return slot ? unit_of(*slot) : nullptr;
 }
 
 }  // namespace fsdp::detail

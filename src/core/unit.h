@@ -65,8 +65,12 @@ enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward, kSummon
 const char* to_string(TrainingState s);
 
 // One unit. As a UnitView it is what the modules above core see; as a
-// RootMember it is what its root's duties act on.
-class UnitState final : public UnitView, public RootMember, public std::enable_shared_from_this<UnitState> {
+// RootMember it is what its root's duties act on; as ForwardHooks it is the
+// engine in its module's slot, which the holders run around the forward.
+class UnitState final : public UnitView,
+                        public RootMember,
+                        public ForwardHooks,
+                        public std::enable_shared_from_this<UnitState> {
  public:
   // Flattens `params` (already the unit's, in order) and keeps this rank's
   // shard. Collective-free (sync_module_states is done by wrap()).
@@ -79,10 +83,21 @@ class UnitState final : public UnitView, public RootMember, public std::enable_s
   // Frees the full parameters; the original parameters show their shards.
   void reshard() override;
 
-  // The hooks (ForwardScope, autograd; unit.cpp and unit_backward.cpp).
-  void pre_forward();
-  void post_forward(const std::vector<at::Tensor>& outputs);
-  void forward_failed();
+  // ForwardHooks (fsdp/core/detail/forward_call.h; unit.cpp): pre_forward
+  // unshards and casts the floating-point inputs to the compute dtype;
+  // post_forward reshards and hooks the pre-backward on the outputs;
+  // forward_failed puts a unit whose forward threw back to idle.
+  void pre_forward(std::vector<at::Tensor>& inputs) override;
+  void post_forward(std::vector<at::Tensor>& outputs) override;
+  void forward_failed() noexcept override;
+  // A LibTorch error in this unit's forward: a ConfigError (carrying `what`)
+  // when units below it still held only their shards without having run
+  // their forward in this iteration - the trap of calling a unit's module
+  // directly (unit->forward(x)), which skips the gather; returns otherwise.
+  void explain_forward_error(const std::string& what) override;
+  // The backward hooks (autograd; unit_backward.cpp).
+  // How many forwards of this unit's tree run now (0 before its root's first forward).
+  int forward_depth() const { return shared_ ? shared_->forward_depth : 0; }
   void pre_backward();
   void on_grad_ready();
   // [collective] Issues the reduction of the full gradient (waited at the
@@ -154,6 +169,16 @@ class UnitState final : public UnitView, public RootMember, public std::enable_s
 
  private:
   void transition(std::initializer_list<TrainingState> from, TrainingState to);
+  // The steps of the forward hooks: begin (root, order, unshard), end
+  // (reshard, backward hooks), undo (after a throw).
+  void begin_forward();
+  void end_forward(const std::vector<at::Tensor>& outputs);
+  void undo_forward();
+  // Count this unit's forward in its tree's forward depth (RootState::
+  // forward_depth) from pre_forward, and stop counting it at post_forward
+  // or forward_failed.
+  void enter_forward();
+  void leave_forward();
   // The unit's all-gather: start issues it (counted; returns whether it
   // issued one), finish waits for it.
   bool start_unshard();
@@ -191,6 +216,8 @@ class UnitState final : public UnitView, public RootMember, public std::enable_s
   std::weak_ptr<UnitState> root_;
   std::weak_ptr<UnitState> outer_;
   std::shared_ptr<RootState> shared_;
+  // The tree whose forward depth counts this unit's running forward.
+  std::shared_ptr<RootState> depth_counter_;
 
   // Profiler spans (trace_span.h): the unit's path in its root ("(root)"
   // for the root; set at the root's lazy init), and its forward and

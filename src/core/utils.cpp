@@ -21,6 +21,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/core/utils.h"
+#include "fsdp/core/detail/engine.h"
 #include "unit.h"
 
 namespace fsdp {
@@ -64,15 +65,6 @@ at::Tensor grad_norm_fp32(const std::vector<at::Tensor>& grads, double norm_type
   return at::linalg_vector_norm(at::stack(norms), norm_type, c10::nullopt, false, at::kFloat);
 }
 
-void check_finite(const at::Tensor& total, double norm_type) {
-  if (at::isfinite(total).all().item<bool>()) return;
-  std::ostringstream order;
-  order << norm_type;
-  throw Error("clip_grad_norm_: The total norm of order " + order.str() +
-              " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and "
-              "scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
-}
-
 // torch's clamp(max_norm / (total + 1e-6), max=1.0), which Python computes as
 // reciprocal() * max_norm, multiplied into every gradient in its own dtype,
 // even when it is 1 (so a NaN norm makes every gradient NaN).
@@ -107,15 +99,14 @@ at::Tensor clip_local(const std::vector<at::Tensor>& grads, double max_norm, dou
     for (const auto& g : members) norms.push_back(at::linalg_vector_norm(g.detach(), norm_type).to(grads[0].device()));
   }
   const at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
-  if (error_if_nonfinite) check_finite(total, norm_type);
+  if (error_if_nonfinite) detail::check_finite_norm(total, norm_type);
   scale_by_clamped_coefficient(grads, total, max_norm);
   return total;
 }
 
-}  // namespace
-
-at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
-                           bool error_if_nonfinite) {
+// torch's FullyShardedDataParallel.clip_grad_norm_ (or nn.utils' when no unit shards).
+at::Tensor clip_fsdp1(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
+                      bool error_if_nonfinite) {
   if (!(norm_type > 0)) {
     throw ConfigError("clip_grad_norm_: norm_type=" + std::to_string(norm_type) + " is invalid: expected p > 0 or INFINITY");
   }
@@ -185,13 +176,53 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
     if (local_nonsharded.defined()) total.add_(at::pow(local_nonsharded, norm_type));
     total = at::pow(total, 1.0 / norm_type);
   }
-  if (error_if_nonfinite) check_finite(total, norm_type);
+  if (error_if_nonfinite) detail::check_finite_norm(total, norm_type);
   scale_by_clamped_coefficient(all_grads, total, max_norm);
   // In the dtype torch's type promotion gives the gradients (float32 for none).
   if (all_grads.empty()) return total;
   at::ScalarType dtype = all_grads[0].scalar_type();
   for (const auto& g : all_grads) dtype = c10::promoteTypes(dtype, g.scalar_type());
   return total.to(dtype);
+}
+
+}  // namespace
+
+namespace detail {
+
+void check_finite_norm(const at::Tensor& total, double norm_type) {
+  if (at::isfinite(total).all().item<bool>()) return;
+  std::ostringstream order;
+  order << norm_type;
+  throw Error("clip_grad_norm_: The total norm of order " + order.str() +
+              " for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and "
+              "scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
+}
+
+}  // namespace detail
+
+at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
+                           bool error_if_nonfinite) {
+  if (!model) throw ConfigError("clip_grad_norm_: the model is null");
+  // The engine that sharded the model: fully_shard's modules hold hooks that
+  // are its RootEngine, FSDP1's units are core's own.
+  const torch::nn::Module* fully_sharded = nullptr;
+  bool fsdp1 = false;
+  for (const auto& m : model->modules(/*include_self=*/true)) {
+    auto slot = detail::find_slot(m.get());
+    if (!slot) continue;
+    fsdp1 |= detail::unit_of(*slot) != nullptr;
+    if (detail::is_fully_shard(*slot) && !fully_sharded) fully_sharded = m.get();
+  }
+  if (!fully_sharded) return clip_fsdp1(model, max_norm, norm_type, error_if_nonfinite);
+  if (fsdp1) detail::refuse_two_engines("clip_grad_norm_", *fully_sharded, *model);
+  auto slot = detail::find_slot(model.get());
+  auto* root = slot ? dynamic_cast<detail::RootEngine*>(slot->engine.get()) : nullptr;
+  if (!root) {
+    throw ConfigError("clip_grad_norm_: module " + fully_sharded->name() + " under " + model->name() +
+                      " is sharded by fully_shard, but " + model->name() +
+                      " itself is not: pass the root that fully_shard sharded last (its gradients are the model's)");
+  }
+  return root->clip_grad_norm_(max_norm, norm_type, error_if_nonfinite);
 }
 
 std::vector<at::Tensor> unique_parameters(const std::shared_ptr<torch::nn::Module>& model) {
@@ -257,7 +288,7 @@ void check_optimizer(const std::vector<std::shared_ptr<torch::nn::Module>>& mode
     // FSDP2: the parameter objects stay the module's own (each holds its rows).
     for (const auto& m : model ? model->modules(/*include_self=*/true) : std::vector<std::shared_ptr<torch::nn::Module>>{}) {
       auto slot = detail::find_slot(m.get());
-      if (!slot || !slot->hooks) continue;
+      if (!slot || !detail::is_fully_shard(*slot)) continue;
       sharded = true;
       for (const auto& p : m->parameters()) fsdp_params.insert(p.unsafeGetTensorImpl());
     }
@@ -346,7 +377,7 @@ void reset_runtime_stats(const std::shared_ptr<torch::nn::Module>& model) {
 MemoryStats memory_stats(const std::shared_ptr<torch::nn::Module>& module) {
   MemoryStats s;
   for (auto& [path, m] : fsdp_modules(module)) {
-    auto unit = detail::find_slot(m.get())->unit;
+    auto unit = detail::unit_of(*detail::find_slot(m.get()));
     const int64_t item = unit->flat_shard().element_size();
     s.sharded_param_bytes += unit->flat_shard().numel() * item;
     s.unsharded_param_bytes += unit->live_full_param_bytes();

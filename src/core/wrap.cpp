@@ -12,6 +12,7 @@
 #include "fsdp/error.h"
 #include "fsdp/core/fully_sharded_data_parallel.h"
 #include "fsdp/core/utils.h"
+#include "fsdp/core/detail/engine.h"
 #include "empty_init.h"
 #include "unit.h"
 
@@ -74,7 +75,7 @@ std::string join(const std::string& prefix, const std::string& name) {
 
 bool is_unit(const torch::nn::Module* m) {
   auto slot = find_slot(m);
-  return slot && slot->unit;
+  return slot && unit_of(*slot);
 }
 
 struct WrapContext {
@@ -194,7 +195,7 @@ int64_t recursive_wrap(WrapContext& ctx, torch::nn::Module* parent, torch::nn::M
   }
   if (!is_root && ctx.options.auto_wrap_policy()(m, path, unwrapped)) {
     auto slot = interpose(parent, m, path, "FSDP: auto_wrap_policy");
-    slot->unit = make_unit(ctx, m);
+    slot->engine = make_unit(ctx, m);
     return 0;
   }
   return unwrapped;
@@ -279,7 +280,9 @@ bool is_flat_param(const at::Tensor& t) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   for (const auto& [m, e] : r.slots) {
-    if (!e.module.expired() && e.slot->unit && e.slot->unit->flat_shard().is_same(t)) return true;
+    if (e.module.expired()) continue;
+    auto unit = unit_of(*e.slot);
+    if (unit && unit->flat_shard().is_same(t)) return true;
   }
   return false;
 }
@@ -298,14 +301,14 @@ void interpose_sequential_elements(torch::nn::Module& root) {
     if (seq == nullptr) continue;
     for (const auto& child : seq->named_children()) {
       auto slot = find_slot(child.value().get());
-      if (slot && (slot->unit || slot->checkpoint)) interpose(seq, *child.value(), child.key(), "FSDP");
+      if (slot && (unit_of(*slot) || slot->checkpoint)) interpose(seq, *child.value(), child.key(), "FSDP");
     }
   }
 }
 
 void refuse_torch_serialize(const torch::nn::Module& module, bool saving) {
   auto slot = find_slot(&module);
-  if (slot && slot->hooks) {  // FSDP2: every parameter holds this rank's rows
+  if (slot && is_fully_shard(*slot)) {  // FSDP2: every parameter holds this rank's rows
     throw ConfigError(std::string("fully_shard: torch::") + (saving ? "save of" : "load into") + " the module " +
                       module.name() + ", which fully_shard sharded, would " +
                       (saving ? "write this rank's rows of each parameter under the parameter's full name"
@@ -325,20 +328,22 @@ void refuse_torch_serialize(const torch::nn::Module& module, bool saving) {
                     "fsdp::load_checkpoint (either checkpoint format), or fsdp::load_state_dict");
 }
 
+void refuse_two_engines(const std::string& who, const torch::nn::Module& sharded, const torch::nn::Module& model) {
+  throw ConfigError(who + ": module " + sharded.name() + (&sharded == &model ? "" : " (under " + model.name() + ")") +
+                    " is sharded by fully_shard (FSDP2); one model takes one engine: FullyShardedDataParallel "
+                    "or fully_shard, not both");
+}
+
 void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& options) {
   if (!module) throw ConfigError("FSDP: cannot wrap a null module");
   auto slot = slot_for(module.get());
-  if (slot->unit) {
+  if (unit_of(*slot)) {
     throw ConfigError("FSDP: module " + module->name() +
                       " is already wrapped by FullyShardedDataParallel; wrap each module once");
   }
   for (const auto& m : module->modules(/*include_self=*/true)) {
     auto s = find_slot(m.get());
-    if (s && s->hooks) {
-      throw ConfigError("FSDP: module " + m->name() + (m.get() == module.get() ? "" : " (under " + module->name() + ")") +
-                        " is sharded by fully_shard (FSDP2); one model takes one engine: FullyShardedDataParallel "
-                        "or fully_shard, not both");
-    }
+    if (s && is_fully_shard(*s)) refuse_two_engines("FSDP", *m, *module);
   }
   WrapContext ctx{options, resolve_groups(options), {}, {}};
   for (const auto& m : options.ignored_modules()) {
@@ -356,13 +361,15 @@ void wrap(const std::shared_ptr<torch::nn::Module>& module, const FSDPOptions& o
   interpose_sequential_elements(*module);
   if (options.sync_module_states()) sync_module_states(ctx, *module);
   if (options.auto_wrap_policy()) recursive_wrap(ctx, nullptr, *module, "", /*is_root=*/true);
-  slot->unit = make_unit(ctx, *module);
+  auto root_unit = make_unit(ctx, *module);
+  slot->engine = root_unit;
   // The units below (auto-wrapped or wrapped before) learn their outermost
   // wrapped module: a forward of theirs that runs before its own is the
   // model's module called directly (model->forward(x)), which pre_forward names.
   for (const auto& m : module->modules(/*include_self=*/false)) {
     auto inner = find_slot(m.get());
-    if (inner && inner->unit) inner->unit->set_outer(slot->unit);
+    auto unit = inner ? unit_of(*inner) : nullptr;
+    if (unit) unit->set_outer(root_unit);
   }
 }
 
@@ -380,7 +387,7 @@ void find_units(torch::nn::Module& m, const std::string& path,
 
 std::vector<std::shared_ptr<UnitState>> units_of(const std::shared_ptr<torch::nn::Module>& model) {
   std::vector<std::shared_ptr<UnitState>> out;
-  for (auto& entry : fsdp_modules(model)) out.push_back(find_slot(entry.second.get())->unit);
+  for (auto& entry : fsdp_modules(model)) out.push_back(unit_of(*find_slot(entry.second.get())));
   return out;
 }
 
@@ -410,7 +417,7 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(const std::share
   std::unordered_set<const c10::TensorImpl*> flat_params;
   at::NoGradGuard no_grad;
   for (auto& [path, m] : fsdp_modules(module)) {
-    auto unit = detail::find_slot(m.get())->unit;
+    auto unit = detail::unit_of(*detail::find_slot(m.get()));
     flat_params.insert(unit->flat_shard().unsafeGetTensorImpl());
     at::Tensor flat = unit->gather_master();
     for (const auto& p : unit->params()) {

@@ -20,7 +20,7 @@ bool is_float(at::ScalarType t) { return at::isFloatingType(t); }
 
 std::shared_ptr<FSDPState> state_of(const torch::nn::Module& module) {
   auto slot = find_slot(&module);
-  auto hooks = slot ? std::dynamic_pointer_cast<ModuleHooks>(slot->hooks) : nullptr;
+  auto hooks = slot ? std::dynamic_pointer_cast<ModuleHooks>(slot->engine) : nullptr;
   return hooks ? hooks->state : nullptr;
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "fsdp/core/detail/engine.h"
 #include "fsdp/core/detail/forward_call.h"
 #include "param_group.h"
 
@@ -76,14 +77,17 @@ class FSDPState final : public std::enable_shared_from_this<FSDPState> {
 };
 
 // The forward hooks (fsdp/core/detail/forward_call.h) in the slot of one
-// module of a state.
-class ModuleHooks final : public ForwardHooks {
+// module of a state; for a root, the engine that core's one entry points
+// dispatch to (fsdp/core/detail/engine.h).
+class ModuleHooks final : public ForwardHooks, public RootEngine {
  public:
   ModuleHooks(std::shared_ptr<FSDPState> state, torch::nn::Module* module)
       : state(std::move(state)), module(module) {}
   void pre_forward(std::vector<at::Tensor>& inputs) override { state->pre_forward(inputs); }
   void post_forward(std::vector<at::Tensor>& outputs) override { state->post_forward(module, outputs); }
   void forward_failed() noexcept override { state->forward_failed(); }
+  // fsdp::clip_grad_norm_ of a model whose root is this module (fully_shard.cpp).
+  at::Tensor clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) override;
 
   const std::shared_ptr<FSDPState> state;
   torch::nn::Module* const module;

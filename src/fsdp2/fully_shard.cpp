@@ -12,6 +12,7 @@
 #include <functional>
 #include <unordered_set>
 
+#include "fsdp/core/detail/engine.h"
 #include "fsdp/error.h"
 #include "fsdp_state.h"
 
@@ -160,11 +161,11 @@ std::shared_ptr<detail::Slot> checked_slot(const std::shared_ptr<torch::nn::Modu
                       "hooks): register it as fsdp::Unit<" + name + "Impl> and call it as m(x), or hold the root "
                       "in fsdp::FullyShard");
   }
-  if (slot->unit) {
+  if (detail::unit_of(*slot)) {
     throw ConfigError("fully_shard: module " + name +
                       " is already wrapped by FullyShardedDataParallel; one model takes one engine");
   }
-  if (slot->hooks) throw ConfigError("fully_shard: module " + name + " is already sharded by fully_shard; shard each module once");
+  if (detail::is_fully_shard(*slot)) throw ConfigError("fully_shard: module " + name + " is already sharded by fully_shard; shard each module once");
   return slot;
 }
 
@@ -204,11 +205,11 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
   std::function<void(const std::string&, torch::nn::Module&)> dfs = [&](const std::string& path, torch::nn::Module& m) {
     if (!root_set.count(&m)) {
       auto s = detail::find_slot(&m);
-      if (s && s->unit) {
+      if (s && detail::unit_of(*s)) {
         throw ConfigError("fully_shard: module " + name + " holds module " + path +
                           ", which FullyShardedDataParallel wrapped; one model takes one engine");
       }
-      if (s && s->hooks) return;  // a nested fully_shard module: its parameters are its own
+      if (s && detail::is_fully_shard(*s)) return;  // a nested fully_shard module: its parameters are its own
     }
     visited.insert(&m);
     for (const auto& child : m.named_children()) {
@@ -249,7 +250,7 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
   group->reshard_after_forward = raf;
   if (post_size > 0) group->post_forward_group = post_forward_group(options.mesh().shard_group(), post_size);
   auto state = std::make_shared<detail::FSDPState>(group);
-  for (size_t i = 0; i < roots.size(); ++i) slots[i]->hooks = std::make_shared<detail::ModuleHooks>(state, roots[i].get());
+  for (size_t i = 0; i < roots.size(); ++i) slots[i]->engine = std::make_shared<detail::ModuleHooks>(state, roots[i].get());
   return FSDPModule(group);
 }
 
@@ -300,8 +301,10 @@ std::optional<FSDPModule> fsdp_module_of(const torch::nn::Module& module) {
   return FSDPModule(g);
 }
 
-at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_type) {
-  FSDPParamGroup& r = checked(root.group());
+namespace detail {
+
+// torch.nn.utils.clip_grad_norm_ over the DTensor gradients of the groups under `root`.
+at::Tensor clip_grad_norm_of(FSDPParamGroup& r, double max_norm, double norm_type, bool error_if_nonfinite) {
   std::unordered_set<const void*> managed_here;
   for (const auto& g : groups_under(r, /*recurse=*/true)) {
     if (g->unsharded()) {
@@ -347,10 +350,21 @@ at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_
     }
   }
   const at::Tensor total = at::linalg_vector_norm(stacked, norm_type);
+  if (error_if_nonfinite) check_finite_norm(total, norm_type);
   // torch: max_norm / (total + 1e-6), which Python computes as reciprocal() * max_norm.
   const at::Tensor coef = at::clamp((total + 1e-6).reciprocal() * max_norm, c10::nullopt, 1.0);
   for (auto& g : grads) g.mul_(coef);
   return total;
+}
+
+at::Tensor ModuleHooks::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  return clip_grad_norm_of(*state->group(), max_norm, norm_type, error_if_nonfinite);
+}
+
+}  // namespace detail
+
+at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_type) {
+  return detail::clip_grad_norm_of(checked(root.group()), max_norm, norm_type, /*error_if_nonfinite=*/false);
 }
 
 torch::nn::Module& FSDPModule::module() const { return *checked(group_).module(); }

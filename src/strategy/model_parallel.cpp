@@ -169,7 +169,8 @@ void ModelParallelStrategy::setup_optimizer(const torch::optim::Optimizer& optim
 
 at::Tensor ModelParallelStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module, double max_norm,
                                                       double norm_type) const {
-  return clip_grad_norm_(root_of(module, "clip_gradients_norm"), max_norm, norm_type);
+  root_of(module, "clip_gradients_norm");  // ConfigError unless fully_shard sharded it
+  return clip_grad_norm_(module, max_norm, norm_type);
 }
 
 at::Tensor ModelParallelStrategy::clip_gradients_norm(const std::shared_ptr<torch::nn::Module>& module,

@@ -53,6 +53,43 @@ std::vector<int64_t> full_units_seen(dist::ProcessGroup& pg, bool forward_prefet
   return seen;
 }
 
+// A model run inside another model's forward (a frozen teacher called from a
+// student's unit) still starts a new iteration at each of its forwards: the
+// forward depth that tells a root's forward from a nested one is counted per
+// model, not per thread. So it records its forward order and prefetches from
+// it as it does when run on its own.
+TEST(Prefetch, AModelRunInsideAnotherModelsForwardPrefetchesAsAlone) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    auto make_teacher = [&] {
+      torch::nn::Sequential seq;
+      {
+        std::lock_guard<std::mutex> lock(rng_mutex());
+        for (int i = 0; i < 3; ++i) seq->push_back(Probe());
+      }
+      FSDPOptions o;
+      o.process_group(borrow(pg));
+      o.auto_wrap_policy(transformer_auto_wrap_policy<ProbeImpl>());
+      o.forward_prefetch(true);
+      return FullyShardedDataParallel<torch::nn::SequentialImpl>(seq, o);
+    };
+    auto run_teacher = [](FullyShardedDataParallel<torch::nn::SequentialImpl>& teacher) {
+      torch::NoGradGuard no_grad;
+      teacher(torch::ones({2, 5}));
+    };
+    auto alone = make_teacher();
+    for (int i = 0; i < 3; ++i) run_teacher(alone);
+    auto nested = make_teacher();
+    Probe student_module;
+    student_module->probe = [&] { run_teacher(nested); };
+    FSDPOptions o;
+    o.process_group(borrow(pg));
+    FullyShardedDataParallel<ProbeImpl> student(student_module, o);
+    for (int i = 0; i < 3; ++i) student(torch::ones({2, 5})).sum().backward();
+    EXPECT_GT(runtime_stats(alone.ptr()).prefetches, 0);
+    EXPECT_EQ(runtime_stats(nested.ptr()).prefetches, runtime_stats(alone.ptr()).prefetches);
+  });
+}
+
 TEST(Prefetch, ForwardPrefetchGathersTheNextUnitEarly) {
   run_ranks(2, [](dist::ProcessGroup& pg) {
     EXPECT_EQ(full_units_seen(pg, false, true, 4), (std::vector<int64_t>{1, 1, 1, 1}));

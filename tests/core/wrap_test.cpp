@@ -329,4 +329,40 @@ TEST(Options, EnumNamesParseBackAndUnknownNamesListTheValidOnes) {
   EXPECT_THROW(parse_backward_prefetch("backward_none"), ConfigError);
 }
 
+// A unit's forward takes its non-tensor arguments themselves (a counter it
+// updates, by reference) and, under mixed precision, its floating-point
+// tensors in the compute dtype, those inside a vector too (torch's
+// _cast_forward_inputs): FSDP1's unit runs as the same forward hooks as
+// fully_shard's.
+struct ArgsImpl : torch::nn::Module {
+  ArgsImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  torch::Tensor forward(torch::Tensor x, std::vector<torch::Tensor> extra, int& calls) {
+    ++calls;
+    dtypes = {x.scalar_type(), extra[0].scalar_type(), extra[1].scalar_type()};
+    return fc(x) + extra[0];
+  }
+  torch::nn::Linear fc{nullptr};
+  std::vector<at::ScalarType> dtypes;
+};
+
+TEST(Wrap, AUnitsForwardTakesItsArgumentsAsTheEngineHooksGiveThem) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    FSDPOptions o;
+    o.process_group(borrow(pg));
+    MixedPrecision mp;
+    mp.param_dtype = torch::kBFloat16;
+    o.mixed_precision(mp);
+    std::shared_ptr<ArgsImpl> impl;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex());
+      impl = std::make_shared<ArgsImpl>();
+    }
+    FullyShardedDataParallel<ArgsImpl> model(impl, o);
+    int calls = 0;
+    model(torch::ones({2, 4}), std::vector<torch::Tensor>{torch::ones({2, 4}), torch::ones({2}, torch::kLong)}, calls);
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(impl->dtypes, (std::vector<at::ScalarType>{torch::kBFloat16, torch::kBFloat16, torch::kLong}));
+  });
+}
+
 }  // namespace

@@ -642,4 +642,36 @@ void expect_fsdp1_equals_fsdp2(int world, double tolerance) {
 TEST(FullyShard, EqualsFsdp1BitwiseAtWorld2) { expect_fsdp1_equals_fsdp2(2, 0); }
 TEST(FullyShard, AgreesWithFsdp1Within1e6AtWorld3) { expect_fsdp1_equals_fsdp2(3, 1e-6); }
 
+// fsdp::clip_grad_norm_(model), the one entry point of both engines, runs
+// fully_shard's arithmetic (torch.nn.utils.clip_grad_norm_ over DTensors)
+// for a model whose root fully_shard sharded: the norm and the clipped
+// gradients of clip_grad_norm_(FSDPModule), to the bit.
+TEST(FullyShard, TheOneClipGradNormEntryPointRunsTheDTensorArithmetic) {
+  run_ranks(2, [](dist::ProcessGroup& pg) {
+    std::vector<std::vector<at::Tensor>> results;
+    for (bool one_entry : {false, true}) {
+      Sharded s = shard(pg, {});
+      auto [tokens, target] = batch(0, 0, pg.rank(), pg.size());
+      F::cross_entropy(s.root(tokens), target).backward();
+      std::vector<at::Tensor> r{one_entry ? clip_grad_norm_(s.root.ptr(), 0.5) : clip_grad_norm_(s.fsdp, 0.5)};
+      for (const auto& p : unique_parameters(s.net)) r.push_back(p.grad().defined() ? p.grad().clone() : at::zeros({0}));
+      results.push_back(std::move(r));
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(results[0][i].equal(results[1][i])) << i;
+    // A model whose fully_shard modules lie under an unsharded root, and one
+    // with modules of both engines, are refused by name.
+    auto net = make_model(false);
+    fully_shard(net->b1, Mesh::of(borrow(pg)));
+    EXPECT_NE(config_error([&] { clip_grad_norm_(net, 1.0); }).find("pass the root that fully_shard sharded"),
+              std::string::npos);
+    FSDPOptions o;
+    o.process_group(borrow(pg));
+    FullyShardedDataParallel<BlockImpl> b0(net->b0.ptr(), o);
+    const std::string mixed = config_error([&] { clip_grad_norm_(net, 1.0); });
+    EXPECT_NE(mixed.find("BlockImpl (under "), std::string::npos) << mixed;
+    EXPECT_NE(mixed.find("is sharded by fully_shard (FSDP2); one model takes one engine"), std::string::npos) << mixed;
+  });
+}
+
 }  // namespace

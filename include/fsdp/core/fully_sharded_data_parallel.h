@@ -176,9 +176,9 @@ class Unit : public torch::nn::ModuleHolder<ModuleImpl> {
   }
 
   // True once this module is an FSDP unit.
-  bool is_fsdp_unit() const { return slot_ && slot_->unit != nullptr; }
+  bool is_fsdp_unit() const { return slot_ && detail::unit_of(*slot_) != nullptr; }
   // True once fully_shard (FSDP2, fsdp/fsdp2/fully_shard.h) sharded this module.
-  bool is_fully_shard() const { return slot_ && slot_->hooks != nullptr; }
+  bool is_fully_shard() const { return slot_ && detail::is_fully_shard(*slot_); }
 
  protected:
   void attach() {

@@ -73,9 +73,17 @@ class SummonFullParams {
 
 // [collective] Clips the gradients of the whole model so that their global
 // norm (over all shards, of order `norm_type`: any p > 0, or INFINITY) is at
-// most max_norm, and returns that norm as computed before clipping: what
-// torch's FullyShardedDataParallel.clip_grad_norm_ computes, to the bit.
-// Call after backward, before the optimizer step. The arithmetic is torch's:
+// most max_norm, and returns that norm as computed before clipping. The one
+// entry point for both engines: it asks the model which engine sharded it
+// and runs that engine's torch arithmetic, to the bit.
+// - fully_shard (FSDP2): `model` must be the root fully_shard sharded last;
+//   torch.nn.utils.clip_grad_norm_ over its DTensor gradients, as
+//   fsdp/fsdp2/fully_shard.h's clip_grad_norm_(FSDPModule) describes
+//   (error_if_nonfinite as below). ConfigError for a model with modules of
+//   both engines, naming the fully_shard one, and for a model whose
+//   fully_shard modules lie under an unsharded root.
+// - FullyShardedDataParallel (FSDP1), or no engine: what torch's
+//   FullyShardedDataParallel.clip_grad_norm_ computes. The arithmetic is torch's:
 // - sharded units: a float32 norm of each gradient on this rank (each unit's
 //   flat parameter's shard, padding included; with use_orig_params each
 //   original parameter's part of it), stacked in the units' pre-order, the

@@ -194,6 +194,9 @@ FSDPModule fully_shard_tree(const std::shared_ptr<torch::nn::Module>& root, cons
 // 0-d tensor, the same on every rank). Call it after the last backward of a
 // step (parameters resharded); ConfigError for a gradient on a parameter that
 // no group under root manages.
+// Deprecated (kept for one release): call fsdp::clip_grad_norm_(model, ...)
+// (fsdp/core/utils.h), the one entry point for both engines, which runs this
+// arithmetic for a model whose root fully_shard sharded.
 at::Tensor clip_grad_norm_(const FSDPModule& root, double max_norm, double norm_type = 2.0);
 
 // [local] The FSDPModule of `module`, if fully_shard sharded it.

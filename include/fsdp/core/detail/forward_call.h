@@ -1,5 +1,6 @@
 // fsdp/core/detail/forward_call.h — the glue between the forward-interposing holders in
-// fsdp/core/fully_sharded_data_parallel.h and the sharding engine in src/core/.
+// fsdp/core/fully_sharded_data_parallel.h and the engine of each module (FSDP1's
+// unit in src/core/, or fully_shard's hooks in src/fsdp2/), one interface for both.
 // Not a public API.
 #pragma once
 
@@ -22,35 +23,46 @@ class Module;
 
 namespace fsdp::detail {
 
-class UnitState;  // one FSDP unit: a flat parameter and its hooks (src/core/unit.cpp)
+class UnitState;  // FSDP1's unit: a flat parameter and its hooks (src/core/unit.h)
 
-// The forward hooks of another engine on the same interposition: fully_shard
-// (FSDP2, src/fsdp2/) puts its parameter group here instead of an FSDP1 unit.
-// A holder runs pre_forward, the module's forward, then post_forward.
+// The engine of a module on core's forward interposition: a holder runs
+// pre_forward, the module's forward, then post_forward. FSDP1's unit
+// (UnitState, src/core/unit.h) and fully_shard's (FSDP2, src/fsdp2/)
+// hooks of a parameter group both implement it.
 class ForwardHooks {
  public:
   virtual ~ForwardHooks() = default;
-  // Before the forward. `inputs` are the forward's tensor arguments, in
-  // order; the hooks may replace them (a cast, or a view whose gradient
-  // marks the end of this module's backward).
+  // Before the forward. `inputs` are the forward's tensor arguments (those
+  // inside vectors, pairs and tuples too), in order; the hooks may replace
+  // them (a cast, or a view whose gradient marks the end of this module's
+  // backward).
   virtual void pre_forward(std::vector<at::Tensor>& inputs) = 0;
   // After it; may replace the output tensors (a cast to an output dtype).
   virtual void post_forward(std::vector<at::Tensor>& outputs) = 0;
   // The forward threw: undo pre_forward's state; must not throw.
   virtual void forward_failed() noexcept = 0;
+  // After forward_failed, when the forward threw a LibTorch error (c10::Error,
+  // its message `what`): may throw a ConfigError that explains it; returning
+  // lets the LibTorch error through.
+  virtual void explain_forward_error(const std::string& /*what*/) {}
 };
 
-// Where a module's FSDP unit lives, shared by every holder of that module.
-// `unit` is null while the module is not (yet) an FSDP unit.
+// Where a module's engine lives, shared by every holder of that module.
 struct Slot {
-  std::shared_ptr<UnitState> unit;
-  std::shared_ptr<ForwardHooks> hooks;  // fully_shard's group (never together with `unit`)
+  // FSDP1's unit or fully_shard's hooks; null while the module is in no
+  // engine. unit_of and is_fully_shard tell which.
+  std::shared_ptr<ForwardHooks> engine;
   bool checkpoint = false;  // run the forward under activation checkpointing
   // Set for a module built under fsdp::EmptyInitGuard: its parameters and
   // buffers hold no memory yet, and this builds a fresh module of the same
   // structure whose values materialisation takes.
   std::function<std::shared_ptr<torch::nn::Module>()> deferred_init;
 };
+
+// The FSDP1 unit in `slot`, or null (no engine, or fully_shard's) (unit.cpp).
+std::shared_ptr<UnitState> unit_of(const Slot& slot);
+// True when fully_shard (FSDP2) sharded the module of `slot` (unit.cpp).
+bool is_fully_shard(const Slot& slot);
 
 // True while an fsdp::EmptyInitGuard is alive on this thread.
 bool empty_init_active();
@@ -64,12 +76,6 @@ std::shared_ptr<torch::nn::Module> build_deferred(std::function<std::shared_ptr<
 
 // ConfigError unless the module of `slot` is materialised.
 void check_materialized(const Slot& slot);
-
-// After a LibTorch error in the forward of `unit`: a ConfigError (carrying
-// `what`) when units below it still held only their shards without having
-// run their forward in this iteration — the trap of calling a unit's module
-// directly (unit->forward(x)), which skips the gather; returns otherwise.
-void explain_forward_error(UnitState& unit, const std::string& what);
 
 // The slot of `module`: the existing one if some holder or wrapper made it,
 // else a new one registered for it. Thread-safe.
@@ -88,56 +94,12 @@ std::shared_ptr<Slot> interpose(torch::nn::Module* parent, torch::nn::Module& m,
 // Marks `module`'s slot as checkpointed; ConfigError if it already is.
 void mark_checkpointed(const std::shared_ptr<Slot>& slot, const torch::nn::Module& module);
 
-// Pre-forward (unshard) on construction; post-forward (reshard, backward
-// hooks on `outputs`) in finish(); cleanup if the forward threw.
-class ForwardScope {
- public:
-  explicit ForwardScope(UnitState& unit);
-  ~ForwardScope();
-  void finish(const std::vector<at::Tensor>& outputs);
-  // A forward argument as the unit's forward receives it: floating-point
-  // tensors cast to the unit's compute dtype, anything else as is.
-  template <class X>
-  decltype(auto) cast(X&& x) {
-    if constexpr (std::is_same_v<std::decay_t<X>, at::Tensor>) {
-      return cast_tensor(x);
-    } else {
-      return std::forward<X>(x);
-    }
-  }
-  at::Tensor cast_tensor(const at::Tensor& t) const;
-  ForwardScope(const ForwardScope&) = delete;
-  ForwardScope& operator=(const ForwardScope&) = delete;
-
- private:
-  UnitState& unit_;
-  bool finished_ = false;
-};
-
 template <class T> struct IsVector : std::false_type {};
 template <class T, class A> struct IsVector<std::vector<T, A>> : std::true_type {};
 template <class T> struct IsPair : std::false_type {};
 template <class A, class B> struct IsPair<std::pair<A, B>> : std::true_type {};
 template <class T> struct IsTuple : std::false_type {};
 template <class... Ts> struct IsTuple<std::tuple<Ts...>> : std::true_type {};
-
-// Tensors inside a forward's result, to hook the pre-backward unshard on.
-// Tensors, vectors, pairs and tuples of them are searched; anything else holds
-// no tensors we can see, and such a unit keeps its full parameters until
-// backward (see fsdp.h).
-template <class T>
-void collect_tensors(const T& x, std::vector<at::Tensor>& out) {
-  if constexpr (std::is_same_v<T, at::Tensor>) {
-    out.push_back(x);
-  } else if constexpr (IsVector<T>::value) {
-    for (const auto& e : x) collect_tensors(e, out);
-  } else if constexpr (IsPair<T>::value) {
-    collect_tensors(x.first, out);
-    collect_tensors(x.second, out);
-  } else if constexpr (IsTuple<T>::value) {
-    std::apply([&](const auto&... es) { (collect_tensors(es, out), ...); }, x);
-  }
-}
 
 // Activation checkpointing (src/core/activation_checkpointing.cpp): runs fn(inputs)
 // without keeping its activations and returns its output tensors, made
@@ -190,26 +152,65 @@ auto checkpoint_call(F& forward, Args&&... args) -> decltype(forward(std::forwar
   return result;
 }
 
-// Runs forward(args...) between another engine's hooks (ForwardHooks): the
-// arguments are kept as copies whose tensors pre_forward may replace, the
-// result's tensors post_forward may replace.
+// Whether for_each_tensor finds tensors in a T: a tensor, or vectors, pairs
+// and tuples holding one.
+template <class T> struct HoldsTensors : std::is_same<T, at::Tensor> {};
+template <class T, class A> struct HoldsTensors<std::vector<T, A>> : HoldsTensors<T> {};
+template <class A, class B>
+struct HoldsTensors<std::pair<A, B>> : std::disjunction<HoldsTensors<A>, HoldsTensors<B>> {};
+template <class... Ts> struct HoldsTensors<std::tuple<Ts...>> : std::disjunction<HoldsTensors<Ts>...> {};
+
+// How call_hooked keeps a forward argument: a copy when it holds tensors
+// (the hooks may replace them; the caller's own stay as they are), else the
+// argument itself.
+template <class A>
+using HookedArg = std::conditional_t<HoldsTensors<std::decay_t<A>>::value, std::decay_t<A>, A&&>;
+
+// A kept argument as the forward receives it: a copy as an lvalue, a
+// reference as it was passed (an lvalue, or an rvalue).
+template <class E, class X>
+decltype(auto) pass_hooked(X& x) {
+  if constexpr (std::is_reference_v<E>) {
+    return static_cast<E&&>(x);
+  } else {
+    return (x);
+  }
+}
+
+template <class F, class Tuple, size_t... I>
+decltype(auto) apply_hooked(F& f, Tuple& kept, std::index_sequence<I...>) {
+  return f(pass_hooked<std::tuple_element_t<I, Tuple>>(std::get<I>(kept))...);
+}
+
+// Runs forward(args...) between an engine's hooks (ForwardHooks),
+// checkpointed when asked (inside the hooks: the re-run in backward finds
+// the parameters already gathered): the tensors of the arguments, kept as
+// copies, are what pre_forward may replace; the result's tensors are what
+// post_forward may replace.
 template <class F, class... Args>
 auto call_hooked(ForwardHooks& hooks, bool checkpoint, F& forward, Args&&... args)
     -> decltype(forward(std::forward<Args>(args)...)) {
   using R = std::decay_t<decltype(forward(std::forward<Args>(args)...))>;
-  std::tuple<std::decay_t<Args>...> stored(std::forward<Args>(args)...);
+  using Kept = std::tuple<HookedArg<Args>...>;
+  Kept kept(std::forward<Args>(args)...);
   std::vector<at::Tensor> inputs;
-  std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { inputs.push_back(t); }), ...); }, stored);
+  std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { inputs.push_back(t); }), ...); }, kept);
   hooks.pre_forward(inputs);
   size_t i = 0;
-  std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { t = inputs[i++]; }), ...); }, stored);
+  std::apply([&](auto&... a) { (for_each_tensor(a, [&](at::Tensor& t) { t = inputs[i++]; }), ...); }, kept);
   std::optional<R> out;
+  const auto seq = std::index_sequence_for<Args...>{};
   try {
     if (checkpoint) {
-      out.emplace(std::apply([&](auto&... a) { return checkpoint_call(forward, a...); }, stored));
+      auto run = [&](auto&&... a) { return checkpoint_call(forward, std::forward<decltype(a)>(a)...); };
+      out.emplace(apply_hooked(run, kept, seq));
     } else {
-      out.emplace(std::apply([&](auto&... a) { return forward(a...); }, stored));
+      out.emplace(apply_hooked(forward, kept, seq));
     }
+  } catch (const c10::Error& e) {
+    hooks.forward_failed();
+    hooks.explain_forward_error(e.what_without_backtrace());
+    throw;
   } catch (...) {
     hooks.forward_failed();
     throw;
@@ -222,35 +223,16 @@ auto call_hooked(ForwardHooks& hooks, bool checkpoint, F& forward, Args&&... arg
   return std::move(*out);
 }
 
-// Runs forward(args...) inside the unit's forward scope (or plainly, without
-// a unit), checkpointed when the slot says so (inside the unit's scope: the
-// re-run in backward finds the parameters already gathered).
+// Runs forward(args...) as the module's slot says: between its engine's
+// hooks, checkpointed, or plainly (no slot, or an empty one).
 template <class F, class... Args>
 auto call(const std::shared_ptr<Slot>& slot, F&& forward, Args&&... args)
     -> decltype(forward(std::forward<Args>(args)...)) {
-  UnitState* unit = slot ? slot->unit.get() : nullptr;
-  const bool checkpoint = slot && slot->checkpoint;
-  if (slot && slot->deferred_init) check_materialized(*slot);
-  if (slot && slot->hooks) return call_hooked(*slot->hooks, checkpoint, forward, std::forward<Args>(args)...);
-  if (unit == nullptr) {
-    if (checkpoint) return checkpoint_call(forward, std::forward<Args>(args)...);
-    return forward(std::forward<Args>(args)...);
-  }
-  ForwardScope scope(*unit);
-  auto run = [&]() -> decltype(forward(std::forward<Args>(args)...)) {
-    try {
-      return checkpoint ? checkpoint_call(forward, scope.cast(std::forward<Args>(args))...)
-                        : forward(scope.cast(std::forward<Args>(args))...);
-    } catch (const c10::Error& e) {
-      explain_forward_error(*unit, e.what_without_backtrace());
-      throw;
-    }
-  };
-  auto out = run();
-  std::vector<at::Tensor> tensors;
-  collect_tensors(out, tensors);
-  scope.finish(tensors);
-  return out;
+  if (!slot) return forward(std::forward<Args>(args)...);
+  if (slot->deferred_init) check_materialized(*slot);
+  if (slot->engine) return call_hooked(*slot->engine, slot->checkpoint, forward, std::forward<Args>(args)...);
+  if (slot->checkpoint) return checkpoint_call(forward, std::forward<Args>(args)...);
+  return forward(std::forward<Args>(args)...);
 }
 
 }  // namespace fsdp::detail
