@@ -197,8 +197,8 @@ TEST(Observability, TheLossCurveHasAxesWithValuesALegendAndATitle) {
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   const std::string svg = read_file(out + "/loss.svg");
   // The title names the run settings' rows marked for it, as their flags (run_settings.h).
-  EXPECT_NE(svg.find(">fsdp-train --preset tiny --context 32 --dim 64 --layers 2 --batch 4 --lr 0.003 "
-                     "--sharding-strategy FULL_SHARD --precision 32-true, world 1</text>"),
+  EXPECT_NE(svg.find(">fsdp-train --preset tiny --context 32 --dim 64 --layers 2 --lr 0.003 --batch 4 "
+                     "--precision 32-true --sharding-strategy FULL_SHARD, world 1</text>"),
             std::string::npos)
       << svg;
   EXPECT_NE(svg.find(">step</text>"), std::string::npos);
