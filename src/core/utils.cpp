@@ -104,12 +104,16 @@ at::Tensor clip_local(const std::vector<at::Tensor>& grads, double max_norm, dou
   return total;
 }
 
-// torch's FullyShardedDataParallel.clip_grad_norm_ (or nn.utils' when no unit shards).
-at::Tensor clip_fsdp1(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
-                      bool error_if_nonfinite) {
+void check_norm_type(double norm_type) {
   if (!(norm_type > 0)) {
     throw ConfigError("clip_grad_norm_: norm_type=" + std::to_string(norm_type) + " is invalid: expected p > 0 or INFINITY");
   }
+}
+
+// torch's FullyShardedDataParallel.clip_grad_norm_ (or nn.utils' when no unit shards).
+at::Tensor clip_fsdp1(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
+                      bool error_if_nonfinite) {
+  check_norm_type(norm_type);
   const bool inf = std::isinf(norm_type);
   auto units = detail::units_of(model);
   // torch's handle.uses_sharded_strategy: a unit sharded over more than one
@@ -213,6 +217,9 @@ at::Tensor clip_grad_norm_(const std::shared_ptr<torch::nn::Module>& model, doub
     fsdp1 |= detail::unit_of(*slot) != nullptr;
     if (detail::is_fully_shard(*slot) && !fully_sharded) fully_sharded = m.get();
   }
+  // One range for both engines, the one documented: torch's nn.utils takes
+  // any float, but a norm of order p <= 0 (or NaN) bounds nothing.
+  check_norm_type(norm_type);
   if (!fully_sharded) return clip_fsdp1(model, max_norm, norm_type, error_if_nonfinite);
   if (fsdp1) detail::refuse_two_engines("clip_grad_norm_", *fully_sharded, *model);
   auto slot = detail::find_slot(model.get());

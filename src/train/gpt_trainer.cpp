@@ -317,6 +317,8 @@ double train(const TrainConfig& config, const dist::ProcessGroupPtr& world) {
   ModelSpec spec = model_spec(c);
   validate(c);
   LlamaSpec* llama = std::get_if<LlamaSpec>(&spec);
+  // config.json read once: the sizes the run records are the model's.
+  if (llama) c.llama_as_read = std::make_shared<const models::LlamaConfig>(llama->config);
   // An hf: model's weights are loaded (or a checkpoint's, on resume): not drawn first.
   if (llama) llama->config.initialize = llama->hf_directory.empty();
   const std::unique_ptr<Strategy> strategy_ptr = make_strategy(c.engine, strategy_options(c, spec, world));

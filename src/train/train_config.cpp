@@ -189,8 +189,9 @@ void check_model_source(const TrainConfig& c) {
 
 models::LlamaConfig llama_config(const TrainConfig& c) {
   if (!trains_llama(c)) throw ConfigError("--model " + c.model_source + " is not a Llama-family model");
-  models::LlamaConfig config =
-      c.model_source == "llama" ? models::read_llama_config(c.model_config) : hf::read_config(hf_directory(c));
+  models::LlamaConfig config = c.llama_as_read                ? *c.llama_as_read
+                               : c.model_source == "llama" ? models::read_llama_config(c.model_config)
+                                                           : hf::read_config(hf_directory(c));
   config.lora = c.lora;
   return config;
 }

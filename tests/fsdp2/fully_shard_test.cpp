@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -659,6 +661,16 @@ TEST(FullyShard, TheOneClipGradNormEntryPointRunsTheDTensorArithmetic) {
     }
     ASSERT_EQ(results[0].size(), results[1].size());
     for (size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(results[0][i].equal(results[1][i])) << i;
+    // One range of norm_type for both engines, as documented (FSDP1's path
+    // refused these before; fully_shard's computed them).
+    {
+      Sharded s = shard(pg, {});
+      for (double p : {0.0, -2.0, -std::numeric_limits<double>::infinity(), std::nan("")}) {
+        EXPECT_NE(config_error([&] { clip_grad_norm_(s.root.ptr(), 0.5, p); }).find("expected p > 0 or INFINITY"),
+                  std::string::npos)
+            << p;
+      }
+    }
     // A model whose fully_shard modules lie under an unsharded root, and one
     // with modules of both engines, are refused by name.
     auto net = make_model(false);

@@ -13,9 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <fstream>
 #include <iomanip>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -192,6 +194,28 @@ TEST(RunSettings, ALlamaRunsSpecHoldsItsConfigJsonAndNoGptSizes) {
   const train::ModelSpec gpt = train::model_spec(g);
   ASSERT_TRUE(std::holds_alternative<train::GptSpec>(gpt));
   EXPECT_EQ(std::get<train::GptSpec>(gpt).config.dim, 48);
+}
+
+// train() reads a Llama's config.json once: what a run records at each
+// save (its settings' sizes) is the model it built, even when the file is
+// edited or removed during the run.
+TEST(RunSettings, ALlamaRunRecordsTheConfigJsonItReadAtItsStart) {
+  TempDir dir;
+  train::TrainConfig c = tiny_llama_run(dir.path());
+  const train::ModelSpec spec = train::model_spec(c);
+  c.llama_as_read = std::make_shared<const models::LlamaConfig>(std::get<train::LlamaSpec>(spec).config);
+  const std::string recorded = train::config_json(c);
+  std::ofstream(c.model_config) << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 500,
+    "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6})";
+  EXPECT_EQ(train::config_json(c), recorded);
+  EXPECT_EQ(train::model_sizes(c).dim, 32);
+  std::remove(c.model_config.c_str());
+  EXPECT_EQ(train::config_json(c), recorded);
+  EXPECT_EQ(train::llama_config(c).vocab_size, 300);
+  // Without the snapshot, the file is what counts (and its absence is named).
+  c.llama_as_read = nullptr;
+  EXPECT_NE(config_error([&] { train::model_sizes(c); }).find(c.model_config), std::string::npos);
 }
 
 // Each row shows where it says it does, by its name or flag.

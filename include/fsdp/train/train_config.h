@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -58,6 +59,11 @@ struct TrainConfig {
   // projections (models::LoraConfig; rank 0: full fine-tuning). The base is
   // frozen and costs no gradient or optimizer memory: --engine fsdp2 only.
   models::LoraConfig lora;
+  // A Llama run's config.json as train() read it once at its start (set by
+  // train(), not a flag): llama_config, model_sizes and the run's record use
+  // it, so a config.json edited or removed during a run changes nothing the
+  // run records, and every rank records what it built. Null: read the file.
+  std::shared_ptr<const models::LlamaConfig> llama_as_read;
   // --save-hf DIR: at the end of the run, after its last checkpoint, the
   // model as a Hugging Face directory that transformers loads (export_hf:
   // config.json, generation_config.json, the tokenizer's files of an hf:
@@ -163,8 +169,9 @@ struct LoggerChoice {
 LoggerChoice chosen_loggers(const std::string& names);
 
 // The model of a Llama run (--model llama or hf:DIR): its config.json
-// (models::read_llama_config: errors name the file and key) with the run's
-// LoRA settings; ConfigError for a GPT run.
+// (models::read_llama_config: errors name the file and key; or
+// config.llama_as_read once train() read it) with the run's LoRA settings;
+// ConfigError for a GPT run.
 models::LlamaConfig llama_config(const TrainConfig& config);
 
 // Whether `config` trains a Llama (--model llama or hf:DIR).
