@@ -12,34 +12,6 @@ namespace fsdp::detail {
 
 namespace {
 
-// FSDP1: a unit's flat parameter gathered once, each original parameter a
-// view of it.
-class UnitGather final : public FullGather {
- public:
-  explicit UnitGather(const UnitView* u) : u_(u) {}
-  std::vector<at::Tensor> gather() const override {
-    const at::Tensor flat = u_->gather_master();  // [collective] one all-gather per unit
-    std::vector<at::Tensor> out;
-    for (const auto& p : u_->params()) out.push_back(param_view(flat, p));
-    return out;
-  }
-  bool views() const override { return true; }
-
- private:
-  const UnitView* u_;
-};
-
-// FSDP2: one parameter gathered from its rows.
-class RowsGather final : public FullGather {
- public:
-  explicit RowsGather(const ShardedParam* p) : p_(p) {}
-  std::vector<at::Tensor> gather() const override { return {p_->full_tensor()}; }  // [collective]
-  bool views() const override { return false; }
-
- private:
-  const ShardedParam* p_;
-};
-
 // A tensor every rank holds whole: a DTensor on a mesh of no dimension.
 DTensor whole_value(const at::Tensor& t) { return DTensor::from_local(t, Mesh{}, {}, t.sizes().vec()); }
 
@@ -68,7 +40,7 @@ ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model) {
   idx.units = detail::unit_views_of(model);
   for (auto& u : idx.units) {
     idx.unit_at[u->module()] = u.get();
-    idx.unit_gather[u.get()] = std::make_shared<UnitGather>(u.get());
+    idx.unit_gather[u.get()] = unit_gather(u.get());
     idx.flat_impls.insert(u->flat_shard().unsafeGetTensorImpl());
     for (const auto& p : u->params()) {
       idx.by_impl[p.param.unsafeGetTensorImpl()] = Owned{u.get(), &p};
@@ -108,7 +80,7 @@ void walk(torch::nn::Module& m, const std::string& prefix, const ModelIndex& idx
     auto rows = idx.rows.find(impl);
     if (rows != idx.rows.end()) {
       item.value = rows->second.dtensor(rows->second.local.detach());
-      item.full = std::make_shared<RowsGather>(&rows->second);  // one gather per key, as before
+      item.full = rows_gather(&rows->second);  // one gather per key, as before
     } else {
       item.value = whole_value(param.value().detach());
     }

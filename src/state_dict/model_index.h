@@ -3,7 +3,7 @@
 // keys of its state dict in PyTorch's order, each one Item of one kind (a
 // DTensor of this rank's boxes, whatever engine sharded it). Model and
 // optimizer state dicts and the checkpoint loaders share it. Private to the
-// library; local (no collective) except FullGather::gather.
+// library; local (no collective); FULL gathers go through full_gather.h.
 #pragma once
 
 #include <functional>
@@ -20,10 +20,9 @@
 #include "fsdp/state_dict/state_dict_options.h"
 #include "fsdp/core/detail/unit_view.h"
 #include "fsdp/dtensor/dtensor.h"
+#include "full_gather.h"  // FullGather, the seam a FULL gather goes through
 
 namespace fsdp::detail {
-
-class FullGather;
 
 // A parameter owned by an FSDP unit.
 struct Owned {
@@ -48,21 +47,6 @@ struct ModelIndex {
 };
 // One pass over the model's units and their parameters.
 ModelIndex index_model(const std::shared_ptr<torch::nn::Module>& model);
-
-// An engine's way to make the whole tensors of a group of items with one
-// collective: FSDP1 gathers a unit's flat parameter once for all the
-// parameters it owns; FSDP2 gathers one parameter. Items share the object
-// of their group.
-class FullGather {
- public:
-  virtual ~FullGather() = default;
-  // [collective over the engine's shard group; allocates the whole tensors]
-  // Every member's whole tensor, by member index.
-  virtual std::vector<at::Tensor> gather() const = 0;
-  // Whether gather()'s tensors are views of one buffer (cloned where the
-  // caller keeps them apart) rather than tensors of their own.
-  virtual bool views() const = 0;
-};
 
 // One key of a state dict: a DTensor whose boxes are views of the model's
 // live storage (FSDP1's original parameters: of the unit's flat shard;

@@ -21,9 +21,6 @@ Naming::Naming(const std::shared_ptr<torch::nn::Module>& model) : idx(index_mode
     }
   }
   for (const auto& u : idx.units) flat[u->flat_shard().unsafeGetTensorImpl()] = u.get();
-  for (const auto& [impl, o] : idx.by_impl) {
-    if (auto it = first.find(impl); it != first.end()) owned.emplace(o.param, it->second->key);
-  }
 }
 
 OptParam Naming::classify(const at::Tensor& t) const {
@@ -31,11 +28,11 @@ OptParam Naming::classify(const at::Tensor& t) const {
   OptParam p;
   p.tensor = t;
   if (auto f = flat.find(impl); f != flat.end()) {
-    p.unit = f->second;
-    for (const auto& q : p.unit->params()) {  // each original parameter at its place in the shard
-      auto [lo, hi] = local_range(*p.unit, q);
+    const UnitView& u = *f->second;
+    for (const auto& q : u.params()) {  // each original parameter at its place in the shard
+      auto [lo, hi] = local_range(u, q);
       p.items.push_back(first.at(q.param.unsafeGetTensorImpl()));
-      p.at.push_back(hi > lo ? shard_index(*p.unit, q, lo) : 0);
+      p.at.push_back(hi > lo ? shard_index(u, q, lo) : 0);
     }
     return p;
   }
@@ -47,12 +44,6 @@ OptParam Naming::classify(const at::Tensor& t) const {
   }
   p.items = {it->second};
   p.at = {0};
-  if (auto o = idx.by_impl.find(impl); o != idx.by_impl.end()) {
-    p.unit = o->second.unit;
-    p.param = o->second.param;
-  } else if (auto r = idx.rows.find(impl); r != idx.rows.end()) {
-    p.rows = &r->second;
-  }
   return p;
 }
 

@@ -1,6 +1,6 @@
 // src/state_dict/optim_naming.h — the model's names for an optimizer's
-// tensors: which unit, original parameter, FSDP2 parameter or plain
-// parameter each is, and the names an optimizer state dict files it under.
+// tensors: the keys each stands for (every original parameter of a unit
+// for its flat shard) and where their elements lie in it.
 // Shared by optim_state_dict.cpp (saving) and load_optim_state_dict.cpp.
 // Private to the library; local (no collective).
 #pragma once
@@ -23,14 +23,10 @@ struct OptParam {
   at::Tensor tensor;
   // The keys (one, or every original parameter of a unit for its flat
   // shard), and where each one's local elements begin in `tensor` (flat;
-  // they lie there in the order of the item's boxes).
+  // they lie there in the order of the item's boxes). FULL: an item's
+  // `full` says how an engine gathers its state (null: whole everywhere).
   std::vector<const Item*> items;
   std::vector<int64_t> at;
-  // FULL: what an engine gathers the state over (a unit's flat shard or an
-  // original parameter of it; an FSDP2 parameter). Null: whole everywhere.
-  const UnitView* unit = nullptr;
-  const ParamInfo* param = nullptr;
-  const ShardedParam* rows = nullptr;
 };
 
 // The model's names for the optimizer's tensors.
@@ -38,7 +34,6 @@ struct Naming {
   ModelIndex idx;
   std::vector<Item> items;                                      // FULL keys, in the model's order
   std::unordered_map<const c10::TensorImpl*, const Item*> first;  // each parameter's first key
-  std::unordered_map<const ParamInfo*, std::string> owned;      // first name of each original parameter
   std::unordered_map<const c10::TensorImpl*, const UnitView*> flat;  // flat shards
   std::unordered_map<std::string, size_t> position;             // keys in the model's state-dict order
 

@@ -6,7 +6,7 @@
 #include <torch/optim.h>
 
 #include <algorithm>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 
 #include "fsdp/error.h"
@@ -14,9 +14,6 @@
 #include "optim_naming.h"
 #include "fsdp/state_dict/detail/visit.h"
 #include "fsdp/state_dict/detail/optimizer_kinds.h"
-#include "shard_geometry.h"
-#include "fsdp/core/detail/unit_view.h"
-#include "fsdp/core/utils.h"
 
 namespace fsdp {
 
@@ -26,129 +23,118 @@ using Kind = OptimizerKind;
 
 namespace {
 
-// FULL: the state of one unit's parameters, gathered over its shard group.
-void gather_unit(const Kind& kind, const torch::optim::Optimizer& opt, const Naming& naming, const UnitView& u,
-                 const std::vector<OptParam>& in_optimizer, bool emit, bool to_cpu, bool copy, const StateSink& out) {
-  // The unit's parameters the optimizer holds state for, in unit order.
-  std::vector<const ParamInfo*> ps;
-  std::vector<OptimizerParamState*> states;
-  const bool flat = !in_optimizer.front().param;
-  OptimizerParamState* flat_state = flat ? state_of(opt, in_optimizer.front().tensor) : nullptr;
-  for (const auto& q : u.params()) {
-    if (flat) {
-      ps.push_back(&q);
-      states.push_back(flat_state);
-      continue;
-    }
-    for (const auto& op : in_optimizer) {
-      if (op.param == &q) {
-        ps.push_back(&q);
-        states.push_back(state_of(opt, op.tensor));
+// FULL: one engine gather's keys that the optimizer steps (an FSDP1 unit's
+// original parameters, an FSDP2 parameter), in member order: the state that
+// holds each and where its local elements begin there.
+struct Member {
+  const Item* item;
+  OptimizerParamState* state;  // null: none on this rank yet
+  int64_t at;
+};
+struct Group {
+  const FullGather* gather;
+  std::vector<Member> members;
+};
+// Groups whose flags of "which state exists" travel in one exchange, in the
+// order the optimizer first names them.
+struct Batch {
+  const FlagExchange* exchange;
+  std::vector<Group> groups;
+  bool done = false;
+};
+
+// The engine gather an optimizer tensor's keys go through (null: whole on
+// every rank).
+const FullGather* gather_of(const OptParam& op) { return op.items.empty() ? nullptr : op.items.front()->full.get(); }
+
+// FULL: the batches of every gathered optimizer tensor, by exchange.
+std::vector<Batch> batches_of(const torch::optim::Optimizer& opt, const std::vector<std::vector<OptParam>>& groups,
+                              std::unordered_map<const FlagExchange*, size_t>& batch_at) {
+  std::vector<Batch> out;
+  std::unordered_map<const FullGather*, std::pair<size_t, size_t>> group_at;  // (batch, group)
+  for (const auto& group : groups) {
+    for (const auto& op : group) {
+      if (!gather_of(op)) continue;
+      OptimizerParamState* st = state_of(opt, op.tensor);
+      for (size_t i = 0; i < op.items.size(); ++i) {
+        const FullGather* g = op.items[i]->full.get();
+        auto at = group_at.find(g);
+        if (at == group_at.end()) {
+          auto [b, fresh] = batch_at.emplace(&g->flags(), out.size());
+          if (fresh) out.push_back(Batch{&g->flags(), {}});
+          out[b->second].groups.push_back(Group{g, {}});
+          at = group_at.emplace(g, std::make_pair(b->second, out[b->second].groups.size() - 1)).first;
+        }
+        out[at->second.first].groups[at->second.second].members.push_back(Member{op.items[i], st, op.at[i]});
       }
     }
   }
-  const size_t nf = kind.fields.size();
-  const int64_t width = static_cast<int64_t>(nf) + 1;
-  // Per parameter: whether each field is present, then step + 1 (0: none).
-  at::Tensor info = at::zeros({static_cast<int64_t>(ps.size()) * width}, at::kDouble);
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (!states[i]) continue;
-    for (size_t f = 0; f < nf; ++f) {
-      if (kind.get(*states[i], kind.fields[f]).defined()) info[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)] = 1.0;
-    }
-    if (kind.has_step) info[static_cast<int64_t>(i) * width + width - 1] = static_cast<double>(kind.get_step(*states[i]) + 1);
-  }
-  const auto& group = u.shard_group();
-  const bool sharded = u.shard_size() > 1;
-  at::Tensor all_info = info;
-  if (sharded) {  // [collective] presence and steps of every rank
-    all_info = at::empty({info.numel() * u.shard_size()}, info.options());
-    group->all_gather(all_info, info).wait();
-  }
-  at::Tensor merged = all_info.view({-1, info.numel()}).amax(0);  // any rank's flag, largest step
-  const at::Tensor& shard = u.flat_shard();
-  // One field at a time, so that one unit-sized buffer is alive.
-  for (size_t f = 0; f < nf; ++f) {
-    bool any = false;
-    for (size_t i = 0; i < ps.size(); ++i) any |= merged[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)].item<double>() > 0;
-    if (!any) continue;  // the field exists nowhere (e.g. max_exp_avg_sq without amsgrad)
-    // This rank's part, laid out like the flat shard: the flat parameter's
-    // state tensor itself, or the original parameters' states put in place.
-    at::Tensor local;
-    if (flat && flat_state && kind.get(*flat_state, kind.fields[f]).defined()) {
-      local = kind.get(*flat_state, kind.fields[f]).detach().reshape({-1});
-    } else {
-      local = at::zeros({shard.numel()}, shard.options().requires_grad(false));
-      for (size_t i = 0; i < ps.size() && !flat; ++i) {
-        if (!states[i]) continue;
-        at::Tensor t = kind.get(*states[i], kind.fields[f]);
-        if (!t.defined()) continue;
-        auto [lo, hi] = local_range(u, *ps[i]);
-        if (hi > lo) local.narrow(0, shard_index(u, *ps[i], lo), hi - lo).copy_(t.reshape({-1}));
-      }
-    }
-    at::Tensor full = local;
-    if (sharded) {  // [collective] one gather per unit and field
-      full = at::empty({u.padded_numel()}, local.options());
-      group->all_gather_unbuffered(full, local);
-    }
-    if (!emit) continue;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      if (merged[static_cast<int64_t>(i) * width + static_cast<int64_t>(f)].item<double>() == 0) continue;
-      at::Tensor view = param_view(full, *ps[i]);
-      out(naming.owned.at(ps[i]) + "." + kind.fields[f], offload(copy ? view.clone() : view, to_cpu));
+  for (auto& b : out) {
+    for (auto& g : b.groups) {
+      std::stable_sort(g.members.begin(), g.members.end(),
+                       [](const Member& x, const Member& y) { return x.item->member < y.item->member; });
     }
   }
-  if (!emit || !kind.has_step) return;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const double step = merged[static_cast<int64_t>(i) * width + width - 1].item<double>();
-    if (step > 0) out(naming.owned.at(ps[i]) + ".step", step_tensor(static_cast<int64_t>(step) - 1));
-  }
+  return out;
 }
 
-// FULL: the state of the FSDP2 parameters `ps` (in the optimizer's order),
-// gathered one tensor at a time over their shard group. One all-reduce first
-// finds, for each parameter, the fields any rank has and the largest step.
-void gather_rows(const Kind& kind, const torch::optim::Optimizer& opt, const std::vector<OptParam>& ps, bool emit,
-                 bool to_cpu, const StateSink& out) {
-  if (ps.empty()) return;
-  const auto& group = ps.front().rows->mesh.shard_group();
-  for (const auto& op : ps) {
-    if (op.rows->mesh.shard_group() != group) {
-      throw ConfigError("optim_state_dict: the fully_shard parameters " + ps.front().items[0]->key + " and " +
-                        op.items[0]->key + " are sharded over different meshes; a FULL optimizer state dict needs one mesh");
-    }
-  }
+// FULL: a batch's state, gathered group by group and field by field (one
+// group-sized buffer alive at a time), after one exchange of which fields
+// any rank has and the largest step of each key.
+void gather_batch(const Kind& kind, const Batch& b, bool emit, bool to_cpu, bool copy, const StateSink& out) {
   const size_t nf = kind.fields.size();
   const int64_t width = static_cast<int64_t>(nf) + 1;
-  at::Tensor info = at::zeros({static_cast<int64_t>(ps.size()) * width}, at::kDouble);
-  for (size_t i = 0; i < ps.size(); ++i) {
-    OptimizerParamState* st = state_of(opt, ps[i].tensor);
-    if (!st) continue;
-    const int64_t base = static_cast<int64_t>(i) * width;
-    for (size_t f = 0; f < nf; ++f) {
-      if (kind.get(*st, kind.fields[f]).defined()) info[base + static_cast<int64_t>(f)] = 1.0;
-    }
-    if (kind.has_step) info[base + width - 1] = static_cast<double>(kind.get_step(*st) + 1);
+  std::vector<FlagMember> keys;
+  for (const auto& g : b.groups) {
+    for (const auto& m : g.members) keys.push_back(FlagMember{&m.item->key, &m.item->value.mesh()});
   }
-  if (group->size() > 1) group->all_reduce(info, dist::ReduceOp::kMax).wait();  // [collective]
-  auto flags = info.accessor<double, 1>();
+  // Per key: whether each field is present, then step + 1 (0: none).
+  at::Tensor info = at::zeros({static_cast<int64_t>(keys.size()) * width}, at::kDouble);
+  auto mine = info.accessor<double, 1>();
+  int64_t row = 0;
+  for (const auto& g : b.groups) {
+    for (const auto& m : g.members) {
+      for (size_t f = 0; f < nf && m.state; ++f) {
+        if (kind.get(*m.state, kind.fields[f]).defined()) mine[row * width + static_cast<int64_t>(f)] = 1.0;
+      }
+      if (m.state && kind.has_step) mine[row * width + width - 1] = static_cast<double>(kind.get_step(*m.state) + 1);
+      ++row;
+    }
+  }
+  const at::Tensor merged = b.exchange->max_over_ranks(info, keys).contiguous();  // [collective]
+  auto flag = merged.accessor<double, 1>();  // any rank's flag, largest step
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const OptParam& op = ps[i];
-    const int64_t base = static_cast<int64_t>(i) * width;
-    OptimizerParamState* st = state_of(opt, op.tensor);
+  row = 0;
+  for (const auto& g : b.groups) {
+    const int64_t n = static_cast<int64_t>(g.members.size());
     for (size_t f = 0; f < nf; ++f) {
-      if (flags[base + static_cast<int64_t>(f)] == 0) continue;
-      at::Tensor t = st ? kind.get(*st, kind.fields[f]) : at::Tensor();
-      if (!t.defined()) t = at::zeros_like(op.rows->local);
-      at::Tensor full = op.rows->gather(t.detach());  // [collective]
-      if (emit) out(op.items[0]->key + "." + kind.fields[f], offload(full, to_cpu));
+      const auto flagged = [&](int64_t j) { return flag[(row + j) * width + static_cast<int64_t>(f)] > 0; };
+      bool any = false;
+      for (int64_t j = 0; j < n; ++j) any |= flagged(j);
+      if (!any) continue;  // the field exists nowhere (e.g. max_exp_avg_sq without amsgrad)
+      std::unordered_map<OptimizerParamState*, at::Tensor> sources;  // one per optimizer tensor
+      std::vector<StatePart> parts;
+      for (const auto& m : g.members) {
+        auto src = sources.find(m.state);
+        if (src == sources.end()) {
+          const at::Tensor t = m.state ? kind.get(*m.state, kind.fields[f]) : at::Tensor();
+          src = sources.emplace(m.state, t.defined() ? t.detach().reshape({-1}) : at::Tensor()).first;
+        }
+        parts.push_back(StatePart{m.item->member, src->second, m.at});
+      }
+      const std::vector<at::Tensor> full = g.gather->gather_state(parts);  // [collective]
+      for (int64_t j = 0; emit && j < n; ++j) {
+        if (!flagged(j)) continue;
+        const at::Tensor& t = full[static_cast<size_t>(j)];
+        out(g.members[static_cast<size_t>(j)].item->key + "." + kind.fields[f],
+            offload(copy && g.gather->views() ? t.clone() : t, to_cpu));
+      }
     }
-    if (emit && kind.has_step && flags[base + width - 1] > 0) {
-      out(op.items[0]->key + ".step", step_tensor(static_cast<int64_t>(flags[base + width - 1]) - 1));
+    for (int64_t j = 0; emit && kind.has_step && j < n; ++j) {
+      const double step = flag[(row + j) * width + width - 1];
+      if (step > 0) out(g.members[static_cast<size_t>(j)].item->key + ".step", step_tensor(static_cast<int64_t>(step) - 1));
     }
+    row += n;
   }
 }
 
@@ -202,31 +188,22 @@ std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch:
   }
   const auto groups = classify_all(model, naming, optimizer, "optim_state_dict");
   std::vector<OptimParamGroup> out;
-  std::unordered_set<const UnitView*> done;
-  if (full) {  // FSDP2 parameters, all together (one exchange of what exists)
-    std::vector<OptParam> rows;
-    for (const auto& group : groups) {
-      for (const auto& op : group) {
-        if (op.rows) rows.push_back(op);
-      }
-    }
-    gather_rows(kind, optimizer, rows, emit, to_cpu, sink);
-  }
+  // FULL: each engine gather's keys are gathered when the optimizer first
+  // names one of them, with every other group of its batch (FSDP1: a unit;
+  // FSDP2: every parameter, after one exchange of what exists).
+  std::unordered_map<const FlagExchange*, size_t> batch_at;
+  std::vector<Batch> batches = full ? batches_of(optimizer, groups, batch_at) : std::vector<Batch>{};
   for (const auto& group : groups) {
     for (const auto& op : group) {
-      if (full && op.rows) continue;
-      if (!full || !op.unit) {
+      const FullGather* g = full ? gather_of(op) : nullptr;
+      if (!g) {
         if (emit || !full) local_state(kind, optimizer, op, full, to_cpu, sink);
         continue;
       }
-      if (!done.insert(op.unit).second) continue;
-      std::vector<OptParam> of_unit;  // every optimizer tensor of this unit
-      for (const auto& g : groups) {
-        for (const auto& x : g) {
-          if (x.unit == op.unit) of_unit.push_back(x);
-        }
-      }
-      gather_unit(kind, optimizer, naming, *op.unit, of_unit, emit, to_cpu, copy, sink);
+      Batch& b = batches[batch_at.at(&g->flags())];
+      if (b.done) continue;
+      b.done = true;
+      gather_batch(kind, b, emit, to_cpu, copy, sink);
     }
   }
   if (!emit) return out;

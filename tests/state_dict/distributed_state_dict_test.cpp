@@ -190,6 +190,30 @@ TEST(DistributedStateDict, SameFunctionsOnFsdp1AndBetweenTheEngines) {
   }
 }
 
+// FULL lists an optimizer's state in the optimizer's order, as SHARDED does
+// (torch's: its param_groups' order), also where a parameter is outside every
+// fully_shard group and comes first.
+TEST(DistributedStateDict, FullAndShardedOptimizerStateListKeysInTheOptimizersOrder) {
+  const auto batches = make_batches(1, kBatch, 3);
+  run_ranks(2, [&](dist::ProcessGroup& pg) {
+    auto net = make_net(3);
+    FullyShardOptions o(Mesh::of(borrow(pg)));
+    o.ignored_params({net->emb->weight});  // whole on every rank (the head shares it)
+    auto model = FullyShard<NetImpl>(net, o, transformer_auto_wrap_policy<BlockImpl>());
+    auto optimizer = make_optimizer(Opt::kAdamW, model->parameters());
+    const int64_t local = kBatch / pg.size();
+    torch::nn::functional::cross_entropy(model(batches[0].tokens.narrow(0, pg.rank() * local, local)),
+                                         batches[0].target.narrow(0, pg.rank() * local, local))
+        .backward();
+    optimizer->step();
+    const auto sharded = get_optimizer_state_dict(model.ptr(), *optimizer).state.keys();
+    const auto full = get_optimizer_state_dict(model.ptr(), *optimizer, kFull).state.keys();
+    EXPECT_EQ(full, sharded);
+    ASSERT_FALSE(full.empty());
+    EXPECT_EQ(full.front().rfind("emb.weight.", 0), 0u) << full.front();
+  });
+}
+
 TEST(DistributedStateDict, IgnoreFrozenParamsLeavesThemOutAndDoesNotGatherThem) {
   const auto plain = plain_state(5);
   run_ranks(2, [&](dist::ProcessGroup& pg) {

@@ -51,8 +51,11 @@ struct OptimStateDict {
   std::vector<OptimParamGroup> param_groups;
 };
 
-// [collective over each unit's shard group for FULL_STATE_DICT (an all-gather
-// per unit and state field, and one of the step counts); local for SHARDED]
+// [collective for FULL_STATE_DICT, over the shard group: FSDP1, per unit,
+// one all-gather of which state exists and the step counts, then one per
+// state field; FSDP2, one MAX all-reduce of which state exists and the step
+// counts for all parameters, then one all-gather per parameter and field;
+// local for SHARDED]
 // The state of `optimizer`, which steps `model`'s parameters. LOCAL_STATE_DICT
 // has no optimizer form: ConfigError.
 OptimStateDict optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,

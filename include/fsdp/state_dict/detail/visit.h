@@ -47,9 +47,12 @@ StateDict collect_state_dict(const std::shared_ptr<torch::nn::Module>& model, co
 // sharded: the model whose state is sharded over ranks.
 bool is_sharded_model(const std::shared_ptr<torch::nn::Module>& model);
 
-// [collective on models with FULL_STATE_DICT units; local otherwise]
+// [collective on models with FULL_STATE_DICT units or modules, as
+// optim_state_dict; local otherwise]
 // optim_state_dict(), handing each state entry to `sink` as it exists (FULL:
-// one unit's gathered state at a time); returns the parameter groups.
+// one gather group's state at a time, each group through its engine's
+// FullGather: an FSDP1 unit, an FSDP2 parameter); returns the parameter
+// groups.
 // copy=false: FULL tensors may be views of a gathered buffer (valid as long
 // as the sink holds them).
 std::vector<OptimParamGroup> visit_optim_state_dict(const std::shared_ptr<torch::nn::Module>& model,
