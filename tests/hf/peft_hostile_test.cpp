@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -280,6 +281,16 @@ TEST(PeftHostile, FilesThatAreNotRegularFilesAreNamed) {
   config["target_modules"] = std::vector<std::string>(200'000, "proj_x");
   const std::string huge = adapter_dir(tmp, "huge", config, good_weights());
   expect_named([&] { hf::read_peft_config(huge); }, {huge + "/adapter_config.json", "expected under 1 MiB"}, "huge");
+  // Under the limit, as many names as 1 MiB holds: read in linear time
+  // (a repeated name is found by a set, not by comparing every pair).
+  std::vector<std::string> names;
+  for (int i = 0; i < 110'000; ++i) names.push_back("m" + std::to_string(i));
+  names.push_back("m7");
+  config["target_modules"] = names;
+  const std::string many = adapter_dir(tmp, "many", config, good_weights());
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_named([&] { hf::read_peft_config(many); }, {many + "/adapter_config.json", "\"m7\" is given twice"}, "many");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   // The directory itself missing.
   expect_named([&] { hf::read_peft_config(tmp.path() + "/nowhere"); }, {tmp.path() + "/nowhere/adapter_config.json"},
                "nowhere");
