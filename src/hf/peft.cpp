@@ -4,8 +4,12 @@
 #include "fsdp/hf/peft.h"
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <set>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
 
 #include <nlohmann/json.hpp>
 
@@ -24,11 +28,51 @@ namespace {
 
 const std::string kPrefix = "base_model.model.";  // PEFT's key prefix of the wrapped model
 
+// The shape the model's adapter `key` ("<module>.lora_A.weight") has, whole
+// (unsharded: LoraLayer's Linear options keep in and out), for each adapter
+// of `model`. ConfigError naming `where` and the key ("r", "lora_alpha")
+// when a module's adapters are not of `lora`'s rank and scaling (then `hint`).
+std::map<std::string, std::vector<int64_t>> adapter_shapes(torch::nn::Module& model, const peft::LoraConfig& lora,
+                                                           const std::string& where_text, const std::string& hint) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  const double scaling = lora.alpha / static_cast<double>(lora.rank);
+  for (const auto& m : model.named_modules()) {
+    const auto* layer = dynamic_cast<const peft::LoraLayer*>(m.value().get());
+    if (!layer || !layer->lora_A) continue;
+    const auto& a = layer->lora_A->options;
+    const auto& b = layer->lora_B->options;
+    const std::string where = where_text + ": key ";
+    if (a.out_features() != lora.rank) {
+      throw ConfigError(where + "\"r\": " + std::to_string(lora.rank) + ", but the model's module '" + m.key() +
+                        "' has adapters of rank " + std::to_string(a.out_features()) + hint);
+    }
+    if (std::abs(layer->scaling - scaling) > 1e-12 * std::abs(scaling)) {
+      throw ConfigError(where + "\"lora_alpha\": " + std::to_string(lora.alpha) + " makes lora_alpha / r = " +
+                        std::to_string(scaling) + ", but the model's module '" + m.key() + "' scales its adapters by " +
+                        std::to_string(layer->scaling) + hint);
+    }
+    const std::string prefix = m.key().empty() ? "" : m.key() + ".";
+    shapes[prefix + "lora_A.weight"] = {a.out_features(), a.in_features()};
+    shapes[prefix + "lora_B.weight"] = {b.out_features(), b.in_features()};
+  }
+  return shapes;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out;
+  for (const int64_t d : shape) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + out + "]";
+}
+
 }  // namespace
 
 void save_peft_adapter(const std::shared_ptr<torch::nn::Module>& model, const peft::LoraConfig& lora,
                        const std::string& out_dir, const std::string& base_model, dist::ProcessGroup& group) {
   if (lora.rank <= 0) throw ConfigError("save_peft_adapter: the model has no LoRA adapters (rank 0)");
+  // The file's r and lora_alpha are `lora`'s: the model's adapters must be of
+  // them (every rank sees the same modules: all throw, before the gather).
+  adapter_shapes(*model, lora, "save_peft_adapter: the LoraConfig given",
+                 ": pass the LoraConfig the model was adapted with (inject_lora's)");
   // Every rank takes part in the gather; only the adapters require gradients.
   const StateDict adapters = get_model_state_dict(
       model, StateDictOptions().full_state_dict(true).cpu_offload(true).ignore_frozen_params(true));
@@ -85,24 +129,41 @@ peft::LoraConfig read_peft_config(const std::string& dir) {
       throw ConfigError(path + ": not JSON: " + e.what());
     }
   }();
-  auto bad = [&](const std::string& what) { return ConfigError(path + ": " + what); };
-  if (!c.is_object() || c.value("peft_type", "") != "LORA") throw bad("its peft_type is not \"LORA\"");
+  auto bad = [&](const std::string& key, const std::string& expected, const json* got) {
+    return ConfigError(path + ": key \"" + key + "\": expected " + expected + ", got " +
+                       (got ? got->dump().substr(0, 200) : std::string("nothing (the key is missing)")));
+  };
+  auto at = [&](const char* key) -> const json* {
+    const auto it = c.find(key);
+    return it == c.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (!c.is_object()) throw ConfigError(path + ": expected a JSON object of PEFT's settings, got " + c.type_name());
+  if (const json* t = at("peft_type"); !t || *t != "LORA") throw bad("peft_type", "\"LORA\"", t);
   peft::LoraConfig lora;
-  if (!c.contains("r") || !c["r"].is_number_integer()) throw bad("its 'r' (the rank) is missing or not an integer");
-  if (!c.contains("lora_alpha") || !c["lora_alpha"].is_number()) throw bad("its 'lora_alpha' is missing or not a number");
-  lora.rank = c["r"].get<int64_t>();
-  lora.alpha = c["lora_alpha"].get<double>();
-  const json& t = c.value("target_modules", json());
-  if (!t.is_array() || t.empty()) throw bad("its 'target_modules' is not a list of names (a regex is not supported)");
+  // r: a positive int64 (a 2^63 or larger is unsigned in JSON and would wrap).
+  const json* r = at("r");
+  if (!r || !(r->is_number_integer() && (r->is_number_unsigned() ? r->get<uint64_t>() <= INT64_MAX : true) &&
+              r->get<int64_t>() >= 1)) {
+    throw bad("r", "an integer >= 1 (the adapters' rank)", r);
+  }
+  lora.rank = r->get<int64_t>();
+  const json* alpha = at("lora_alpha");
+  if (!alpha || !alpha->is_number() || !(alpha->get<double>() > 0) || !std::isfinite(alpha->get<double>())) {
+    throw bad("lora_alpha", "a finite number > 0", alpha);
+  }
+  lora.alpha = alpha->get<double>();
+  const std::string names = "a list of module names (PEFT's regex string is not supported)";
+  const json* t = at("target_modules");
+  if (!t || !t->is_array() || t->empty()) throw bad("target_modules", names, t);
   lora.targets.clear();
-  for (const auto& name : t) {
-    if (!name.is_string()) throw bad("its 'target_modules' holds a value that is not a name");
+  for (const auto& name : *t) {
+    if (!name.is_string() || name.get<std::string>().empty()) throw bad("target_modules", names, &name);
     lora.targets.push_back(name.get<std::string>());
   }
   try {
     peft::check_lora_config(lora);
   } catch (const ConfigError& e) {
-    throw bad(e.what());
+    throw ConfigError(path + ": key \"target_modules\": " + e.what());  // what is left: a name given twice
   }
   return lora;
 }
@@ -110,37 +171,43 @@ peft::LoraConfig read_peft_config(const std::string& dir) {
 void load_peft_adapter(const std::shared_ptr<torch::nn::Module>& model, const std::string& dir) {
   const peft::LoraConfig lora = read_peft_config(dir);
   const std::string path = dir + "/adapter_model.safetensors";
-  // The model's adapters, and their scaling against the file's alpha / r.
-  std::set<std::string> wanted;
+  // The model's adapters, whole, checked against the file's r and lora_alpha
+  // (another module's "lora_" parameter: of a shape load_state_dict checks).
+  std::map<std::string, std::vector<int64_t>> wanted = adapter_shapes(*model, lora, dir + "/adapter_config.json",
+                     ": inject_lora with the directory's settings (read_peft_config)");
   for (const auto& p : model->named_parameters()) {
-    if (peft::is_lora_key(p.key())) wanted.insert(p.key());
+    if (peft::is_lora_key(p.key())) wanted.emplace(p.key(), std::vector<int64_t>{});
   }
-  const double scaling = lora.alpha / static_cast<double>(lora.rank);
-  for (const auto& m : model->named_modules()) {
-    const auto* layer = dynamic_cast<const peft::LoraLayer*>(m.value().get());
-    if (layer && layer->lora_A && std::abs(layer->scaling - scaling) > 1e-12 * std::abs(scaling)) {
-      throw ConfigError("load_peft_adapter: " + path + " is of lora_alpha / r = " + std::to_string(scaling) +
-                        " but the model's module '" + m.key() + "' scales its adapters by " +
-                        std::to_string(layer->scaling) + ": inject_lora with the directory's settings (read_peft_config)");
-    }
-  }
+  // Every entry of the header against the model's before a byte is read.
   const formats::SafetensorsHeader h = formats::read_safetensors_header(path);
+  auto key_of = [](const std::string& name) { return name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name; };
   std::vector<std::string> problems;
-  StateDict state;
+  std::set<std::string> found;
   for (const auto& t : h.tensors) {
-    const std::string key = t.name.rfind(kPrefix, 0) == 0 ? t.name.substr(kPrefix.size()) : t.name;
-    if (!wanted.erase(key)) {
+    const auto it = wanted.find(key_of(t.name));
+    if (it == wanted.end()) {
       problems.push_back("'" + t.name + "' is no adapter of the model");
       continue;
     }
-    state.insert(key, formats::read_safetensors_tensor(path, h, t));
+    found.insert(it->first);
+    if (!it->second.empty() && t.shape != it->second) {
+      problems.push_back("'" + t.name + "' has the shape " + shape_text(t.shape) + ", the model's adapter " +
+                         shape_text(it->second));
+    } else if (!at::isFloatingType(t.dtype)) {
+      problems.push_back("'" + t.name + "' is of dtype " + formats::safetensors_dtype_name(t.dtype) +
+                         ", expected a floating-point one");
+    }
   }
-  for (const auto& key : wanted) problems.push_back("the model's adapter '" + key + "' is missing");
+  for (const auto& [key, shape] : wanted) {
+    if (!found.count(key)) problems.push_back("the model's adapter '" + key + "' is missing");
+  }
   if (!problems.empty()) {
     std::string all;
     for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
     throw ConfigError("load_peft_adapter: " + path + ": " + all);
   }
+  StateDict state;
+  for (const auto& t : h.tensors) state.insert(key_of(t.name), formats::read_safetensors_tensor(path, h, t));
   set_model_state_dict(model, state, StateDictOptions().strict(false));
 }
 

@@ -10,8 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <memory>
+#include <unordered_set>
 #include <utility>
+
+#include <unistd.h>
 
 #include "fsdp/error.h"
 
@@ -25,6 +29,25 @@ std::string joined(const std::vector<std::string>& names, const std::string& sep
   return out;
 }
 
+// Adapters of rank `rank` on modules whose in + out add up to `in_plus_out`,
+// of `element_bytes` each: ConfigError naming `what`, the rank and the bytes
+// when they exceed int64 sizes (2^62 bytes) or this machine's physical
+// memory, before LibTorch's allocator is asked for them.
+void check_adapters_fit(int64_t rank, long double in_plus_out, int64_t element_bytes, const std::string& what) {
+  const long double bytes = static_cast<long double>(rank) * in_plus_out * static_cast<long double>(element_bytes);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const long double memory = pages > 0 && page > 0 ? static_cast<long double>(pages) * static_cast<long double>(page)
+                                                   : static_cast<long double>(int64_t{1} << 62);
+  const long double max_bytes = static_cast<long double>(int64_t{1} << 62);  // past that, int64 sizes overflow
+  if (bytes <= std::min(memory, max_bytes)) return;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.4Lg", bytes);
+  throw ConfigError(what + ": LoRA rank " + std::to_string(rank) + " needs " + text + " bytes of adapters, more than " +
+                    (bytes > max_bytes ? std::string("any machine holds")
+                                       : "this machine's memory (" + std::to_string(static_cast<long long>(memory)) + " bytes)") +
+                    "; expected the rank of a real adapter (PEFT's r is typically 4 to 256)");
+}
+
 }  // namespace
 
 void check_lora_config(const LoraConfig& lora, const std::vector<std::string>& known, const std::string& known_what) {
@@ -34,16 +57,13 @@ void check_lora_config(const LoraConfig& lora, const std::vector<std::string>& k
     throw ConfigError("LoRA: alpha " + std::to_string(lora.alpha) + " must be a positive number");
   }
   if (lora.targets.empty()) throw ConfigError("LoRA: rank " + std::to_string(lora.rank) + " but no target projections");
-  for (size_t i = 0; i < lora.targets.size(); ++i) {
-    const auto& t = lora.targets[i];
+  std::unordered_set<std::string> seen;  // a set: a file's list of 100k names is checked in linear time
+  for (const auto& t : lora.targets) {
     if (known.empty() && t.empty()) throw ConfigError("LoRA: an empty target name (targets \"" + lora_targets_text(lora.targets) + "\")");
     if (!known.empty() && std::find(known.begin(), known.end(), t) == known.end()) {
       throw ConfigError("LoRA: target \"" + t + "\" is not " + known_what + "; expected some of " + joined(known, ", "));
     }
-    const auto before = lora.targets.begin() + static_cast<std::ptrdiff_t>(i);
-    if (std::find(lora.targets.begin(), before, t) != before) {
-      throw ConfigError("LoRA: target \"" + t + "\" is given twice");
-    }
+    if (!seen.insert(t).second) throw ConfigError("LoRA: target \"" + t + "\" is given twice");
   }
 }
 
@@ -82,6 +102,8 @@ void add_lora(torch::nn::Module& module, int64_t rank, double alpha) {
   }
   const at::Tensor weight = *found;
   const int64_t out = weight.size(0), in = weight.size(1);
+  check_adapters_fit(rank, static_cast<long double>(in) + static_cast<long double>(out),
+                     static_cast<int64_t>(weight.element_size()), "LoRA: module " + module.name());
   // PEFT's reset_lora_parameters: A Kaiming-uniform (a = sqrt(5)), B zeros;
   // drawn in the default dtype on CPU, then placed as the weight is.
   torch::nn::Linear A(torch::nn::LinearOptions(in, rank).bias(false));
@@ -132,6 +154,21 @@ std::vector<std::string> inject_lora(torch::nn::Module& model, const LoraConfig&
     throw ConfigError("inject_lora: no module of the model matches the targets " + lora_targets_text(config.targets) +
                       " (PEFT's rule: a module's name equals a target or ends with \".\" + target)");
   }
+  // Every adapter's bytes together, before the first is allocated (and
+  // every weight checked, so that nothing changes when one is refused).
+  long double in_plus_out = 0;
+  int64_t element_bytes = 1;
+  for (const auto& [name, module] : found) {
+    const auto own = module->named_parameters(/*recurse=*/false);
+    const at::Tensor* weight = own.find("weight");
+    if (!weight || weight->dim() != 2) {
+      throw ConfigError("inject_lora: module '" + name + "' has no 2-D parameter \"weight\" [out, in] to adapt");
+    }
+    in_plus_out += static_cast<long double>(weight->size(0)) + static_cast<long double>(weight->size(1));
+    element_bytes = std::max<int64_t>(element_bytes, static_cast<int64_t>(weight->element_size()));
+  }
+  check_adapters_fit(config.rank, in_plus_out, element_bytes,
+                     "inject_lora: " + std::to_string(found.size()) + " modules matching " + lora_targets_text(config.targets));
   std::vector<std::string> names;
   for (auto& [name, module] : found) {
     add_lora(*module, config.rank, config.alpha);

@@ -35,16 +35,26 @@ void save_peft_adapter(const std::shared_ptr<torch::nn::Module>& model, const mo
                        const std::string& out_dir, const std::string& base_model, dist::ProcessGroup& group);
 
 // [local] The LoRA settings of PEFT's adapter directory `dir`
-// (adapter_config.json: r, lora_alpha, target_modules as a list).
-// ConfigError naming the file for another peft_type or a missing setting.
+// (adapter_config.json: r, lora_alpha, target_modules as a list). The file
+// is read through formats' regular-file check (a FIFO or a directory is
+// named, never opened for a blocking read; at most 1 MiB). ConfigError
+// naming the file and the key, with what was expected and what it holds, for
+// another peft_type, or an r, lora_alpha or target_modules missing or not a
+// positive int64, a finite number > 0, a list of distinct non-empty names.
+// The rank is not checked against memory here: inject_lora does that before
+// it allocates the adapters.
 peft::LoraConfig read_peft_config(const std::string& dir);
 
 // [local: every rank reads the file itself] Loads PEFT's adapter directory
 // `dir` into `model`, which peft::inject_lora adapted with the directory's
 // settings (read_peft_config), unwrapped or sharded by either engine: each
 // rank copies the part of each adapter it holds. ConfigError, before
-// anything is written, when the file's adapters and the model's differ (a
-// key missing or extra, another shape, another alpha / rank).
+// anything is written and before a tensor's bytes are read (the header is
+// read through formats' checked safetensors reader), naming the file and
+// the key: a model's module whose adapters are of another rank (key "r") or
+// scaling (key "lora_alpha"); adapter_model.safetensors' tensors that are
+// no adapter of the model, missing, of another shape than the model's whole
+// adapter, or not of a floating-point dtype.
 void load_peft_adapter(const std::shared_ptr<torch::nn::Module>& model, const std::string& dir);
 
 }  // namespace fsdp::hf

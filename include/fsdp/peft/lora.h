@@ -47,7 +47,9 @@ class LoraLayer {
 // Registers rank-`rank` adapters "lora_A" [rank, in] and "lora_B" [out,
 // rank] on `module` (which inherits LoraLayer; its "weight" gives in and out,
 // dtype and device) with PEFT's initial values, drawn from LibTorch's
-// default generator. Freezes nothing. ConfigError if it has adapters already.
+// default generator. Freezes nothing. ConfigError if it has adapters
+// already, or, before allocating, if they would exceed this machine's
+// physical memory (or 2^62 bytes).
 void add_lora(torch::nn::Module& module, int64_t rank, double alpha);
 
 // torch::nn::Linear with the LoRA seam: the same parameters, the same
@@ -73,7 +75,9 @@ TORCH_MODULE(Linear);
 // the model's order. ConfigError (nothing changed) when check_lora_config refuses
 // the config, when rank is 0, when a matching module is not a LoraLayer (a
 // plain torch::nn::Linear among them, named so), when one is adapted
-// already, or when nothing matches.
+// already, when nothing matches, or when all the adapters together would
+// exceed this machine's physical memory (a rank from a hostile file: named
+// with the bytes, before LibTorch's allocator sees it).
 std::vector<std::string> inject_lora(torch::nn::Module& model, const LoraConfig& config);
 // PEFT's mark_only_lora_as_trainable alone: requires_grad false for every
 // parameter of `model` whose name has no "lora_".
