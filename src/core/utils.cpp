@@ -110,10 +110,10 @@ void check_norm_type(double norm_type) {
   }
 }
 
-// torch's FullyShardedDataParallel.clip_grad_norm_ (or nn.utils' when no unit shards).
+// torch's FullyShardedDataParallel.clip_grad_norm_ (or nn.utils' when no unit
+// shards); norm_type already checked by clip_grad_norm_.
 at::Tensor clip_fsdp1(const std::shared_ptr<torch::nn::Module>& model, double max_norm, double norm_type,
                       bool error_if_nonfinite) {
-  check_norm_type(norm_type);
   const bool inf = std::isinf(norm_type);
   auto units = detail::units_of(model);
   // torch's handle.uses_sharded_strategy: a unit sharded over more than one
